@@ -1,0 +1,110 @@
+package wire_test
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"testing"
+
+	"github.com/rld/rld/wire"
+)
+
+// fuzzSeeds returns valid and broken frames to start the fuzzers from.
+func fuzzSeeds() [][]byte {
+	req, _ := hex.DecodeString(goldenRequestHex)
+	res, _ := hex.DecodeString(goldenResponseHex)
+	ping := wire.AppendRequest(nil, &wire.Request{Op: wire.OpPing, ID: 1})
+	pong := wire.AppendResponse(nil, &wire.Response{Op: wire.OpPing, ID: 1})
+	errRes := wire.AppendResponse(nil, &wire.Response{Op: wire.OpSettle, ID: 2,
+		Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")})
+	peek := wire.AppendRequest(nil, &wire.Request{Op: wire.OpPeek, ID: 3, Descs: descs("k", "")})
+
+	tooLong := bytes.Clone(req)
+	binary.BigEndian.PutUint32(tooLong, wire.MaxFrame)
+	badCount := bytes.Clone(req)
+	badCount[16] = wire.MaxDescriptors + 1
+	emptyName := bytes.Clone(req)
+	emptyName[17] = 0
+	badStatus := bytes.Clone(res)
+	badStatus[12] = 9
+
+	return [][]byte{
+		req, res, ping, pong, errRes, peek,
+		cat(req, ping), // two frames: neither decoder takes it whole
+		req[:len(req)-1], res[:20], ping[:4],
+		tooLong, badCount, emptyName, badStatus,
+		frame(wire.Version, wire.OpReset, 0, 4),
+		frame(2, wire.OpPing, 0, 5),
+		{}, {0, 0, 0, 0},
+	}
+}
+
+// FuzzDecode checks that the decoders never panic, that every error they
+// return carries a code, and that the encoding is canonical: whatever
+// decodes re-encodes to the same bytes.
+func FuzzDecode(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		// A request holding stale state: decoding must not keep any of it.
+		req := goldenRequest()
+		if err := wire.DecodeRequest(in, &req); err == nil {
+			if out := wire.AppendRequest(nil, &req); !bytes.Equal(out, in) {
+				t.Fatalf("request re-encodes differently:\n in %x\nout %x", in, out)
+			}
+			if len(in) > wire.MaxFrame || len(req.Descs) > wire.MaxDescriptors {
+				t.Fatalf("accepted a frame beyond the limits: %d bytes, %d descriptors", len(in), len(req.Descs))
+			}
+		} else if _, ok := err.(*wire.Error); !ok {
+			t.Fatalf("DecodeRequest error %v is not a *wire.Error", err)
+		}
+
+		res := goldenResponse()
+		if err := wire.DecodeResponse(in, &res); err == nil {
+			if out := wire.AppendResponse(nil, &res); !bytes.Equal(out, in) {
+				t.Fatalf("response re-encodes differently:\n in %x\nout %x", in, out)
+			}
+		} else if _, ok := err.(*wire.Error); !ok {
+			t.Fatalf("DecodeResponse error %v is not a *wire.Error", err)
+		}
+	})
+}
+
+// FuzzNext checks that Next splits any byte stream into frames within the
+// limits, without copying, and stops at a partial frame or lost framing.
+func FuzzNext(f *testing.F) {
+	for _, s := range fuzzSeeds() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		for b := in; ; {
+			fr, n, err := wire.Next(b)
+			switch {
+			case err != nil:
+				if fr != nil || n != 0 {
+					t.Fatalf("Next returned a frame with error %v", err)
+				}
+				if err != wire.ErrShortFrame && err != wire.ErrFrameTooLarge {
+					t.Fatalf("Next: unexpected error %v", err)
+				}
+				return
+			case fr == nil:
+				if n != 0 {
+					t.Fatalf("Next returned n=%d without a frame", n)
+				}
+				if len(b) >= 4 && int(binary.BigEndian.Uint32(b))+4 <= len(b) {
+					t.Fatalf("Next waits for more bytes, but %x holds a whole frame", b)
+				}
+				return
+			}
+			if n != len(fr) || n < wire.HeaderSize || n > wire.MaxFrame || &fr[0] != &b[0] {
+				t.Fatalf("Next returned a %d-byte frame, n=%d", len(fr), n)
+			}
+			if h, err := wire.ParseHeader(fr); err != nil || int(h.Length)+4 != n {
+				t.Fatalf("ParseHeader on a frame from Next: %+v, %v", h, err)
+			}
+			b = b[n:]
+		}
+	})
+}
