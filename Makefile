@@ -1,0 +1,49 @@
+# rld — build, run and test. `make run` starts the daemon on rld.toml;
+# `make test` runs every test (installing what the tests need).
+
+GO        ?= go
+BIN       ?= bin/rld
+FUZZTIME  ?= 60s
+BENCHTIME ?= 1s
+# As root the daemon uses the configured /run/rld/rld.sock; an ordinary
+# user, who cannot write /run, gets ./run/rld.sock instead.
+RUN_SOCKET ?= $(shell if [ -w /run ]; then echo /run/rld/rld.sock; else echo $(CURDIR)/run/rld.sock; fi)
+
+.PHONY: all build run test deps bench fuzz lint clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/rld
+
+run: build
+	@echo "rld: socket $(RUN_SOCKET); try: RLD_SOCKET=$(RUN_SOCKET) $(BIN) check api_key=demo endpoint=/v1/search"
+	$(BIN) serve -config rld.toml -socket $(RUN_SOCKET)
+
+# deps installs the programs the tests start: redis-server from apt when it
+# is missing (root only).
+deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "make: redis-server is missing and installing it needs root: run 'sudo apt-get install redis-server' once" >&2; exit 1; \
+	  fi; \
+	  echo "make: installing redis-server with apt-get"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
+	}
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./wire ./algo ./memstore ./policy ./daemon
+
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./wire
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin run
