@@ -1,0 +1,120 @@
+// Package algo implements rld's rate-limiting algorithms as pure state
+// transitions on integer state, with the clock passed in by the caller.
+//
+// Every algorithm is defined on integer microseconds so that the Go code and
+// the Redis scripts in lua/ compute identical answers; docs/algorithms.md
+// gives the exact formulas.
+package algo
+
+import (
+	"fmt"
+	"time"
+)
+
+// Kind names an algorithm.
+type Kind uint8
+
+// The algorithms. The zero Kind is TokenBucket, the default.
+const (
+	TokenBucket Kind = iota
+	GCRA
+	SlidingLog
+	SlidingCounter
+	FixedWindow
+)
+
+var kindNames = [...]string{
+	TokenBucket:    "token_bucket",
+	GCRA:           "gcra",
+	SlidingLog:     "sliding_log",
+	SlidingCounter: "sliding_counter",
+	FixedWindow:    "fixed_window",
+}
+
+// String returns the configuration name of k, such as "token_bucket".
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("algo.Kind(%d)", uint8(k))
+}
+
+// ParseKind returns the Kind whose configuration name is s.
+func ParseKind(s string) (Kind, error) {
+	for k, name := range kindNames {
+		if name == s {
+			return Kind(k), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, gcra, sliding_log, sliding_counter or fixed_window)", s)
+}
+
+// MaxScaled bounds Limit×Period (in microseconds) and Burst×Period: every
+// intermediate value of every algorithm stays below 2^53, so the Lua
+// scripts, whose numbers are doubles, compute exactly what Go computes.
+const MaxScaled = 1 << 53
+
+// Params describes one limit: Limit units per Period, with a capacity of
+// Burst units for TokenBucket and GCRA (Burst 0 means Burst = Limit).
+type Params struct {
+	Kind   Kind
+	Limit  int64
+	Period time.Duration
+	Burst  int64
+}
+
+// Capacity returns the most units the limit can admit at once: Burst for
+// TokenBucket and GCRA when set, Limit otherwise.
+func (p Params) Capacity() int64 {
+	if (p.Kind == TokenBucket || p.Kind == GCRA) && p.Burst > 0 {
+		return p.Burst
+	}
+	return p.Limit
+}
+
+// PeriodMicros returns Period in whole microseconds.
+func (p Params) PeriodMicros() int64 { return p.Period.Microseconds() }
+
+// Validate reports whether p describes a limit the algorithms can enforce
+// exactly.
+func (p Params) Validate() error {
+	if p.Kind > FixedWindow {
+		return fmt.Errorf("unknown algorithm %d", p.Kind)
+	}
+	if p.Limit <= 0 {
+		return fmt.Errorf("limit must be positive, got %d", p.Limit)
+	}
+	if p.Period < time.Millisecond {
+		return fmt.Errorf("period must be at least 1ms, got %s", p.Period)
+	}
+	if p.Burst < 0 {
+		return fmt.Errorf("burst must not be negative, got %d", p.Burst)
+	}
+	per := p.PeriodMicros()
+	if p.Limit > MaxScaled/per || p.Capacity() > MaxScaled/per {
+		return fmt.Errorf("limit×period too large for exact arithmetic (limit %d, burst %d, period %s)", p.Limit, p.Burst, p.Period)
+	}
+	return nil
+}
+
+// Never is the RetryAfter of a request whose cost exceeds the capacity of
+// its limit: it can never be admitted, however long the caller waits.
+const Never time.Duration = -1
+
+// Result is the outcome of one decision.
+type Result struct {
+	// Allowed reports whether the cost was admitted (and consumed, unless
+	// the call was a peek).
+	Allowed bool
+	// Limit is the limit's capacity, as reported to clients.
+	Limit int64
+	// Remaining is how many units could still be admitted right now,
+	// after this decision.
+	Remaining int64
+	// Reset is how long until the limit is fully replenished (or the
+	// window ends), with no further traffic.
+	Reset time.Duration
+	// RetryAfter is 0 when allowed; when denied, how long until the same
+	// cost would be admitted, or Never.
+	RetryAfter time.Duration
+}

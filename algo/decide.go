@@ -1,0 +1,88 @@
+package algo
+
+// Decide decides whether cost units of the limit p fit at now (unix
+// microseconds, positive) for the key whose state is s, and consumes them
+// from s when they do and peek is false. A denied decision never modifies
+// s, and neither does a peek, which returns the Result the same call
+// without peek would return. A cost below 1 counts as 1; a cost above
+// p.Capacity() is denied with RetryAfter Never.
+//
+// p must be valid (see Params.Validate). Decide does not allocate, except
+// that a SlidingLog's Log may grow.
+func Decide(p Params, s *State, now, cost int64, peek bool) Result {
+	if cost < 1 {
+		cost = 1
+	}
+	switch p.Kind {
+	case TokenBucket:
+		return tokenBucket(p, s, now, cost, peek)
+	case GCRA:
+		return gcra(p, s, now, cost, peek)
+	case FixedWindow:
+		return fixedWindow(p, s, now, cost, peek)
+	case SlidingCounter:
+		return slidingCounter(p, s, now, cost, peek)
+	case SlidingLog:
+		return slidingLog(p, s, now, cost, peek)
+	}
+	panic("BUG: algo.Decide: unknown " + p.Kind.String())
+}
+
+// Refund gives back cost units that Decide admitted at takenAt, as far as
+// the algorithm can still tell them apart at now:
+//
+//   - TokenBucket: the level rises by cost tokens, up to the capacity.
+//   - GCRA: the theoretical arrival time moves back by cost emission
+//     intervals, but not before now.
+//   - FixedWindow, SlidingCounter: the window's count drops by cost (not
+//     below 0) if takenAt lies in the current window; otherwise the window
+//     has moved on and there is nothing left to refund.
+//   - SlidingLog: the entry at takenAt loses cost units, and goes when it
+//     has none left.
+//
+// A cost below 1 counts as 1. p must be valid.
+func Refund(p Params, s *State, now, takenAt, cost int64) {
+	if cost < 1 {
+		cost = 1
+	}
+	cost = min(cost, p.Capacity())
+	switch p.Kind {
+	case TokenBucket:
+		refundTokenBucket(p, s, cost)
+	case GCRA:
+		refundGCRA(p, s, now, cost)
+	case FixedWindow, SlidingCounter:
+		refundWindow(p, s, now, takenAt, cost)
+	case SlidingLog:
+		refundSlidingLog(s, takenAt, cost)
+	default:
+		panic("BUG: algo.Refund: unknown " + p.Kind.String())
+	}
+}
+
+// Idle reports whether s is, at now, equivalent to a fresh key's state, so
+// that a store may delete it: a full token bucket, a GCRA arrival time not
+// after now, a fixed window that is over or empty, a sliding counter whose
+// estimate is 0, a sliding log with no live entry.
+//
+// A state stays idle as time passes, and the state a decision leaves
+// behind is idle from Result.Reset after the decision on.
+func Idle(p Params, s *State, now int64) bool {
+	switch p.Kind {
+	case TokenBucket:
+		full := p.Capacity() * p.PeriodMicros()
+		return tokenLevel(s, now, full, p.Limit) == full
+	case GCRA:
+		return s.A <= now
+	case FixedWindow:
+		return s.B == 0 || s.A+p.PeriodMicros() <= now
+	case SlidingCounter:
+		per := p.PeriodMicros()
+		cur, prev := windowCounts(s, now-now%per, per)
+		return cur == 0 && prev == 0
+	case SlidingLog:
+		n := len(s.Log)
+		return n == 0 || s.Log[n-1].At <= now-p.PeriodMicros()
+	}
+	panic("BUG: algo.Idle: unknown " + p.Kind.String())
+}

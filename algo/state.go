@@ -1,0 +1,38 @@
+package algo
+
+import "time"
+
+// State is one key's stored state; its meaning depends on the Kind. The
+// zero State is a fresh key, one that has admitted nothing.
+//
+//	Kind            A                      B                      C
+//	TokenBucket     level (token×µs units)  last update, µs (0 = fresh)
+//	GCRA            theoretical arrival µs
+//	FixedWindow     window start, µs        count in that window
+//	SlidingCounter  window start, µs        count in that window   count in the window before
+//	SlidingLog      (unused: see Log)
+//
+// A State is a plain value: callers serialise access to it.
+type State struct {
+	A, B, C int64
+	// Log holds a SlidingLog's admissions, oldest first. Admissions at
+	// the same microsecond share one Entry.
+	Log []Entry
+}
+
+// Entry is one admission of a SlidingLog: Cost units at At (unix µs).
+type Entry struct {
+	At, Cost int64
+}
+
+// micros converts a count of microseconds to a Duration.
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// ceilDiv returns ⌈a/b⌉ for a ≥ 0 and b > 0.
+func ceilDiv(a, b int64) int64 {
+	q := a / b
+	if q*b != a {
+		q++
+	}
+	return q
+}

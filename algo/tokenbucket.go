@@ -1,0 +1,55 @@
+package algo
+
+// tokenBucket decides for a TokenBucket. The level counts tokens × period
+// in µs: one token is P units, a full bucket C×P, and the bucket refills L
+// units per µs, so that every quantity is an integer.
+func tokenBucket(p Params, s *State, now, cost int64, peek bool) Result {
+	per, capacity := p.PeriodMicros(), p.Capacity()
+	full := capacity * per
+	level := tokenLevel(s, now, full, p.Limit)
+	r := Result{Limit: capacity}
+	switch {
+	case cost > capacity:
+		r.RetryAfter = Never
+	case level >= cost*per:
+		level -= cost * per
+		r.Allowed = true
+		if !peek {
+			// max: a clock that steps back must not refill twice.
+			s.A, s.B = level, max(s.B, now)
+		}
+	default:
+		r.RetryAfter = micros(ceilDiv(cost*per-level, p.Limit))
+	}
+	r.Remaining = level / per
+	r.Reset = micros(ceilDiv(full-level, p.Limit))
+	return r
+}
+
+// tokenLevel returns the level of the bucket s at now: the stored level
+// plus L per µs since the last update, capped at full. A fresh bucket is
+// full. It never forms a product above full, so the Lua scripts' doubles
+// stay exact.
+func tokenLevel(s *State, now, full, rate int64) int64 {
+	if s.B == 0 || s.A >= full {
+		return full
+	}
+	elapsed := now - s.B
+	switch {
+	case elapsed <= 0:
+		return s.A
+	case elapsed >= ceilDiv(full-s.A, rate):
+		return full
+	}
+	return s.A + elapsed*rate
+}
+
+func refundTokenBucket(p Params, s *State, cost int64) {
+	if s.B == 0 {
+		return // fresh: already full
+	}
+	// Adding to the stored level and refilling later gives the same level
+	// as refilling first: both are capped at full.
+	full := p.Capacity() * p.PeriodMicros()
+	s.A = min(s.A+cost*p.PeriodMicros(), full)
+}

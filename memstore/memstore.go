@@ -1,0 +1,255 @@
+// Package memstore is rld's embedded in-memory Store for a single host.
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/rld/rld/algo"
+)
+
+// Defaults for Options and Run.
+const (
+	DefaultMaxKeys       = 1_000_000
+	DefaultShards        = 256
+	DefaultSweepInterval = 10 * time.Second
+)
+
+const (
+	// maxShards caps Options.Shards.
+	maxShards = 1 << 16
+	// idleScan is how many entries at the cold end of a full shard are
+	// searched for an idle one before the least recently used is evicted.
+	idleScan = 8
+)
+
+var (
+	// liveKeys is the number of keys held by all Stores.
+	liveKeys atomic.Int64
+
+	_         = metrics.NewGauge(`rld_store_keys`, func() float64 { return float64(liveKeys.Load()) })
+	evictions = metrics.NewCounter(`rld_store_evictions_total`)
+	swept     = metrics.NewCounter(`rld_store_swept_total`)
+)
+
+// Options configures a Store.
+type Options struct {
+	// MaxKeys bounds the keys held: each shard holds at most
+	// ⌈MaxKeys/Shards⌉. A full shard drops an idle key if it finds one
+	// among its least recently used, and evicts its least recently used
+	// key otherwise. Zero or less means DefaultMaxKeys.
+	MaxKeys int
+	// Shards is the number of lock stripes, rounded up to a power of two
+	// and capped at MaxKeys. Zero or less means DefaultShards.
+	Shards int
+}
+
+// Store holds the algorithm state of every counter key in memory. It
+// implements policy.Store. It is safe for concurrent use; the zero Store is
+// not: use New.
+type Store struct {
+	shards   []shard
+	mask     uint64 // len(shards)−1
+	perShard int    // the most entries one shard holds
+	keys     atomic.Int64
+}
+
+type shard struct {
+	mu  sync.Mutex // guards m, lru and the entries in them
+	m   map[string]*entry
+	lru list
+	_   [64]byte // keeps the next shard's mu off this shard's cache lines
+}
+
+// entry is one key's state, linked into its shard's LRU list.
+type entry struct {
+	key        string // shares its bytes with the map key
+	prev, next *entry
+	// idleAt is the unix µs from which st is idle (algo.Idle): the time
+	// plus Result.Reset of the last take that changed st. Refunds only
+	// make a state idle sooner, so it stays a safe bound after them.
+	idleAt int64
+	kind   algo.Kind // the algorithm st belongs to
+	st     algo.State
+}
+
+// New returns an empty Store configured by o.
+func New(o Options) *Store {
+	if o.MaxKeys <= 0 {
+		o.MaxKeys = DefaultMaxKeys
+	}
+	if o.Shards <= 0 {
+		o.Shards = DefaultShards
+	}
+	n := 1 << bits.Len(uint(min(o.Shards, maxShards)-1))
+	for n > 1 && n > o.MaxKeys {
+		n /= 2
+	}
+	s := &Store{
+		shards:   make([]shard, n),
+		mask:     uint64(n - 1),
+		perShard: (o.MaxKeys + n - 1) / n,
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].lru.init()
+	}
+	return s
+}
+
+func (s *Store) shard(key []byte) *shard {
+	return &s.shards[xxhash.Sum64(key)&s.mask]
+}
+
+// Take decides whether cost units of the limit p are available for key at
+// now and consumes them when they are and peek is false; see algo.Decide.
+// A cost of 0 or less counts as 1. A peek, or a denial, on a key that the
+// Store does not hold creates nothing. A key last used with another
+// algorithm starts fresh. Take fails only when p is invalid; it does not
+// block, so ctx is not consulted. It does not allocate for a key it holds.
+func (s *Store) Take(_ context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
+	if err := p.Validate(); err != nil {
+		return algo.Result{}, fmt.Errorf("memstore: %w", err)
+	}
+	if cost <= 0 {
+		cost = 1
+	}
+	us := now.UnixMicro()
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	e := sh.m[string(key)]
+	if e == nil || (e.kind != p.Kind && peek) {
+		var st algo.State
+		r := algo.Decide(p, &st, us, cost, peek)
+		if r.Allowed && !peek {
+			s.insert(sh, key, p.Kind, st, us+r.Reset.Microseconds(), us)
+		}
+		return r, nil
+	}
+	sh.lru.moveToFront(e)
+	if e.kind != p.Kind {
+		e.kind, e.st, e.idleAt = p.Kind, algo.State{}, us
+	}
+	r := algo.Decide(p, &e.st, us, cost, peek)
+	if r.Allowed && !peek {
+		e.idleAt = us + r.Reset.Microseconds()
+	}
+	return r, nil
+}
+
+// Refund gives back cost units that Take admitted for key at takenAt; see
+// algo.Refund. A cost of 0 or less counts as 1. A key the Store no longer
+// holds, or holds for another algorithm, has nothing to give back. Refund
+// fails only when p is invalid.
+func (s *Store) Refund(_ context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("memstore: %w", err)
+	}
+	if cost <= 0 {
+		cost = 1
+	}
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[string(key)]; e != nil && e.kind == p.Kind {
+		sh.lru.moveToFront(e)
+		algo.Refund(p, &e.st, now.UnixMicro(), takenAt.UnixMicro(), cost)
+	}
+	return nil
+}
+
+// insert adds key with state st to sh, whose lock the caller holds,
+// making room first if sh is full.
+func (s *Store) insert(sh *shard, key []byte, kind algo.Kind, st algo.State, idleAt, now int64) {
+	var e *entry
+	if len(sh.m) >= s.perShard {
+		e = sh.victim(now) // reused: the count of keys stays
+	} else {
+		e = new(entry)
+		s.keys.Add(1)
+		liveKeys.Add(1)
+	}
+	*e = entry{key: string(key), idleAt: idleAt, kind: kind, st: st}
+	sh.m[e.key] = e
+	sh.lru.pushFront(e)
+}
+
+// victim removes and returns an entry of the full shard sh: an idle one
+// among the least recently used if there is one, the least recently used
+// otherwise.
+func (sh *shard) victim(now int64) *entry {
+	for i, e := 0, sh.lru.back(); i < idleScan && e != nil; i, e = i+1, sh.lru.prev(e) {
+		if e.idleAt <= now {
+			sh.remove(e)
+			swept.Inc()
+			return e
+		}
+	}
+	e := sh.lru.back()
+	if e == nil {
+		panic("BUG: memstore: full shard with no entries")
+	}
+	sh.remove(e)
+	evictions.Inc()
+	return e
+}
+
+// remove unlinks e from sh, whose lock the caller holds.
+func (sh *shard) remove(e *entry) {
+	delete(sh.m, e.key)
+	sh.lru.remove(e)
+}
+
+// Len returns the number of keys the Store holds.
+func (s *Store) Len() int { return int(s.keys.Load()) }
+
+// Sweep deletes the keys whose state is idle at now (equivalent to a fresh
+// key's) and returns how many it deleted. It locks one shard at a time.
+func (s *Store) Sweep(now time.Time) int {
+	us := now.UnixMicro()
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for e := sh.lru.back(); e != nil; {
+			prev := sh.lru.prev(e)
+			if e.idleAt <= us {
+				sh.remove(e)
+				n++
+			}
+			e = prev
+		}
+		sh.mu.Unlock()
+	}
+	s.keys.Add(int64(-n))
+	liveKeys.Add(int64(-n))
+	swept.Add(n)
+	return n
+}
+
+// Run calls Sweep(time.Now()) every interval (DefaultSweepInterval if
+// every is 0 or less) until ctx is done.
+func (s *Store) Run(ctx context.Context, every time.Duration) {
+	if every <= 0 {
+		every = DefaultSweepInterval
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Sweep(time.Now())
+		}
+	}
+}

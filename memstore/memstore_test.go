@@ -1,0 +1,461 @@
+package memstore
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/rld/rld/algo"
+)
+
+// t0 is a fake clock's start, aligned to the hour.
+var t0 = time.UnixMicro(1_699_999_200_000_000)
+
+var ctx = context.Background()
+
+var kinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.FixedWindow, algo.SlidingCounter, algo.SlidingLog}
+
+// take calls s.Take and fails the test on an error.
+func take(t testing.TB, s *Store, key string, p algo.Params, cost int64, now time.Time, peek bool) algo.Result {
+	t.Helper()
+	r, err := s.Take(ctx, []byte(key), p, cost, now, peek)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// checkInvariants checks that every shard's map and LRU list hold the
+// same entries, within the shard's bound, and that Len agrees.
+func checkInvariants(t *testing.T, s *Store) {
+	t.Helper()
+	total := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n := 0
+		for e := sh.lru.root.next; e != &sh.lru.root; e = e.next {
+			if e.next.prev != e {
+				t.Errorf("shard %d: broken links at %q", i, e.key)
+			}
+			if sh.m[e.key] != e {
+				t.Errorf("shard %d: %q in the list, not in the map", i, e.key)
+			}
+			n++
+		}
+		if n != len(sh.m) || n > s.perShard {
+			t.Errorf("shard %d: %d in the list, %d in the map, bound %d", i, n, len(sh.m), s.perShard)
+		}
+		total += n
+		sh.mu.Unlock()
+	}
+	if total != s.Len() {
+		t.Errorf("Len %d, shards hold %d", s.Len(), total)
+	}
+}
+
+// has reports whether s holds key.
+func has(s *Store, key string) bool {
+	sh := s.shard([]byte(key))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.m[key] != nil
+}
+
+func TestNewOptions(t *testing.T) {
+	tests := []struct {
+		o                Options
+		shards, perShard int
+	}{
+		{Options{}, DefaultShards, DefaultMaxKeys/DefaultShards + 1},
+		{Options{MaxKeys: 1000, Shards: 100}, 128, 8},
+		{Options{MaxKeys: 10, Shards: 1}, 1, 10},
+		{Options{MaxKeys: 3}, 2, 2},
+		{Options{MaxKeys: -1, Shards: -1}, DefaultShards, DefaultMaxKeys/DefaultShards + 1},
+	}
+	for _, tt := range tests {
+		s := New(tt.o)
+		if len(s.shards) != tt.shards || s.perShard != tt.perShard {
+			t.Errorf("New(%+v): %d shards of %d, want %d of %d", tt.o, len(s.shards), s.perShard, tt.shards, tt.perShard)
+		}
+	}
+}
+
+func TestTakeExactUnderConcurrency(t *testing.T) {
+	const goroutines, takes, limit = 16, 200, 1000
+	for _, kind := range kinds {
+		t.Run(kind.String(), func(t *testing.T) {
+			s := New(Options{})
+			p := algo.Params{Kind: kind, Limit: limit, Period: time.Minute}
+			var allowed atomic.Int64
+			var wg sync.WaitGroup
+			for range goroutines {
+				wg.Go(func() {
+					for range takes {
+						r, err := s.Take(ctx, []byte("one-key"), p, 1, t0, false)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if r.Allowed {
+							allowed.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if got := allowed.Load(); got != limit {
+				t.Errorf("%d allowed, want exactly %d", got, limit)
+			}
+			checkInvariants(t, s)
+		})
+	}
+}
+
+func TestConcurrentEviction(t *testing.T) {
+	s := New(Options{MaxKeys: 100, Shards: 8})
+	p := algo.Params{Kind: algo.SlidingLog, Limit: 5, Period: time.Minute}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			key := make([]byte, 0, 16)
+			for i := range 2000 {
+				key = strconv.AppendInt(key[:0], int64((g*7919+i*31)%500), 10)
+				now := t0.Add(time.Duration(i) * time.Millisecond)
+				if _, err := s.Take(ctx, key, p, 1, now, i%5 == 0); err != nil {
+					t.Error(err)
+				}
+				if i%3 == 0 {
+					if err := s.Refund(ctx, key, p, 1, now, now); err != nil {
+						t.Error(err)
+					}
+				}
+				if i%500 == 0 {
+					s.Sweep(now)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	checkInvariants(t, s)
+	if s.Len() > 8*s.perShard {
+		t.Errorf("Len %d above the bound %d", s.Len(), 8*s.perShard)
+	}
+}
+
+func TestPeek(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.FixedWindow, Limit: 2, Period: time.Second}
+	if r := take(t, s, "k", p, 1, t0, true); !r.Allowed || r.Remaining != 1 {
+		t.Errorf("peek on a missing key: %+v", r)
+	}
+	if s.Len() != 0 || has(s, "k") {
+		t.Fatal("a peek on a missing key created it")
+	}
+	take(t, s, "k", p, 1, t0, false)
+	for range 3 {
+		if r := take(t, s, "k", p, 1, t0, true); !r.Allowed || r.Remaining != 0 {
+			t.Errorf("peek: %+v", r)
+		}
+	}
+	if r := take(t, s, "k", p, 1, t0, false); !r.Allowed || r.Remaining != 0 {
+		t.Errorf("take after peeks: %+v", r)
+	}
+	if r := take(t, s, "k", p, 1, t0, false); r.Allowed {
+		t.Errorf("third take: %+v", r)
+	}
+}
+
+func TestDeniedMissingKeyCreatesNothing(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 2, Period: time.Second}
+	if r := take(t, s, "k", p, 3, t0, false); r.Allowed || r.RetryAfter != algo.Never {
+		t.Errorf("cost above capacity: %+v", r)
+	}
+	if s.Len() != 0 {
+		t.Error("a denied take created a key")
+	}
+}
+
+func TestCostBelowOne(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.FixedWindow, Limit: 2, Period: time.Second}
+	for _, cost := range []int64{0, -3} {
+		if r := take(t, s, "k", p, cost, t0, false); !r.Allowed {
+			t.Errorf("cost %d: %+v", cost, r)
+		}
+	}
+	if r := take(t, s, "k", p, 0, t0, false); r.Allowed {
+		t.Errorf("third unit: %+v", r)
+	}
+	if err := s.Refund(ctx, []byte("k"), p, 0, t0, t0); err != nil {
+		t.Fatal(err)
+	}
+	if r := take(t, s, "k", p, 1, t0, true); !r.Allowed {
+		t.Errorf("after a refund of cost 0 (1): %+v", r)
+	}
+}
+
+func TestKindChangeStartsFresh(t *testing.T) {
+	s := New(Options{})
+	fixed := algo.Params{Kind: algo.FixedWindow, Limit: 1, Period: time.Minute}
+	gcra := algo.Params{Kind: algo.GCRA, Limit: 1, Period: time.Minute}
+	take(t, s, "k", fixed, 1, t0, false)
+	if r := take(t, s, "k", gcra, 1, t0, true); !r.Allowed {
+		t.Errorf("peek under another algorithm: %+v", r)
+	}
+	if r := take(t, s, "k", fixed, 1, t0, false); r.Allowed {
+		t.Errorf("a peek under another algorithm reset the state: %+v", r)
+	}
+	if r := take(t, s, "k", gcra, 1, t0, false); !r.Allowed {
+		t.Errorf("take under another algorithm: %+v", r)
+	}
+	if r := take(t, s, "k", gcra, 1, t0, false); r.Allowed {
+		t.Errorf("second GCRA take: %+v", r)
+	}
+	if s.Len() != 1 {
+		t.Errorf("Len %d, want 1", s.Len())
+	}
+}
+
+func TestRefund(t *testing.T) {
+	for _, kind := range kinds {
+		t.Run(kind.String(), func(t *testing.T) {
+			s := New(Options{})
+			p := algo.Params{Kind: kind, Limit: 3, Period: time.Minute}
+			take(t, s, "k", p, 2, t0, false)
+			now := t0.Add(time.Second)
+			if r := take(t, s, "k", p, 2, now, false); r.Allowed {
+				t.Fatalf("over the limit: %+v", r)
+			}
+			if err := s.Refund(ctx, []byte("k"), p, 2, t0, now); err != nil {
+				t.Fatal(err)
+			}
+			if r := take(t, s, "k", p, 3, now, false); !r.Allowed {
+				t.Errorf("after the refund: %+v", r)
+			}
+		})
+	}
+	s := New(Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 3, Period: time.Minute}
+	if err := s.Refund(ctx, []byte("missing"), p, 1, t0, t0); err != nil || s.Len() != 0 {
+		t.Errorf("refund of a missing key: %v, Len %d", err, s.Len())
+	}
+}
+
+func TestInvalidParams(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 0, Period: time.Second}
+	if _, err := s.Take(ctx, []byte("k"), p, 1, t0, false); err == nil {
+		t.Error("Take accepted limit 0")
+	}
+	if err := s.Refund(ctx, []byte("k"), p, 1, t0, t0); err == nil {
+		t.Error("Refund accepted limit 0")
+	}
+}
+
+func TestEvictionAtMaxKeys(t *testing.T) {
+	s := New(Options{MaxKeys: 64, Shards: 4})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
+	before := evictions.Get()
+	for i := range 1000 {
+		take(t, s, fmt.Sprint("key-", i), p, 1, t0, false)
+	}
+	if s.Len() != 64 {
+		t.Errorf("Len %d, want 64", s.Len())
+	}
+	if got := evictions.Get() - before; got != 1000-64 {
+		t.Errorf("%d evictions, want %d", got, 1000-64)
+	}
+	checkInvariants(t, s)
+}
+
+func TestEvictsLeastRecentlyUsed(t *testing.T) {
+	s := New(Options{MaxKeys: 3, Shards: 1})
+	p := algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: time.Hour}
+	for _, k := range []string{"a", "b", "c"} {
+		take(t, s, k, p, 1, t0, false)
+	}
+	take(t, s, "a", p, 1, t0, true) // a peek is a use too
+	take(t, s, "d", p, 1, t0, false)
+	for k, want := range map[string]bool{"a": true, "b": false, "c": true, "d": true} {
+		if has(s, k) != want {
+			t.Errorf("holds %q: %v, want %v", k, !want, want)
+		}
+	}
+	checkInvariants(t, s)
+}
+
+func TestFullShardDropsIdleFirst(t *testing.T) {
+	s := New(Options{MaxKeys: 2, Shards: 1})
+	busy := algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: time.Hour}
+	brief := algo.Params{Kind: algo.GCRA, Limit: 10, Period: time.Second}
+	take(t, s, "busy", busy, 1, t0, false) // least recently used
+	take(t, s, "brief", brief, 1, t0, false)
+	ev, sw := evictions.Get(), swept.Get()
+	take(t, s, "new", busy, 1, t0.Add(time.Second), false)
+	if !has(s, "busy") || has(s, "brief") || !has(s, "new") {
+		t.Error("the full shard did not drop its idle key")
+	}
+	if evictions.Get() != ev || swept.Get() != sw+1 {
+		t.Errorf("evictions +%d, swept +%d; want +0, +1", evictions.Get()-ev, swept.Get()-sw)
+	}
+}
+
+func TestSweep(t *testing.T) {
+	s := New(Options{Shards: 4})
+	params := map[string]algo.Params{
+		"bucket":  {Kind: algo.TokenBucket, Limit: 10, Period: time.Second},    // full 100ms on
+		"gcra":    {Kind: algo.GCRA, Limit: 1, Period: time.Minute},            // idle 1m on
+		"fixed":   {Kind: algo.FixedWindow, Limit: 10, Period: time.Second},    // window ends at 1s
+		"counter": {Kind: algo.SlidingCounter, Limit: 10, Period: time.Second}, // estimate 0 at 2s
+		"log":     {Kind: algo.SlidingLog, Limit: 10, Period: time.Hour},       // idle 1h on
+	}
+	for k, p := range params {
+		take(t, s, k, p, 1, t0, false)
+	}
+	before := swept.Get()
+	steps := []struct {
+		at   time.Duration
+		gone int
+		left []string
+	}{
+		{0, 0, []string{"bucket", "gcra", "fixed", "counter", "log"}},
+		{100*time.Millisecond - time.Microsecond, 0, []string{"bucket"}},
+		{100 * time.Millisecond, 1, []string{"gcra", "fixed", "counter", "log"}},
+		{time.Second, 1, []string{"gcra", "counter", "log"}},
+		{2 * time.Second, 1, []string{"gcra", "log"}},
+		{time.Minute, 1, []string{"log"}},
+		{time.Hour, 1, nil},
+	}
+	for _, st := range steps {
+		if got := s.Sweep(t0.Add(st.at)); got != st.gone {
+			t.Errorf("Sweep at t0+%v deleted %d, want %d", st.at, got, st.gone)
+		}
+		for _, k := range st.left {
+			if !has(s, k) {
+				t.Errorf("Sweep at t0+%v deleted %q", st.at, k)
+			}
+		}
+	}
+	if s.Len() != 0 || swept.Get()-before != 5 {
+		t.Errorf("Len %d, swept +%d; want 0, +5", s.Len(), swept.Get()-before)
+	}
+	checkInvariants(t, s)
+}
+
+func TestRun(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Second}
+	take(t, s, "k", p, 1, time.Now().Add(-time.Hour), false)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		s.Run(ctx, time.Millisecond)
+		close(done)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Len() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("Run did not sweep the idle key within 5s")
+		}
+		runtime.Gosched()
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its context was done")
+	}
+}
+
+func TestTakeHotAllocs(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
+	key := []byte("tenant:42:/v1/items")
+	now := t0
+	take(t, s, string(key), p, 1, now, false)
+	allocs := testing.AllocsPerRun(1000, func() {
+		now = now.Add(time.Millisecond)
+		if _, err := s.Take(ctx, key, p, 1, now, false); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocs per Take of a held key, want 0", allocs)
+	}
+}
+
+// BenchmarkTakeHot takes from one token bucket key, about 70% allowed.
+func BenchmarkTakeHot(b *testing.B) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
+	key := []byte("tenant:42:/v1/items")
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(700 * time.Microsecond)
+		if _, err := s.Take(ctx, key, p, 1, now, false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTakeParallel takes from 100,000 held keys at random, from
+// GOMAXPROCS goroutines.
+func BenchmarkTakeParallel(b *testing.B) {
+	const n = 100_000
+	s := New(Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "tenant:%d:/v1/items", i)
+		take(b, s, string(keys[i]), p, 1, t0, false)
+	}
+	var seq atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := seq.Add(1) * 7919
+		now := t0
+		for pb.Next() {
+			i = i*6364136223846793005 + 1442695040888963407
+			now = now.Add(time.Microsecond)
+			if _, err := s.Take(ctx, keys[(i>>33)%n], p, 1, now, false); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkBytesPerKey reports the heap held per token bucket key, with
+// keys of 24 bytes.
+func BenchmarkBytesPerKey(b *testing.B) {
+	const n = 200_000
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
+	key := make([]byte, 0, 32)
+	var perKey float64
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s := New(Options{MaxKeys: n})
+		for i := range n {
+			key = fmt.Appendf(key[:0], "tenant:%08d:/v1/item", i)
+			if _, err := s.Take(ctx, key, p, 1, t0, false); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perKey = float64(after.HeapAlloc-before.HeapAlloc) / n
+		runtime.KeepAlive(s)
+	}
+	b.ReportMetric(perKey, "bytes/key")
+}
