@@ -1,0 +1,364 @@
+// Package config loads and validates rld.toml.
+//
+// Load and Parse decode the file into a Config filled with the defaults
+// below, reject keys the Config does not know, and check every field,
+// reporting all problems at once, each naming the field and its value.
+// A Config is plain data: once shared, treat it as read-only.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/rld/rld/algo"
+)
+
+// Defaults of the [server] and [store] tables.
+const (
+	DefaultSocket         = "/run/rld/rld.sock"
+	DefaultSocketMode     = "0660"
+	DefaultHTTP           = "127.0.0.1:9464"
+	DefaultMaxConnections = 4096
+	DefaultMaxInflight    = 1024
+	DefaultReadTimeout    = 30 * time.Second
+	DefaultIdleTimeout    = 0 // connections may idle forever
+	DefaultDrainTimeout   = 5 * time.Second
+	DefaultLogLevel       = "info"
+	DefaultLogFormat      = "text"
+
+	DefaultMaxKeys       = 1_000_000
+	DefaultSweepInterval = 10 * time.Second
+)
+
+// Defaults of a [[rule]]. The default mode depends on the algorithm:
+// ModeStrict for sliding_log, ModeCached for the others.
+const (
+	DefaultAlgorithm = "token_bucket"
+	DefaultFail      = FailOpen
+)
+
+// TierDescriptor is the descriptor whose value selects a rule's tier.
+const TierDescriptor = "tier"
+
+// Limits on names, matching the protocol's (package wire).
+const (
+	// MaxRuleName is the longest rule name, in bytes.
+	MaxRuleName = 255
+	// MaxDescriptorName is the longest descriptor name, in bytes.
+	MaxDescriptorName = 64
+	// MaxGlob is the longest glob, in bytes: the longest descriptor value.
+	MaxGlob = 1024
+	// MaxBy is the most descriptors a counter key may be built from.
+	MaxBy = 32
+)
+
+// Reserved rule names: a decision that no rule made reports "allow"
+// (the allow list), "deny" (the deny list) or, in metrics, "none".
+var reservedNames = []string{"allow", "deny", "none"}
+
+// Mode says where a rule's decisions are made (used by the Redis store).
+type Mode string
+
+// Modes.
+const (
+	// ModeCached rules may be decided locally from leased quota.
+	ModeCached Mode = "cached"
+	// ModeStrict rules are decided by the shared store on every check.
+	ModeStrict Mode = "strict"
+)
+
+// Fail says what a rule does when the shared store cannot be reached.
+type Fail string
+
+// Failure modes.
+const (
+	// FailOpen rules keep limiting on local state alone.
+	FailOpen Fail = "open"
+	// FailClosed rules deny.
+	FailClosed Fail = "closed"
+)
+
+// Config is the content of rld.toml.
+type Config struct {
+	// Allow lists selectors ("name=glob"); a request matching one bypasses
+	// every rule and is counted nowhere.
+	Allow []string `toml:"allow"`
+	// Deny lists selectors; a request matching one is blocked. Deny wins
+	// over Allow.
+	Deny   []string `toml:"deny"`
+	Server Server   `toml:"server"`
+	Store  Store    `toml:"store"`
+	// Rules are evaluated in this order.
+	Rules []Rule `toml:"rule"`
+}
+
+// Server is the [server] table.
+type Server struct {
+	// Socket is the path of the Unix socket; its directory is created.
+	Socket string `toml:"socket"`
+	// SocketMode is the socket's permission bits as an octal string.
+	SocketMode string `toml:"socket_mode"`
+	// HTTP is the host:port of the HTTP listener; "" disables it.
+	HTTP string `toml:"http"`
+	// MaxConnections bounds concurrent socket connections.
+	MaxConnections int `toml:"max_connections"`
+	// MaxInflight bounds requests in flight on one connection.
+	MaxInflight int `toml:"max_inflight"`
+	// ReadTimeout bounds how long a frame that has started may take to
+	// arrive in full.
+	ReadTimeout Duration `toml:"read_timeout"`
+	// IdleTimeout closes connections idle this long; 0 never does.
+	IdleTimeout Duration `toml:"idle_timeout"`
+	// DrainTimeout bounds how long shutdown waits for in-flight requests.
+	DrainTimeout Duration `toml:"drain_timeout"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `toml:"log_level"`
+	// LogFormat is text or json.
+	LogFormat string `toml:"log_format"`
+}
+
+// Store is the [store] table: the embedded store's bounds.
+type Store struct {
+	// MaxKeys bounds the number of counter keys held.
+	MaxKeys int `toml:"max_keys"`
+	// SweepInterval is how often idle keys are evicted.
+	SweepInterval Duration `toml:"sweep_interval"`
+}
+
+// Rule is one [[rule]].
+type Rule struct {
+	// Name identifies the rule in answers, metrics and counter keys.
+	Name string `toml:"name"`
+	// Match maps descriptor names to globs; the rule applies to a request
+	// only when each named descriptor is present and matches.
+	Match map[string]string `toml:"match"`
+	// By names the descriptors whose values form the counter key. A
+	// request lacking one of them is not counted by the rule.
+	By []string `toml:"by"`
+	// Algorithm is token_bucket, gcra, sliding_log, sliding_counter or
+	// fixed_window.
+	Algorithm string `toml:"algorithm"`
+	// Limit is the units admitted per Period. With Tiers it is the limit
+	// of requests whose tier is missing or not listed, and may be 0.
+	Limit int64 `toml:"limit"`
+	// Period is the length of the limit's window or refill period.
+	Period Duration `toml:"period"`
+	// Burst is the capacity of token_bucket and gcra; 0 means Limit.
+	Burst int64 `toml:"burst"`
+	// Mode is cached or strict.
+	Mode Mode `toml:"mode"`
+	// Fail is open or closed.
+	Fail Fail `toml:"fail"`
+	// Shadow rules decide and count but never deny.
+	Shadow bool `toml:"shadow"`
+	// Tiers maps values of the tier descriptor to limits.
+	Tiers map[string]int64 `toml:"tiers"`
+}
+
+// Default returns a Config holding every default and no rules.
+func Default() *Config {
+	return &Config{
+		Server: Server{
+			Socket:         DefaultSocket,
+			SocketMode:     DefaultSocketMode,
+			HTTP:           DefaultHTTP,
+			MaxConnections: DefaultMaxConnections,
+			MaxInflight:    DefaultMaxInflight,
+			ReadTimeout:    Duration(DefaultReadTimeout),
+			IdleTimeout:    Duration(DefaultIdleTimeout),
+			DrainTimeout:   Duration(DefaultDrainTimeout),
+			LogLevel:       DefaultLogLevel,
+			LogFormat:      DefaultLogFormat,
+		},
+		Store: Store{
+			MaxKeys:       DefaultMaxKeys,
+			SweepInterval: Duration(DefaultSweepInterval),
+		},
+	}
+}
+
+// Load reads and parses the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read config: %w", err)
+	}
+	return Parse(data, path)
+}
+
+// Parse decodes and validates data, the content of the file called name.
+// Errors name the file; a syntax or type error names the line, and an
+// invalid configuration gives one line per problem (errors.Join), each
+// naming the field and its value.
+func Parse(data []byte, name string) (*Config, error) {
+	if name == "" {
+		name = "config"
+	}
+	c := Default()
+	md, err := toml.Decode(string(data), c)
+	if err != nil {
+		return nil, decodeError(name, err)
+	}
+	var problems []error
+	for _, p := range unknownKeys(md, data) {
+		problems = append(problems, fmt.Errorf("%s%s", name, p))
+	}
+	c.setDefaults()
+	for _, p := range c.validate() {
+		problems = append(problems, fmt.Errorf("%s: %s", name, p))
+	}
+	if len(problems) > 0 {
+		return nil, errors.Join(problems...)
+	}
+	return c, nil
+}
+
+// setDefaults fills the rule fields whose default depends on others.
+func (c *Config) setDefaults() {
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		if r.Algorithm == "" {
+			r.Algorithm = DefaultAlgorithm
+		}
+		if r.Mode == "" {
+			r.Mode = ModeCached
+			if r.Algorithm == algo.SlidingLog.String() {
+				r.Mode = ModeStrict
+			}
+		}
+		if r.Fail == "" {
+			r.Fail = DefaultFail
+		}
+	}
+}
+
+// SocketFileMode returns SocketMode as a file mode. It is valid once the
+// Config has been parsed.
+func (s *Server) SocketFileMode() os.FileMode {
+	m, _ := strconv.ParseUint(s.SocketMode, 8, 32)
+	return os.FileMode(m) & os.ModePerm
+}
+
+// SlogLevel returns LogLevel as a slog level (info when unknown).
+func (s *Server) SlogLevel() slog.Level {
+	switch s.LogLevel {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// Kind returns the rule's algorithm. It is valid once the Config has been
+// parsed.
+func (r *Rule) Kind() algo.Kind {
+	k, _ := algo.ParseKind(r.Algorithm)
+	return k
+}
+
+// Params returns the parameters of the rule's algorithm with the given
+// limit: Limit, or one of Tiers.
+func (r *Rule) Params(limit int64) algo.Params {
+	return algo.Params{Kind: r.Kind(), Limit: limit, Period: time.Duration(r.Period), Burst: r.Burst}
+}
+
+// DefaultLimit returns the limit of a request whose tier is missing or not
+// listed in Tiers: Limit when set, else the smallest tier limit.
+func (r *Rule) DefaultLimit() int64 {
+	if r.Limit > 0 || len(r.Tiers) == 0 {
+		return r.Limit
+	}
+	var least int64
+	for _, l := range r.Tiers {
+		if least == 0 || l < least {
+			least = l
+		}
+	}
+	return least
+}
+
+// Selector is one entry of the allow or deny list: a descriptor name and
+// a glob its value must match.
+type Selector struct {
+	Name string
+	Glob string
+}
+
+// ParseSelector parses "name=glob".
+func ParseSelector(s string) (Selector, error) {
+	name, glob, ok := strings.Cut(s, "=")
+	if !ok {
+		return Selector{}, fmt.Errorf("selector %q must have the form name=glob", s)
+	}
+	if err := checkDescriptorName(name); err != nil {
+		return Selector{}, fmt.Errorf("selector %q: %w", s, err)
+	}
+	if err := CheckGlob(glob); err != nil {
+		return Selector{}, fmt.Errorf("selector %q: %w", s, err)
+	}
+	return Selector{Name: name, Glob: glob}, nil
+}
+
+// String returns the selector as written in the file.
+func (s Selector) String() string { return s.Name + "=" + s.Glob }
+
+// CheckGlob reports whether glob is usable: `*` matches any run of bytes,
+// `?` one byte, everything else itself. A glob must not be empty (use "*"
+// for any value) and is at most MaxGlob bytes long.
+func CheckGlob(glob string) error {
+	if glob == "" {
+		return errors.New(`empty glob (use "*" to match any value)`)
+	}
+	if len(glob) > MaxGlob {
+		return fmt.Errorf("glob of %d bytes is longer than %d", len(glob), MaxGlob)
+	}
+	return nil
+}
+
+func checkDescriptorName(name string) error {
+	if name == "" {
+		return errors.New("empty descriptor name")
+	}
+	if len(name) > MaxDescriptorName {
+		return fmt.Errorf("descriptor name %q is longer than %d bytes", name, MaxDescriptorName)
+	}
+	return nil
+}
+
+// Duration is a time.Duration written as a string such as "30s" or "1m".
+type Duration time.Duration
+
+// UnmarshalText parses a time.ParseDuration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalText returns d as String does.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// String returns d in its shortest form: "1m" rather than "1m0s".
+func (d Duration) String() string {
+	s := time.Duration(d).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}

@@ -1,0 +1,230 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/algo"
+)
+
+func TestShippedFile(t *testing.T) {
+	c, err := Load("../rld.toml")
+	require.NoError(t, err)
+	assert.Equal(t, "/run/rld/rld.sock", c.Server.Socket)
+	assert.Equal(t, "127.0.0.1:9464", c.Server.HTTP)
+	assert.Equal(t, []string{"api_key=sk_internal_*"}, c.Allow)
+	assert.Equal(t, []string{"api_key=sk_revoked_*"}, c.Deny)
+
+	byName := map[string]*Rule{}
+	for i := range c.Rules {
+		byName[c.Rules[i].Name] = &c.Rules[i]
+	}
+	login := byName["login"]
+	require.NotNil(t, login)
+	assert.Equal(t, algo.SlidingLog, login.Kind())
+	assert.Equal(t, ModeStrict, login.Mode, "sliding_log defaults to strict")
+	assert.Equal(t, int64(5), login.Limit)
+	assert.Equal(t, map[string]string{"endpoint": "/v1/login"}, login.Match)
+
+	search := byName["search"]
+	require.NotNil(t, search)
+	assert.Equal(t, algo.Params{Kind: algo.TokenBucket, Limit: 30, Period: time.Minute}, search.Params(search.Limit))
+	assert.Equal(t, ModeCached, search.Mode)
+	assert.Equal(t, FailOpen, search.Fail)
+	require.NotNil(t, byName["users"])
+	assert.Equal(t, int64(100), byName["users"].Limit)
+
+	tier := byName["per-tier"]
+	require.NotNil(t, tier)
+	assert.Equal(t, map[string]int64{"free": 100, "pro": 1000, "enterprise": 10000}, tier.Tiers)
+	assert.Equal(t, int64(100), tier.DefaultLimit())
+	require.NotNil(t, byName["per-tenant"])
+	assert.Equal(t, []string{"tenant"}, byName["per-tenant"].By)
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse([]byte(`
+[[rule]]
+name = "r"
+by = ["ip"]
+limit = 10
+period = "1s"
+`), "x.toml")
+	require.NoError(t, err)
+	want := Default()
+	want.Rules = []Rule{{
+		Name: "r", By: []string{"ip"}, Algorithm: "token_bucket", Limit: 10,
+		Period: Duration(time.Second), Mode: ModeCached, Fail: FailOpen,
+	}}
+	assert.Equal(t, want, c)
+	assert.Equal(t, os.FileMode(0o660), c.Server.SocketFileMode())
+	assert.Equal(t, 30*time.Second, time.Duration(c.Server.ReadTimeout))
+}
+
+func TestExplicitEmptyHTTPDisables(t *testing.T) {
+	c, err := Parse([]byte("[server]\nhttp = \"\"\nsocket_mode = \"0600\"\nlog_level = \"debug\"\n"), "x.toml")
+	require.NoError(t, err)
+	assert.Equal(t, "", c.Server.HTTP)
+	assert.Equal(t, os.FileMode(0o600), c.Server.SocketFileMode())
+	assert.Equal(t, "DEBUG", c.Server.SlogLevel().String())
+}
+
+// TestInvalid checks that each bad field is reported with its path and
+// value, and that all problems of one file come out together.
+func TestInvalid(t *testing.T) {
+	const rule = "[[rule]]\nname = \"r\"\nby = [\"ip\"]\nlimit = 10\nperiod = \"1m\"\n"
+	tests := []struct {
+		name string
+		toml string
+		want []string // substrings of the error, each expected
+	}{
+		{"unknown algorithm", "[[rule]]\nname = \"login\"\nby = [\"ip\"]\nlimit = 5\nperiod = \"1m\"\nalgorithm = \"leaky\"\n",
+			[]string{`x.toml: rule[0] "login": algorithm = "leaky": unknown algorithm "leaky"`}},
+		{"index and name", rule + rule + strings.Replace(rule, `"r"`, `"login"`, 1) + "algorithm = \"leaky\"\n",
+			[]string{`rule[1] "r": name = "r": already used by rule[0]`, `rule[2] "login": algorithm = "leaky"`}},
+		{"empty name", "[[rule]]\nby = [\"ip\"]\nlimit = 1\nperiod = \"1s\"\n",
+			[]string{`rule[0]: name = "": must not be empty`}},
+		{"bad name", strings.Replace(rule, `"r"`, `"a b"`, 1), []string{`rule[0] "a b": name = "a b": byte ' ' not allowed`}},
+		{"long name", strings.Replace(rule, `"r"`, `"`+strings.Repeat("n", 256)+`"`, 1), []string{`longer than 255 bytes`}},
+		{"reserved name", strings.Replace(rule, `"r"`, `"deny"`, 1), []string{`name = "deny": reserved`}},
+		{"no by", strings.Replace(rule, `by = ["ip"]`, `by = []`, 1), []string{`rule[0] "r": by = []`}},
+		{"missing by", strings.Replace(rule, "by = [\"ip\"]\n", "", 1), []string{`rule[0] "r": by = []`}},
+		{"long by", strings.Replace(rule, `"ip"`, `"`+strings.Repeat("d", 65)+`"`, 1), []string{`by[0] = "ddd`, `longer than 64 bytes`}},
+		{"dup by", strings.Replace(rule, `"ip"`, `"ip", "ip"`, 1), []string{`by[1] = "ip": listed twice`}},
+		{"zero limit", strings.Replace(rule, "limit = 10", "limit = 0", 1), []string{`rule[0] "r": limit = 0: must be positive (or give tiers)`}},
+		{"negative limit with tiers", strings.Replace(rule, "limit = 10", "limit = -1\ntiers = { a = 1 }", 1), []string{`limit = -1: must not be negative`}},
+		{"bad tier", strings.Replace(rule, "limit = 10", "tiers = { free = 0, pro = -2 }", 1),
+			[]string{`rule[0] "r": tiers.free = 0: must be positive`, `tiers.pro = -2: must be positive`}},
+		{"period", strings.Replace(rule, `"1m"`, `"0s"`, 1), []string{`rule[0] "r": period = "0s": must be positive`}},
+		{"period too small", strings.Replace(rule, `"1m"`, `"1us"`, 1), []string{`period = "1µs": period must be at least 1ms`}},
+		{"too large", strings.Replace(rule, "limit = 10", "limit = 9000000000000000", 1), []string{`limit = 9000000000000000, period = "1m": limit×period too large`}},
+		{"burst for window", rule + "algorithm = \"fixed_window\"\nburst = 3\n", []string{`burst = 3: only token_bucket and gcra take a burst, not fixed_window`}},
+		{"burst with tiers", strings.Replace(rule, "limit = 10", "tiers = { a = 1 }\nburst = 5", 1), []string{`burst = 5: cannot be combined with tiers`}},
+		{"negative burst", rule + "burst = -1\n", []string{`burst must not be negative, got -1`}},
+		{"mode", rule + "mode = \"lazy\"\n", []string{`mode = "lazy": want cached or strict`}},
+		{"fail", rule + "fail = \"maybe\"\n", []string{`fail = "maybe": want open or closed`}},
+		{"match glob", rule + "match = { endpoint = \"\" }\n", []string{`rule[0] "r": match.endpoint = "": empty glob`}},
+		{"selectors", "allow = [\"api_key\"]\ndeny = [\"=x\", \"ip=\"]\n",
+			[]string{`allow[0] = "api_key": selector "api_key" must have the form name=glob`,
+				`deny[0] = "=x": selector "=x": empty descriptor name`, `deny[1] = "ip=": selector "ip=": empty glob`}},
+		{"server", "[server]\nsocket = \"\"\nsocket_mode = \"0999\"\nhttp = \"nope\"\nmax_connections = 0\nmax_inflight = -1\nread_timeout = \"0s\"\nidle_timeout = \"-1s\"\ndrain_timeout = \"-2s\"\nlog_level = \"loud\"\nlog_format = \"xml\"\n",
+			[]string{`server.socket = "": must not be empty`, `server.socket_mode = "0999": not an octal mode`,
+				`server.http = "nope": not host:port`, `server.max_connections = 0: must be positive`,
+				`server.max_inflight = -1: must be positive`, `server.read_timeout = "0s": must be positive`,
+				`server.idle_timeout = "-1s": must not be negative`, `server.drain_timeout = "-2s": must not be negative`,
+				`server.log_level = "loud"`, `server.log_format = "xml"`}},
+		{"socket mode too wide", "[server]\nsocket_mode = \"01777\"\n", []string{`server.socket_mode = "01777": above 0777`}},
+		{"store", "[store]\nmax_keys = 0\nsweep_interval = \"0s\"\n", []string{`store.max_keys = 0: must be positive`, `store.sweep_interval = "0s": must be positive`}},
+		{"unknown key", "[server]\nsocket = \"/tmp/s\"\nsokcet_mode = \"0600\"\n", []string{`x.toml:3: unknown key "server.sokcet_mode"`}},
+		{"unknown rule key", rule + "limt = 3\n", []string{`x.toml:6: unknown key "rule.limt"`}},
+		{"unknown table", "[servr]\nsocket = \"x\"\n", []string{`x.toml:1: unknown key "servr"`}},
+		{"unknown key and invalid value", "[server]\nmax_connections = 0\ncolour = 1\n",
+			[]string{`x.toml:3: unknown key "server.colour"`, `server.max_connections = 0`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.toml), "x.toml")
+			require.Error(t, err)
+			assert.Nil(t, c)
+			for _, w := range tt.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			// Every line names the file.
+			for _, line := range strings.Split(err.Error(), "\n") {
+				assert.True(t, strings.HasPrefix(line, "x.toml"), "line %q", line)
+			}
+		})
+	}
+}
+
+func TestUnknownTableReportedOnce(t *testing.T) {
+	_, err := Parse([]byte("[servr]\nsocket = \"x\"\nhttp = \"\"\n"), "x.toml")
+	require.Error(t, err)
+	assert.Equal(t, `x.toml:1: unknown key "servr"`, err.Error())
+}
+
+func TestDecodeErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		want string
+	}{
+		{"syntax", "[server]\nsocket = \"/x\"\nhttp = \n", "x.toml:3: "},
+		{"duplicate key", "[server]\nsocket = \"a\"\nsocket = \"b\"\n", "x.toml:3: "},
+		{"bad duration", "[[rule]]\nname = \"r\"\nperiod = \"1 minute\"\n", `x.toml:3: rule.period: time: unknown unit " minute"`},
+		{"duration without unit", "[server]\n\nread_timeout = 30\n", `x.toml:3: server.read_timeout: time: missing unit`},
+		{"type", "[[rule]]\nname = \"r\"\nlimit = \"ten\"\n", `x.toml: toml: line 3 (last key "rule.limit"): incompatible types`},
+		{"mode as integer", "[server]\nsocket_mode = 0o660\n", `x.toml: toml: line 2 (last key "server.socket_mode"): incompatible types`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.toml), "x.toml")
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "bad.toml")
+	require.NoError(t, os.WriteFile(path, []byte("[server]\nmax_inflight = 0\n"), 0o600))
+	_, err := Load(path)
+	require.Error(t, err)
+	assert.Equal(t, path+": server.max_inflight = 0: must be positive", err.Error())
+
+	_, err = Load(filepath.Join(dir, "missing.toml"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestSummary(t *testing.T) {
+	c, err := Parse([]byte(`
+[[rule]]
+name = "search"
+match = { endpoint = "/v1/search*", method = "GET" }
+by = ["api_key", "endpoint"]
+limit = 30
+period = "1m"
+burst = 45
+
+[[rule]]
+name = "per-tier"
+by = ["api_key"]
+tiers = { free = 100, pro = 1000, enterprise = 10000 }
+period = "1h"
+shadow = true
+
+[[rule]]
+name = "login"
+algorithm = "sliding_log"
+by = ["ip"]
+limit = 5
+period = "90s"
+tiers = { gold = 50 }
+fail = "closed"
+`), "x.toml")
+	require.NoError(t, err)
+	want := []string{
+		"search: token_bucket 30/1m burst 45 by api_key,endpoint match endpoint=/v1/search*,method=GET cached fail=open",
+		"per-tier: token_bucket tier{free=100,pro=1000,enterprise=10000,*=100}/1h by api_key cached fail=open shadow",
+		"login: sliding_log tier{gold=50,*=5}/1m30s by ip strict fail=closed",
+	}
+	for i, w := range want {
+		assert.Equal(t, w, c.Rules[i].Summary())
+	}
+}
+
+func TestDurationString(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		time.Minute: "1m", time.Hour: "1h", 90 * time.Minute: "1h30m", 30 * time.Second: "30s",
+		0: "0s", 1500 * time.Millisecond: "1.5s", time.Hour + time.Second: "1h0m1s",
+	} {
+		assert.Equal(t, want, Duration(d).String())
+	}
+}

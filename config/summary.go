@@ -1,0 +1,50 @@
+package config
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Summary returns the rule on one line, as `rld config check` prints it:
+//
+//	search: token_bucket 30/1m burst 45 by api_key,endpoint match endpoint=/v1/search* cached fail=open
+//	per-tier: token_bucket tier{free=100,pro=1000,enterprise=10000,*=100}/1m by api_key cached fail=open
+//
+// Tiers are listed by limit; `*` gives the limit of a missing or unlisted
+// tier. Shadow rules end with " shadow".
+func (r *Rule) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %s ", r.Name, r.Algorithm)
+	if len(r.Tiers) == 0 {
+		fmt.Fprintf(&b, "%d", r.Limit)
+	} else {
+		tiers := sortedKeys(r.Tiers)
+		slices.SortStableFunc(tiers, func(a, b string) int { return cmp.Compare(r.Tiers[a], r.Tiers[b]) })
+		b.WriteString("tier{")
+		for _, t := range tiers {
+			fmt.Fprintf(&b, "%s=%d,", t, r.Tiers[t])
+		}
+		fmt.Fprintf(&b, "*=%d}", r.DefaultLimit())
+	}
+	fmt.Fprintf(&b, "/%s", r.Period)
+	if r.Burst > 0 {
+		fmt.Fprintf(&b, " burst %d", r.Burst)
+	}
+	fmt.Fprintf(&b, " by %s", strings.Join(r.By, ","))
+	if len(r.Match) > 0 {
+		b.WriteString(" match ")
+		for i, name := range sortedKeys(r.Match) {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%s=%s", name, r.Match[name])
+		}
+	}
+	fmt.Fprintf(&b, " %s fail=%s", r.Mode, r.Fail)
+	if r.Shadow {
+		b.WriteString(" shadow")
+	}
+	return b.String()
+}

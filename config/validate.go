@@ -1,0 +1,299 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/rld/rld/algo"
+)
+
+// problems collects what validate finds, one line each.
+type problems []string
+
+func (p *problems) add(format string, args ...any) {
+	*p = append(*p, fmt.Sprintf(format, args...))
+}
+
+// validate returns every problem of c, each naming the field path and the
+// bad value, in file order.
+func (c *Config) validate() []string {
+	var p problems
+	for i, s := range c.Allow {
+		if _, err := ParseSelector(s); err != nil {
+			p.add("allow[%d] = %q: %v", i, s, err)
+		}
+	}
+	for i, s := range c.Deny {
+		if _, err := ParseSelector(s); err != nil {
+			p.add("deny[%d] = %q: %v", i, s, err)
+		}
+	}
+	c.Server.validate(&p)
+	c.Store.validate(&p)
+	seen := make(map[string]int, len(c.Rules))
+	for i := range c.Rules {
+		r := &c.Rules[i]
+		r.validate(&p, i)
+		if r.Name == "" {
+			continue
+		}
+		if j, dup := seen[r.Name]; dup {
+			p.add("rule[%d] %q: name = %q: already used by rule[%d]", i, r.Name, r.Name, j)
+		} else {
+			seen[r.Name] = i
+		}
+	}
+	return p
+}
+
+func (s *Server) validate(p *problems) {
+	if s.Socket == "" {
+		p.add(`server.socket = "": must not be empty`)
+	}
+	if m, err := strconv.ParseUint(s.SocketMode, 8, 32); err != nil || s.SocketMode == "" {
+		p.add("server.socket_mode = %q: not an octal mode such as \"0660\"", s.SocketMode)
+	} else if m > 0o777 {
+		p.add("server.socket_mode = %q: above 0777", s.SocketMode)
+	}
+	if s.HTTP != "" {
+		if _, _, err := net.SplitHostPort(s.HTTP); err != nil {
+			p.add("server.http = %q: not host:port (\"\" disables HTTP): %v", s.HTTP, err)
+		}
+	}
+	if s.MaxConnections <= 0 {
+		p.add("server.max_connections = %d: must be positive", s.MaxConnections)
+	}
+	if s.MaxInflight <= 0 {
+		p.add("server.max_inflight = %d: must be positive", s.MaxInflight)
+	}
+	if s.ReadTimeout <= 0 {
+		p.add("server.read_timeout = %q: must be positive", s.ReadTimeout)
+	}
+	if s.IdleTimeout < 0 {
+		p.add("server.idle_timeout = %q: must not be negative (0 disables it)", s.IdleTimeout)
+	}
+	if s.DrainTimeout < 0 {
+		p.add("server.drain_timeout = %q: must not be negative", s.DrainTimeout)
+	}
+	switch s.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		p.add("server.log_level = %q: want debug, info, warn or error", s.LogLevel)
+	}
+	switch s.LogFormat {
+	case "text", "json":
+	default:
+		p.add("server.log_format = %q: want text or json", s.LogFormat)
+	}
+}
+
+func (s *Store) validate(p *problems) {
+	if s.MaxKeys <= 0 {
+		p.add("store.max_keys = %d: must be positive", s.MaxKeys)
+	}
+	if s.SweepInterval <= 0 {
+		p.add("store.sweep_interval = %q: must be positive", s.SweepInterval)
+	}
+}
+
+func (r *Rule) validate(p *problems, i int) {
+	at := fmt.Sprintf("rule[%d]", i)
+	if r.Name != "" {
+		at += " " + strconv.Quote(r.Name)
+	}
+	if err := CheckRuleName(r.Name); err != nil {
+		p.add("%s: name = %q: %v", at, r.Name, err)
+	}
+	for _, name := range sortedKeys(r.Match) {
+		if err := checkDescriptorName(name); err != nil {
+			p.add("%s: match: %v", at, err)
+		} else if err := CheckGlob(r.Match[name]); err != nil {
+			p.add("%s: match.%s = %q: %v", at, name, r.Match[name], err)
+		}
+	}
+	if len(r.By) == 0 {
+		p.add("%s: by = []: name at least one descriptor to count by", at)
+	}
+	if len(r.By) > MaxBy {
+		p.add("%s: by has %d descriptors, more than %d", at, len(r.By), MaxBy)
+	}
+	for j, name := range r.By {
+		if err := checkDescriptorName(name); err != nil {
+			p.add("%s: by[%d] = %q: %v", at, j, name, err)
+		} else if slices.Index(r.By, name) < j {
+			p.add("%s: by[%d] = %q: listed twice", at, j, name)
+		}
+	}
+
+	kind, err := algo.ParseKind(r.Algorithm)
+	if err != nil {
+		p.add("%s: algorithm = %q: %v", at, r.Algorithm, err)
+		return // the limits cannot be checked without the algorithm
+	}
+	if r.Burst != 0 {
+		switch {
+		case kind != algo.TokenBucket && kind != algo.GCRA:
+			p.add("%s: burst = %d: only token_bucket and gcra take a burst, not %s", at, r.Burst, kind)
+		case len(r.Tiers) > 0:
+			p.add("%s: burst = %d: cannot be combined with tiers (each tier's capacity is its limit)", at, r.Burst)
+		}
+	}
+	switch r.Mode {
+	case ModeCached, ModeStrict:
+	default:
+		p.add("%s: mode = %q: want cached or strict", at, r.Mode)
+	}
+	switch r.Fail {
+	case FailOpen, FailClosed:
+	default:
+		p.add("%s: fail = %q: want open or closed", at, r.Fail)
+	}
+	if r.Period <= 0 {
+		p.add("%s: period = %q: must be positive", at, r.Period)
+		return // every limit check below would repeat this
+	}
+
+	switch {
+	case len(r.Tiers) == 0 && r.Limit <= 0:
+		p.add("%s: limit = %d: must be positive (or give tiers)", at, r.Limit)
+	case r.Limit < 0:
+		p.add("%s: limit = %d: must not be negative", at, r.Limit)
+	case r.Limit > 0:
+		if err := r.Params(r.Limit).Validate(); err != nil {
+			p.add("%s: limit = %d, period = %q: %v", at, r.Limit, r.Period, err)
+		}
+	}
+	for _, tier := range sortedKeys(r.Tiers) {
+		limit := r.Tiers[tier]
+		if tier == "" {
+			p.add("%s: tiers: empty tier name", at)
+			continue
+		}
+		if len(tier) > MaxGlob {
+			p.add("%s: tiers: tier name of %d bytes is longer than %d", at, len(tier), MaxGlob)
+			continue
+		}
+		if limit <= 0 {
+			p.add("%s: tiers.%s = %d: must be positive", at, tier, limit)
+			continue
+		}
+		if err := r.Params(limit).Validate(); err != nil {
+			p.add("%s: tiers.%s = %d, period = %q: %v", at, tier, limit, r.Period, err)
+		}
+	}
+}
+
+// CheckRuleName reports whether name is a valid rule name: 1 to
+// MaxRuleName bytes of A-Z a-z 0-9 _ . : -, and not reserved (allow, deny,
+// none).
+func CheckRuleName(name string) error {
+	if name == "" {
+		return errors.New("must not be empty")
+	}
+	if len(name) > MaxRuleName {
+		return fmt.Errorf("longer than %d bytes", MaxRuleName)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+			c == '_' || c == '.' || c == ':' || c == '-') {
+			return fmt.Errorf("byte %q not allowed (use A-Z a-z 0-9 _ . : -)", c)
+		}
+	}
+	if slices.Contains(reservedNames, name) {
+		return fmt.Errorf("reserved (%s)", strings.Join(reservedNames, ", "))
+	}
+	return nil
+}
+
+// sortedKeys returns the keys of m in order, so problems and summaries
+// come out the same every time.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// decodeError names the file, and the line when the decoder gives one.
+func decodeError(name string, err error) error {
+	var pe toml.ParseError
+	if errors.As(err, &pe) {
+		msg := pe.Message
+		if pe.LastKey != "" {
+			msg = pe.LastKey + ": " + msg
+		}
+		return &lineError{file: name, line: pe.Position.Line, msg: msg, err: err}
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}
+
+// lineError is a decoding error at a line of a file, printed the way
+// compilers do: "rld.toml:12: message".
+type lineError struct {
+	file string
+	line int
+	msg  string
+	err  error
+}
+
+func (e *lineError) Error() string { return fmt.Sprintf("%s:%d: %s", e.file, e.line, e.msg) }
+
+func (e *lineError) Unwrap() error { return e.err }
+
+// unknownKeys returns one problem per key of the file that Config does not
+// have, as ":LINE: unknown key ..." (or ": unknown key ..." when the line
+// cannot be found), children of an unknown table left out.
+func unknownKeys(md toml.MetaData, data []byte) []string {
+	var out []string
+	var reported []string
+	lines := strings.Split(string(data), "\n")
+	for _, k := range md.Undecoded() {
+		ks := k.String()
+		if slices.ContainsFunc(reported, func(r string) bool { return ks == r || strings.HasPrefix(ks, r+".") }) {
+			continue
+		}
+		reported = append(reported, ks)
+		if n := keyLine(lines, k); n > 0 {
+			out = append(out, fmt.Sprintf(":%d: unknown key %q", n, ks))
+		} else {
+			out = append(out, fmt.Sprintf(": unknown key %q", ks))
+		}
+	}
+	return out
+}
+
+// keyLine finds the first line that defines k: a table header naming it,
+// or a line starting with its last part followed by "=" or ".". It returns
+// 0 when none does. The decoder does not report positions of keys it did
+// not decode, so this is a best effort.
+func keyLine(lines []string, k toml.Key) int {
+	last := k[len(k)-1]
+	full := k.String()
+	for i, line := range lines {
+		t := strings.TrimSpace(line)
+		switch {
+		case t == "["+full+"]" || t == "[["+full+"]]":
+			return i + 1
+		case strings.HasPrefix(t, last):
+			rest := strings.TrimLeft(t[len(last):], " \t")
+			if strings.HasPrefix(rest, "=") || strings.HasPrefix(rest, ".") {
+				return i + 1
+			}
+		case strings.HasPrefix(t, strconv.Quote(last)):
+			rest := strings.TrimLeft(t[len(strconv.Quote(last)):], " \t")
+			if strings.HasPrefix(rest, "=") {
+				return i + 1
+			}
+		}
+	}
+	return 0
+}

@@ -1,0 +1,201 @@
+package policy
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/wire"
+)
+
+var _ Store = (*memstore.Store)(nil)
+
+// TestShippedConfigWithMemstore drives the shipped rld.toml on the
+// embedded store through the issue's scenarios.
+func TestShippedConfigWithMemstore(t *testing.T) {
+	cfg, err := config.Load("../rld.toml")
+	require.NoError(t, err)
+	p, err := New(cfg, memstore.New(memstore.Options{}))
+	require.NoError(t, err)
+	ctx := context.Background()
+	var sc Scratch
+	check := func(now time.Time, cost int64, pairs ...string) Decision {
+		t.Helper()
+		return p.Check(ctx, now, descs(pairs...), cost, false, &sc)
+	}
+
+	// /search: 30 per minute per key; the token bucket refills one every 2 s.
+	for i := range 30 {
+		d := check(t0, 1, "api_key=demo", "endpoint=/v1/search")
+		require.Equal(t, wire.StatusAllowed, d.Status, "search %d", i)
+		assert.Equal(t, "search", d.Rule)
+		assert.Equal(t, int64(29-i), d.Result.Remaining)
+	}
+	d := check(t0, 1, "api_key=demo", "endpoint=/v1/search")
+	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, "search", d.Rule)
+	assert.Equal(t, int64(30), d.Result.Limit)
+	assert.Equal(t, 2*time.Second, d.Result.RetryAfter)
+	assert.Equal(t, time.Minute, d.Period)
+	d = check(t0.Add(2*time.Second), 1, "api_key=demo", "endpoint=/v1/search")
+	assert.Equal(t, wire.StatusAllowed, d.Status)
+
+	// The per-tier rule (free: 100/min, the fallback; a token every 0.6 s)
+	// lost nothing to the denial: 100 - 30 at t0, +3 tokens by t0+2s, -1
+	// for the second search, -1 for this check. With less remaining than
+	// users (99), it decides.
+	d = check(t0.Add(2*time.Second), 1, "api_key=demo", "endpoint=/v1/users")
+	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, "per-tier", d.Rule)
+	assert.Equal(t, int64(100-30+3-1-1), d.Result.Remaining)
+
+	// Tiers.
+	d = check(t0, 1, "api_key=big", "tier=enterprise", "endpoint=/v1/users")
+	assert.Equal(t, "users", d.Rule)
+	assert.Equal(t, int64(99), d.Result.Remaining)
+	d = check(t0, 1, "api_key=big", "tier=enterprise", "endpoint=/v1/other")
+	assert.Equal(t, "per-tier", d.Rule)
+	assert.Equal(t, int64(10000), d.Result.Limit)
+
+	// Internal and revoked keys.
+	assert.Equal(t, Decision{Status: wire.StatusAllowed, Rule: RuleAllow}, check(t0, 1, "api_key=sk_internal_x", "endpoint=/v1/search"))
+	assert.Equal(t, Decision{Status: wire.StatusBlocked, Rule: RuleDeny}, check(t0, 1, "api_key=sk_revoked_x", "endpoint=/v1/search"))
+
+	// Login: 5 per minute per ip, exact.
+	for i := range 5 {
+		d = check(t0.Add(time.Duration(i)*time.Second), 1, "ip=203.0.113.7", "endpoint=/v1/login")
+		require.Equal(t, wire.StatusAllowed, d.Status, "login %d", i)
+	}
+	d = check(t0.Add(30*time.Second), 1, "ip=203.0.113.7", "endpoint=/v1/login")
+	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, "login", d.Rule)
+	assert.Equal(t, 30*time.Second, d.Result.RetryAfter)
+
+	// Hierarchical refund on the real algorithms: a per-key denial gives
+	// the tenant's token back.
+	for i := range 30 {
+		d = check(t0, 1, "api_key=k2", "tenant=acme", "endpoint=/v1/search")
+		require.Equal(t, wire.StatusAllowed, d.Status, "tenant %d", i)
+	}
+	for range 10 {
+		d = check(t0, 1, "api_key=k2", "tenant=acme", "endpoint=/v1/search")
+		require.Equal(t, wire.StatusLimited, d.Status)
+	}
+	d = p.Check(ctx, t0, descs("tenant=acme"), 1, true, &sc)
+	assert.Equal(t, "per-tenant", d.Rule)
+	// A peek reports what would remain after its cost: 20000 - 30 - 1.
+	assert.Equal(t, int64(20000-30-1), d.Result.Remaining, "tenant charged for the 30 admitted checks only")
+}
+
+func TestMemstoreAllocations(t *testing.T) {
+	cfg, err := config.Load("../rld.toml")
+	require.NoError(t, err)
+	p, err := New(cfg, memstore.New(memstore.Options{}))
+	require.NoError(t, err)
+	req := descs("api_key=sk_live_123", "endpoint=/v1/search", "tier=pro", "tenant=acme")
+	var sc Scratch
+	ctx := context.Background()
+	now := t0
+	p.Check(ctx, now, req, 1, false, &sc)
+	allocs := testing.AllocsPerRun(1000, func() {
+		now = now.Add(time.Second) // keep the keys under their limits
+		p.Check(ctx, now, req, 1, false, &sc)
+	})
+	assert.LessOrEqual(t, allocs, 1.0)
+}
+
+// BenchmarkCheck measures one decision on a warm key of the embedded store:
+// rule matching plus the store's Take.
+func BenchmarkCheck(b *testing.B) {
+	cases := []struct {
+		name string
+		toml string
+		req  []wire.Descriptor
+		step time.Duration // the clock's advance per check: keys stay under their limits
+		want wire.Status
+	}{
+		{"one-rule", `
+[[rule]]
+name = "search"
+match = { endpoint = "/v1/search*" }
+by = ["api_key"]
+limit = 100000000
+period = "1m"
+`, descs("api_key=sk_live_1234567890", "endpoint=/v1/search"), time.Millisecond, wire.StatusAllowed},
+		// /v1/search: the rules search, per-tier and per-tenant apply.
+		{"shipped-rld.toml", "", descs("api_key=sk_live_1234567890", "endpoint=/v1/search", "tier=pro", "tenant=acme"), 2 * time.Second, wire.StatusAllowed},
+		{"allow-list", "", descs("api_key=sk_internal_1", "endpoint=/v1/search"), 0, wire.StatusAllowed},
+		// A hot key over its limit: per-tenant allows, search denies and
+		// per-tenant's take is refunded.
+		{"denied-with-refund", `
+[[rule]]
+name = "per-tenant"
+by = ["tenant"]
+limit = 100000000
+period = "1m"
+[[rule]]
+name = "search"
+by = ["api_key"]
+limit = 1
+period = "1h"
+`, descs("api_key=sk_live_1234567890", "tenant=acme"), 0, wire.StatusLimited},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			var cfg *config.Config
+			var err error
+			if c.toml != "" {
+				cfg, err = config.Parse([]byte(c.toml), "bench.toml")
+			} else {
+				cfg, err = config.Load("../rld.toml")
+			}
+			require.NoError(b, err)
+			p, err := New(cfg, memstore.New(memstore.Options{}))
+			require.NoError(b, err)
+			var sc Scratch
+			ctx := context.Background()
+			p.Check(ctx, t0, c.req, 1, false, &sc)
+			now := t0
+			b.ReportAllocs()
+			for b.Loop() {
+				now = now.Add(c.step)
+				if d := p.Check(ctx, now, c.req, 1, false, &sc); d.Status != c.want {
+					b.Fatalf("check: %+v", d)
+				}
+			}
+		})
+	}
+	b.Run("fake-store", func(b *testing.B) {
+		p := newPolicy(b, "[[rule]]\nname = \"search\"\nmatch = { endpoint = \"/v1/search*\" }\nby = [\"api_key\"]\nlimit = 100000000\nperiod = \"1m\"\n", newFakeStore())
+		req := descs("api_key=sk_live_1234567890", "endpoint=/v1/search")
+		var sc Scratch
+		b.ReportAllocs()
+		for b.Loop() {
+			p.Check(context.Background(), t0, req, 1, false, &sc)
+		}
+	})
+}
+
+// BenchmarkCheckParallel runs the one-rule check from every P, each
+// goroutine with its own Scratch and key.
+func BenchmarkCheckParallel(b *testing.B) {
+	cfg, err := config.Load("../rld.toml")
+	require.NoError(b, err)
+	p, err := New(cfg, memstore.New(memstore.Options{}))
+	require.NoError(b, err)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var sc Scratch
+		req := descs("api_key=sk_"+time.Now().Format("150405.000000000"), "endpoint=/v1/search", "tier=enterprise")
+		now := t0
+		for pb.Next() {
+			now = now.Add(2 * time.Second)
+			p.Check(context.Background(), now, req, 1, false, &sc)
+		}
+	})
+}

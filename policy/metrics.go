@@ -1,0 +1,45 @@
+package policy
+
+import (
+	"fmt"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// decision indexes the decision label of rld_checks_total.
+type decision uint8
+
+const (
+	decAllowed decision = iota
+	decLimited
+	decBlocked
+	decError
+	decShadowLimited
+	numDecisions
+)
+
+var decisionNames = [numDecisions]string{"allowed", "limited", "blocked", "error", "shadow_limited"}
+
+// counters holds the rld_checks_total series of one rule label, created
+// when a Policy is built so that Check formats no names. A reload gets the
+// same counters back from the metrics set.
+type counters [numDecisions]*metrics.Counter
+
+// newCounters returns the series rld_checks_total{rule="…",decision="…"}
+// of rule for the decisions it can make; the others stay nil. Every check
+// counts one series: the rule that decided ("deny", "allow", "none" when
+// no rule applied, or a rule's name) with its decision; a shadow rule
+// that would have denied counts decision="shadow_limited" besides.
+func newCounters(rule string, ds ...decision) *counters {
+	var c counters
+	for _, d := range ds {
+		c[d] = metrics.GetOrCreateCounter(fmt.Sprintf(`rld_checks_total{rule=%q,decision=%q}`, rule, decisionNames[d]))
+	}
+	return &c
+}
+
+func (c *counters) inc(d decision) { c[d].Inc() }
+
+// refundErrors counts refunds the store failed to apply: quota lost until
+// the keys' state expires, never extra admissions.
+var refundErrors = metrics.NewCounter("rld_refund_errors_total")

@@ -1,0 +1,389 @@
+package policy
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/wire"
+)
+
+// Names that Decision.Rule takes when no rule of the configuration decided.
+const (
+	// RuleDeny: the request matched the deny list.
+	RuleDeny = "deny"
+	// RuleAllow: the request matched the allow list.
+	RuleAllow = "allow"
+	// RuleNone: no rule applied (Decision.Rule is "", metrics say "none").
+	RuleNone = ""
+)
+
+// ErrCostTooLarge is wrapped by the Err of a decision whose cost exceeds
+// the capacity of an applicable limit: such a request is never admitted.
+var ErrCostTooLarge = errors.New("cost exceeds the limit's capacity")
+
+// Policy decides requests against one configuration. It is immutable once
+// built and safe for concurrent use; a reload builds a new Policy.
+type Policy struct {
+	store Store
+	deny  []selector
+	allow []selector
+	rules []rule
+	infos []RuleInfo
+
+	denyM, allowM, noneM *counters
+}
+
+// RuleInfo describes one rule for the admin API and the CLI.
+type RuleInfo struct {
+	Name string
+	// Summary is the rule on one line, as config.Rule.Summary gives it.
+	Summary string
+}
+
+// selector is one compiled entry of the allow or deny list, or of a rule's
+// match table.
+type selector struct {
+	name string
+	glob glob
+}
+
+// matches reports whether the first descriptor called s.name is present
+// and its value matches.
+func (s *selector) matches(descs []wire.Descriptor) bool {
+	v, ok := lookup(descs, s.name)
+	return ok && s.glob.match(v)
+}
+
+// rule is one compiled [[rule]].
+type rule struct {
+	name   string
+	match  []selector
+	by     []string
+	prefix []byte      // name, 0x00: the start of every counter key
+	base   algo.Params // the limit of a request with no listed tier
+	tiers  []tier      // sorted by name
+	shadow bool
+	mode   config.Mode
+	fail   config.Fail
+	m      *counters
+}
+
+type tier struct {
+	name   string
+	params algo.Params
+}
+
+// Decision is the answer to one check.
+type Decision struct {
+	// Status is StatusAllowed, StatusLimited, StatusBlocked or StatusError.
+	Status wire.Status
+	// Code says what failed when Status is StatusError.
+	Code wire.Code
+	// Rule names the rule that decided: RuleDeny, RuleAllow, a rule of the
+	// configuration, or RuleNone when no rule applied.
+	Rule string
+	// Result holds the deciding limit's numbers (zero when no rule applied).
+	Result algo.Result
+	// Period is the deciding limit's period.
+	Period time.Duration
+	// Err describes a StatusError decision.
+	Err error
+}
+
+// Scratch holds the buffers of one check so that a warm Scratch makes
+// checks allocation-free. The zero value is ready to use. A Scratch is not
+// safe for concurrent use: keep one per goroutine or connection.
+type Scratch struct {
+	keys  []byte  // the counter keys of this check, back to back
+	taken []taken // the non-shadow takes of this check, in rule order
+}
+
+// taken is one admitted take, to refund or report. It holds no pointers,
+// so that recording it costs no write barrier.
+type taken struct {
+	rule, tier int32 // indexes in Policy.rules and rule.tiers (-1: base)
+	start, end int32 // the key is keys[start:end]
+	res        algo.Result
+}
+
+// New compiles cfg, which Load or Parse has validated, into a Policy that
+// keeps its counters in st.
+func New(cfg *config.Config, st Store) (*Policy, error) {
+	if cfg == nil || st == nil {
+		return nil, errors.New("policy: nil config or store")
+	}
+	p := &Policy{
+		store:  st,
+		denyM:  newCounters(RuleDeny, decBlocked),
+		allowM: newCounters(RuleAllow, decAllowed),
+		noneM:  newCounters("none", decAllowed),
+	}
+	var err error
+	if p.deny, err = compileSelectors(cfg.Deny); err != nil {
+		return nil, fmt.Errorf("policy: deny: %w", err)
+	}
+	if p.allow, err = compileSelectors(cfg.Allow); err != nil {
+		return nil, fmt.Errorf("policy: allow: %w", err)
+	}
+	p.rules = make([]rule, len(cfg.Rules))
+	p.infos = make([]RuleInfo, len(cfg.Rules))
+	for i := range cfg.Rules {
+		cr := &cfg.Rules[i]
+		if err := compileRule(&p.rules[i], cr); err != nil {
+			return nil, fmt.Errorf("policy: rule[%d] %q: %w", i, cr.Name, err)
+		}
+		p.infos[i] = RuleInfo{Name: cr.Name, Summary: cr.Summary()}
+	}
+	return p, nil
+}
+
+func compileSelectors(list []string) ([]selector, error) {
+	out := make([]selector, 0, len(list))
+	for _, s := range list {
+		sel, err := config.ParseSelector(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, selector{name: sel.Name, glob: compileGlob(sel.Glob)})
+	}
+	return out, nil
+}
+
+func compileRule(r *rule, cr *config.Rule) error {
+	if err := config.CheckRuleName(cr.Name); err != nil {
+		return fmt.Errorf("name: %w", err)
+	}
+	if len(cr.By) == 0 {
+		return errors.New("no by descriptors")
+	}
+	kind, err := algo.ParseKind(cr.Algorithm)
+	if err != nil {
+		return err
+	}
+	params := func(limit int64) (algo.Params, error) {
+		p := cr.Params(limit)
+		p.Kind = kind
+		return p, p.Validate()
+	}
+	*r = rule{
+		name:   cr.Name,
+		by:     slices.Clone(cr.By),
+		prefix: append([]byte(cr.Name), 0),
+		shadow: cr.Shadow,
+		mode:   cr.Mode,
+		fail:   cr.Fail,
+		m:      newCounters(cr.Name, decAllowed, decLimited, decError, decShadowLimited),
+	}
+	for name, g := range cr.Match {
+		if err := config.CheckGlob(g); err != nil {
+			return fmt.Errorf("match.%s: %w", name, err)
+		}
+		r.match = append(r.match, selector{name: name, glob: compileGlob(g)})
+	}
+	// Map order is random: fix one so that every Policy of a file behaves
+	// (and costs) the same.
+	slices.SortFunc(r.match, func(a, b selector) int { return cmp.Compare(a.name, b.name) })
+	if r.base, err = params(cr.DefaultLimit()); err != nil {
+		return err
+	}
+	for name, limit := range cr.Tiers {
+		p, err := params(limit)
+		if err != nil {
+			return fmt.Errorf("tiers.%s: %w", name, err)
+		}
+		r.tiers = append(r.tiers, tier{name: name, params: p})
+	}
+	slices.SortFunc(r.tiers, func(a, b tier) int { return cmp.Compare(a.name, b.name) })
+	return nil
+}
+
+// Rules describes the rules in evaluation order.
+func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
+
+// Check decides a request carrying descs at now, taking cost units (≤ 0
+// means 1) from every applicable limit; with peek it decides without
+// taking anything. sc may be nil, at the price of allocating.
+//
+// The deny list is consulted first, then the allow list; then every rule
+// whose match holds and whose by descriptors are all present, in order.
+// The request is allowed only when every such rule allows it; when one
+// denies, the units already taken from the rules before it are refunded
+// and that rule decides. When all allow, the rule with the least
+// remaining decides. Shadow rules are counted but never deny or decide.
+func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch) Decision {
+	if cost <= 0 {
+		cost = 1
+	}
+	if sc == nil {
+		sc = new(Scratch)
+	}
+	for i := range p.deny {
+		if p.deny[i].matches(descs) {
+			p.denyM.inc(decBlocked)
+			return Decision{Status: wire.StatusBlocked, Rule: RuleDeny}
+		}
+	}
+	for i := range p.allow {
+		if p.allow[i].matches(descs) {
+			p.allowM.inc(decAllowed)
+			return Decision{Status: wire.StatusAllowed, Rule: RuleAllow}
+		}
+	}
+
+	sc.keys = sc.keys[:0]
+	sc.taken = sc.taken[:0]
+	for i := range p.rules {
+		r := &p.rules[i]
+		if !r.applies(descs) {
+			continue
+		}
+		start := len(sc.keys)
+		var ok bool
+		if sc.keys, ok = r.appendKey(sc.keys, descs); !ok {
+			sc.keys = sc.keys[:start]
+			continue // a by descriptor is missing: the rule does not count it
+		}
+		ti := r.tier(descs)
+		params := r.paramsAt(ti)
+		key := sc.keys[start:]
+		res, err := p.store.Take(ctx, key, *params, cost, now, peek)
+		switch {
+		case r.shadow:
+			if err != nil {
+				r.m.inc(decError)
+			} else if !res.Allowed {
+				r.m.inc(decShadowLimited)
+			}
+			continue // never denies, refunds or decides
+		case err != nil:
+			p.refund(ctx, now, cost, peek, sc)
+			return p.storeFailed(r, params, err)
+		case !res.Allowed && res.RetryAfter == algo.Never:
+			p.refund(ctx, now, cost, peek, sc)
+			r.m.inc(decError)
+			return Decision{
+				Status: wire.StatusError, Code: wire.CodeCostTooLarge, Rule: r.name,
+				Result: res, Period: params.Period,
+				Err: fmt.Errorf("%w: cost %d, capacity %d of rule %q", ErrCostTooLarge, cost, params.Capacity(), r.name),
+			}
+		case !res.Allowed:
+			p.refund(ctx, now, cost, peek, sc)
+			r.m.inc(decLimited)
+			return Decision{Status: wire.StatusLimited, Rule: r.name, Result: res, Period: params.Period}
+		}
+		sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res})
+	}
+
+	if len(sc.taken) == 0 {
+		p.noneM.inc(decAllowed)
+		return Decision{Status: wire.StatusAllowed, Rule: RuleNone}
+	}
+	best := &sc.taken[0]
+	for i := 1; i < len(sc.taken); i++ {
+		if sc.taken[i].res.Remaining < best.res.Remaining {
+			best = &sc.taken[i]
+		}
+	}
+	r := &p.rules[best.rule]
+	r.m.inc(decAllowed)
+	return Decision{Status: wire.StatusAllowed, Rule: r.name, Result: best.res, Period: r.paramsAt(int(best.tier)).Period}
+}
+
+// storeFailed is the one place that decides what a failing store means.
+// For now every rule answers an internal error; the failure modes
+// (rule.fail: open keeps limiting on local state, closed denies) belong
+// here.
+func (p *Policy) storeFailed(r *rule, params *algo.Params, err error) Decision {
+	r.m.inc(decError)
+	return Decision{
+		Status: wire.StatusError, Code: wire.CodeInternal, Rule: r.name, Period: params.Period,
+		Err: fmt.Errorf("rule %q: %w", r.name, err),
+	}
+}
+
+// refund gives back the units of every take in sc, which a later rule
+// has made moot. A peek took nothing. Refunds outlive the caller's
+// cancellation: a lost refund is lost quota.
+func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek bool, sc *Scratch) {
+	if peek || len(sc.taken) == 0 {
+		return
+	}
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	for i := range sc.taken {
+		t := &sc.taken[i]
+		params := p.rules[t.rule].paramsAt(int(t.tier))
+		if err := p.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, now, now); err != nil {
+			refundErrors.Inc()
+		}
+	}
+}
+
+// lookup returns the value of the first descriptor called name.
+func lookup(descs []wire.Descriptor, name string) ([]byte, bool) {
+	for i := range descs {
+		if string(descs[i].Name) == name {
+			return descs[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// applies reports whether every match entry of r holds for descs.
+func (r *rule) applies(descs []wire.Descriptor) bool {
+	for i := range r.match {
+		if !r.match[i].matches(descs) {
+			return false
+		}
+	}
+	return true
+}
+
+// appendKey appends r's counter key for descs to dst: the rule name, a
+// zero byte, then for each by descriptor the uvarint length of its value
+// and the value. Rule names contain no zero byte and values are length-
+// prefixed, so distinct rules or values never share a key. It reports
+// false when a by descriptor is missing.
+func (r *rule) appendKey(dst []byte, descs []wire.Descriptor) ([]byte, bool) {
+	dst = append(dst, r.prefix...)
+	for _, name := range r.by {
+		v, ok := lookup(descs, name)
+		if !ok {
+			return dst, false
+		}
+		dst = binary.AppendUvarint(dst, uint64(len(v)))
+		dst = append(dst, v...)
+	}
+	return dst, true
+}
+
+// tier returns the index of the tier of descs in r.tiers, or -1 when the
+// tier descriptor is missing or names none of them: the base limit.
+func (r *rule) tier(descs []wire.Descriptor) int {
+	if len(r.tiers) > 0 {
+		if v, ok := lookup(descs, config.TierDescriptor); ok {
+			for i := range r.tiers {
+				if string(v) == r.tiers[i].name {
+					return i
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// paramsAt returns the limit of tier index i (-1: the base limit).
+func (r *rule) paramsAt(i int) *algo.Params {
+	if i < 0 {
+		return &r.base
+	}
+	return &r.tiers[i].params
+}

@@ -1,0 +1,22 @@
+package policy
+
+import (
+	"context"
+	"time"
+
+	"github.com/rld/rld/algo"
+)
+
+// Store holds the state of every counter key. The embedded store
+// (memstore) and the Redis store implement it; implementations are safe
+// for concurrent use.
+type Store interface {
+	// Take decides whether cost units of the limit p are available for key
+	// at now, and consumes them when they are and peek is false. A denied
+	// take consumes nothing. The key bytes are not retained.
+	Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error)
+	// Refund gives back cost units that Take admitted for key at takenAt.
+	// It is how a hierarchical check undoes the takes of rules that
+	// allowed when a later rule denies.
+	Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error
+}
