@@ -115,8 +115,8 @@ func (s *Store) shard(key []byte) *shard {
 // algorithm starts fresh. Take fails only when p is invalid; it does not
 // block, so ctx is not consulted. It does not allocate for a key it holds.
 func (s *Store) Take(_ context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
-	if err := p.Validate(); err != nil {
-		return algo.Result{}, fmt.Errorf("memstore: %w", err)
+	if err := checkParams(p); err != nil {
+		return algo.Result{}, err
 	}
 	if cost <= 0 {
 		cost = 1
@@ -146,13 +146,24 @@ func (s *Store) Take(_ context.Context, key []byte, p algo.Params, cost int64, n
 	return r, nil
 }
 
+// checkParams rejects the Params that would make the algorithms divide by
+// zero or run past their exact range. Callers are expected to pass Params
+// that passed Params.Validate (policy does, when it compiles the rules);
+// this is the cheap guard that keeps a bad caller from crashing the daemon.
+func checkParams(p algo.Params) error {
+	if p.Limit <= 0 || p.Period < time.Microsecond || p.Burst < 0 || p.Kind > algo.FixedWindow {
+		return fmt.Errorf("memstore: invalid limit %+v", p)
+	}
+	return nil
+}
+
 // Refund gives back cost units that Take admitted for key at takenAt; see
 // algo.Refund. A cost of 0 or less counts as 1. A key the Store no longer
 // holds, or holds for another algorithm, has nothing to give back. Refund
 // fails only when p is invalid.
 func (s *Store) Refund(_ context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
-	if err := p.Validate(); err != nil {
-		return fmt.Errorf("memstore: %w", err)
+	if err := checkParams(p); err != nil {
+		return err
 	}
 	if cost <= 0 {
 		cost = 1

@@ -1,0 +1,295 @@
+// Package client is the Go client of rld: it sends checks over the daemon's
+// Unix socket, pipelining the calls of many goroutines over one connection.
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rld/rld/wire"
+)
+
+// DefaultSocket is the daemon's default socket path.
+const DefaultSocket = "/run/rld/rld.sock"
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = errors.New("rld client: closed")
+
+// ErrConnLost is returned for a call whose connection broke before its
+// answer arrived. The request may or may not have been counted; the next
+// call reconnects.
+var ErrConnLost = errors.New("rld client: connection lost")
+
+// Descriptor is one (name, value) pair of a check, such as
+// {"api_key", "sk_123"}.
+type Descriptor struct {
+	Name, Value string
+}
+
+// Result is the daemon's answer to a check.
+type Result struct {
+	Status     wire.Status
+	Limit      uint64
+	Remaining  uint64
+	Reset      time.Duration // until the limit is fully replenished
+	RetryAfter time.Duration // 0 unless limited
+	Window     time.Duration // the deciding limit's period; 0 when none applied
+	Rule       string        // the rule that decided; "" when none applied
+	Degraded   bool          // decided on local state only
+}
+
+// Allowed reports whether the request may go through.
+func (r Result) Allowed() bool { return r.Status.Allowed() }
+
+// ResponseError is the daemon's error answer to a request.
+type ResponseError struct {
+	Code    wire.Code
+	Message string
+}
+
+func (e *ResponseError) Error() string {
+	return fmt.Sprintf("rld: %s: %s", e.Code, e.Message)
+}
+
+// Client is a connection to an rld daemon. It is safe for concurrent use:
+// calls from many goroutines share one connection and are pipelined. After
+// the daemon restarts, the next call reconnects.
+type Client struct {
+	path   string
+	nextID atomic.Uint32
+
+	mu     sync.Mutex // guards cur and closed
+	cur    *conn
+	closed bool
+}
+
+// New returns a client of the daemon at socket path. It connects on the
+// first call.
+func New(path string) *Client {
+	return &Client{path: path}
+}
+
+// Dial returns a client connected to the daemon at socket path.
+func Dial(ctx context.Context, path string) (*Client, error) {
+	c := New(path)
+	if _, err := c.conn(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close closes the connection; calls in flight fail with ErrClosed.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.cur != nil {
+		c.cur.fail(ErrClosed)
+		c.cur = nil
+	}
+	return nil
+}
+
+// Check asks whether a request with these descriptors may go through,
+// consuming cost units when it may. Cost 0 means 1.
+func (c *Client) Check(ctx context.Context, descs []Descriptor, cost uint32) (Result, error) {
+	return c.do(ctx, wire.OpCheck, descs, cost)
+}
+
+// Peek answers like Check but consumes nothing.
+func (c *Client) Peek(ctx context.Context, descs []Descriptor, cost uint32) (Result, error) {
+	return c.do(ctx, wire.OpPeek, descs, cost)
+}
+
+// Ping checks that the daemon answers.
+func (c *Client) Ping(ctx context.Context) error {
+	_, err := c.do(ctx, wire.OpPing, nil, 0)
+	return err
+}
+
+func (c *Client) conn(ctx context.Context) (*conn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.cur != nil && !c.cur.broken() {
+		return c.cur, nil
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", c.path)
+	if err != nil {
+		return nil, fmt.Errorf("rld client: cannot connect to %q: %w", c.path, err)
+	}
+	cn := &conn{nc: nc, pending: make(map[uint32]chan answer)}
+	go cn.readLoop()
+	c.cur = cn
+	return cn, nil
+}
+
+func (c *Client) do(ctx context.Context, op wire.Op, descs []Descriptor, cost uint32) (Result, error) {
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	id := c.nextID.Add(1)
+	ch := make(chan answer, 1)
+	if err := cn.send(id, ch, op, descs, cost); err != nil {
+		return Result{}, err
+	}
+	select {
+	case a := <-ch:
+		return a.res, a.err
+	case <-ctx.Done():
+		cn.forget(id)
+		return Result{}, ctx.Err()
+	}
+}
+
+type answer struct {
+	res Result
+	err error
+}
+
+// conn is one connection with its pending calls.
+type conn struct {
+	nc net.Conn
+
+	wmu      sync.Mutex // guards wbuf, spare, writing
+	wbuf     []byte     // requests not yet written
+	spare    []byte
+	writing  bool
+	reqDescs []wire.Descriptor
+
+	pmu     sync.Mutex // guards pending and err
+	pending map[uint32]chan answer
+	err     error
+}
+
+func (cn *conn) broken() bool {
+	cn.pmu.Lock()
+	defer cn.pmu.Unlock()
+	return cn.err != nil
+}
+
+// send registers ch for id and writes the request. Writes are grouped: a
+// caller that finds another one writing leaves its request in the buffer
+// for that writer, so concurrent calls share syscalls.
+func (cn *conn) send(id uint32, ch chan answer, op wire.Op, descs []Descriptor, cost uint32) error {
+	cn.pmu.Lock()
+	if cn.err != nil {
+		err := cn.err
+		cn.pmu.Unlock()
+		return err
+	}
+	cn.pending[id] = ch
+	cn.pmu.Unlock()
+
+	cn.wmu.Lock()
+	cn.reqDescs = cn.reqDescs[:0]
+	for _, d := range descs {
+		cn.reqDescs = append(cn.reqDescs, wire.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)})
+	}
+	req := wire.Request{Op: op, ID: id, Cost: cost, Descs: cn.reqDescs}
+	cn.wbuf = wire.AppendRequest(cn.wbuf, &req)
+	if cn.writing {
+		cn.wmu.Unlock()
+		return nil
+	}
+	cn.writing = true
+	for len(cn.wbuf) > 0 {
+		buf := cn.wbuf
+		cn.wbuf = cn.spare[:0]
+		cn.wmu.Unlock()
+		_, err := cn.nc.Write(buf)
+		cn.wmu.Lock()
+		cn.spare = buf[:0]
+		if err != nil {
+			cn.writing = false
+			cn.wbuf = cn.wbuf[:0]
+			cn.wmu.Unlock()
+			cn.fail(fmt.Errorf("%w: %v", ErrConnLost, err))
+			return nil // the waiter learns the error from fail
+		}
+	}
+	cn.writing = false
+	cn.wmu.Unlock()
+	return nil
+}
+
+func (cn *conn) forget(id uint32) {
+	cn.pmu.Lock()
+	delete(cn.pending, id)
+	cn.pmu.Unlock()
+}
+
+// fail breaks the connection and fails every pending call with err.
+func (cn *conn) fail(err error) {
+	cn.pmu.Lock()
+	if cn.err == nil {
+		cn.err = err
+	}
+	for id, ch := range cn.pending {
+		ch <- answer{err: cn.err}
+		delete(cn.pending, id)
+	}
+	cn.pmu.Unlock()
+	cn.nc.Close()
+}
+
+func (cn *conn) readLoop() {
+	br := bufio.NewReaderSize(cn.nc, 64<<10)
+	buf := make([]byte, wire.MaxFrame)
+	var res wire.Response
+	var lastRule string
+	for {
+		if _, err := io.ReadFull(br, buf[:4]); err != nil {
+			cn.fail(fmt.Errorf("%w: %v", ErrConnLost, err))
+			return
+		}
+		if _, _, err := wire.Next(buf[:4]); err != nil { // checks the length field
+			cn.fail(fmt.Errorf("rld client: bad frame from daemon: %w", err))
+			return
+		}
+		n := 4 + int(binary.BigEndian.Uint32(buf))
+		if _, err := io.ReadFull(br, buf[4:n]); err != nil {
+			cn.fail(fmt.Errorf("%w: %v", ErrConnLost, err))
+			return
+		}
+		if err := wire.DecodeResponse(buf[:n], &res); err != nil {
+			cn.fail(fmt.Errorf("rld client: bad answer from daemon: %w", err))
+			return
+		}
+		if string(res.Rule) != lastRule {
+			lastRule = string(res.Rule)
+		}
+		a := answer{res: Result{
+			Status:     res.Status,
+			Limit:      res.Limit,
+			Remaining:  res.Remaining,
+			Reset:      time.Duration(res.ResetMs) * time.Millisecond,
+			RetryAfter: time.Duration(res.RetryMs) * time.Millisecond,
+			Window:     time.Duration(res.WindowMs) * time.Millisecond,
+			Rule:       lastRule,
+			Degraded:   res.Flags&wire.FlagDegraded != 0,
+		}}
+		if res.Status == wire.StatusError {
+			a.err = &ResponseError{Code: res.Code, Message: string(res.Message)}
+		}
+		cn.pmu.Lock()
+		ch, ok := cn.pending[res.ID]
+		delete(cn.pending, res.ID)
+		cn.pmu.Unlock()
+		if ok {
+			ch <- a
+		}
+	}
+}

@@ -1,0 +1,228 @@
+// Command rld is the rate-limit daemon and its command-line tool.
+//
+//	rld [serve] [-config F] [-socket P] [-http A]
+//	rld check [-socket P] [-cost N] [-peek] [-json] name=value…
+//	rld config check F
+//	rld version
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/daemon"
+	"github.com/rld/rld/header"
+	"github.com/rld/rld/wire"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+// Exit codes of rld check: 0 allowed, 1 limited or blocked, 2 error.
+const (
+	exitAllowed = 0
+	exitDenied  = 1
+	exitError   = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serve(args, stderr)
+	case "check":
+		return check(args, stdout, stderr)
+	case "config":
+		if len(args) == 0 || args[0] != "check" {
+			fmt.Fprintln(stderr, "usage: rld config check FILE")
+			return exitError
+		}
+		return configCheck(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "rld", buildVersion())
+		return 0
+	case "help", "-h", "--help":
+		usage(stdout)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "rld: unknown command %q\n", cmd)
+		usage(stderr)
+		return exitError
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, `usage:
+  rld [serve] [-config FILE] [-socket PATH] [-http ADDR]   run the daemon
+  rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...
+                                     ask the daemon; exit 0 allowed, 1 limited or blocked, 2 error
+  rld config check FILE              validate a configuration file
+  rld version                        print the version
+`)
+}
+
+func buildVersion() string {
+	if version != "dev" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return version
+}
+
+func serve(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "rld.toml", "configuration `file`")
+	socket := fs.String("socket", "", "Unix socket `path` (overrides server.socket)")
+	httpAddr := fs.String("http", "", "HTTP listen `address` (overrides server.http; \"off\" disables)")
+	if err := fs.Parse(args); err != nil {
+		return exitError
+	}
+	opts := daemon.Options{ConfigPath: *cfgPath, Socket: *socket, HandleSignals: true}
+	if *httpAddr != "" {
+		a := *httpAddr
+		if a == "off" {
+			a = ""
+		}
+		opts.HTTP = &a
+	}
+	// Catch SIGHUP before the first load, so a reload sent during start-up
+	// is not fatal.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	d, err := daemon.New(opts)
+	if err != nil {
+		fmt.Fprintln(stderr, "rld:", err)
+		return exitError
+	}
+	if err := d.Run(ctx); err != nil {
+		fmt.Fprintln(stderr, "rld:", err)
+		return 1
+	}
+	return 0
+}
+
+func defaultSocket() string {
+	if s := os.Getenv("RLD_SOCKET"); s != "" {
+		return s
+	}
+	return client.DefaultSocket
+}
+
+func check(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	cost := fs.Uint("cost", 1, "units to take")
+	peek := fs.Bool("peek", false, "decide without consuming")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return exitError
+	}
+	if *cost == 0 || *cost > 1<<32-1 {
+		fmt.Fprintf(stderr, "rld check: -cost must be from 1 to 4294967295, got %d\n", *cost)
+		return exitError
+	}
+	var descs []client.Descriptor
+	for _, a := range fs.Args() {
+		name, value, ok := strings.Cut(a, "=")
+		if !ok || name == "" {
+			fmt.Fprintf(stderr, "rld check: descriptor %q is not name=value\n", a)
+			return exitError
+		}
+		descs = append(descs, client.Descriptor{Name: name, Value: value})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	c := client.New(*socket)
+	defer c.Close()
+	var res client.Result
+	var err error
+	if *peek {
+		res, err = c.Peek(ctx, descs, uint32(*cost))
+	} else {
+		res, err = c.Check(ctx, descs, uint32(*cost))
+	}
+	var rerr *client.ResponseError
+	if err != nil && !errors.As(err, &rerr) {
+		fmt.Fprintln(stderr, "rld check:", err)
+		return exitError
+	}
+	decision := res.Status.String()
+	if *asJSON {
+		out := map[string]any{
+			"decision":       decision,
+			"limit":          res.Limit,
+			"remaining":      res.Remaining,
+			"reset_ms":       res.Reset.Milliseconds(),
+			"retry_after_ms": res.RetryAfter.Milliseconds(),
+			"window_ms":      res.Window.Milliseconds(),
+			"rule":           res.Rule,
+		}
+		if rerr != nil {
+			out["error"] = map[string]any{"code": rerr.Code.String(), "message": rerr.Message}
+		}
+		b, _ := json.Marshal(out)
+		fmt.Fprintln(stdout, string(b))
+	} else {
+		fmt.Fprintf(stdout, "%s rule=%q limit=%d remaining=%d reset=%s retry_after=%s\n",
+			decision, res.Rule, res.Limit, res.Remaining, res.Reset, res.RetryAfter)
+		if rerr != nil {
+			fmt.Fprintf(stdout, "error: %s: %s\n", rerr.Code, rerr.Message)
+		}
+		fields, _ := header.AppendFields(nil, nil, header.Answer{
+			Rule: res.Rule, Limit: res.Limit, Remaining: res.Remaining,
+			Window: res.Window, Reset: res.Reset, Retry: res.RetryAfter,
+		}, time.Now())
+		for _, f := range fields {
+			fmt.Fprintf(stdout, "%s: %s\n", f.Name, f.Value)
+		}
+	}
+	switch {
+	case rerr != nil:
+		return exitError
+	case res.Status == wire.StatusLimited || res.Status == wire.StatusBlocked:
+		return exitDenied
+	default:
+		return exitAllowed
+	}
+}
+
+func configCheck(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: rld config check FILE")
+		return exitError
+	}
+	cfg, err := config.Load(args[0])
+	if err != nil {
+		fmt.Fprintln(stderr, "rld:", err)
+		return exitError
+	}
+	fmt.Fprintf(stdout, "%s: ok, %d rules\n", args[0], len(cfg.Rules))
+	for i := range cfg.Rules {
+		fmt.Fprintln(stdout, cfg.Rules[i].Summary())
+	}
+	return 0
+}

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/client"
+)
+
+func TestConfigCheck(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"config", "check", "../../rld.toml"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	assert.Contains(t, lines[0], "ok")
+	assert.Greater(t, len(lines), 5, "one line per rule")
+	assert.Contains(t, out.String(), "search")
+
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("[[rule]]\nname = \"x\"\nby = [\"ip\"]\nlimit = 10\nperiod = \"1m\"\nalgorithm = \"leaky\"\n"), 0o644))
+	out.Reset()
+	errOut.Reset()
+	assert.Equal(t, exitError, run([]string{"config", "check", bad}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "algorithm")
+	assert.Contains(t, errOut.String(), "leaky")
+	assert.Contains(t, errOut.String(), bad)
+
+	syntax := filepath.Join(dir, "syntax.toml")
+	require.NoError(t, os.WriteFile(syntax, []byte("[server]\nsocket = \"/tmp/x\"\nhttp = = 3\n"), 0o644))
+	errOut.Reset()
+	assert.Equal(t, exitError, run([]string{"config", "check", syntax}, &out, &errOut))
+	assert.Contains(t, errOut.String(), syntax)
+	assert.Contains(t, errOut.String(), syntax+":3:", "names the file and line")
+}
+
+func TestVersionAndUsage(t *testing.T) {
+	var out, errOut bytes.Buffer
+	assert.Equal(t, 0, run([]string{"version"}, &out, &errOut))
+	assert.True(t, strings.HasPrefix(out.String(), "rld "))
+	assert.Equal(t, exitError, run([]string{"frobnicate"}, &out, &errOut))
+	assert.Equal(t, exitError, run([]string{"check", "-socket", "/nonexistent/rld.sock", "a=b"}, &out, &errOut))
+	assert.Equal(t, exitError, run([]string{"check", "novalue"}, &out, &errOut))
+}
+
+// TestServeEndToEnd runs the real binary on the shipped rld.toml, the way
+// `make run` does, and drives it with `rld check` and HTTP.
+func TestServeEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "rld")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run())
+
+	sock := filepath.Join(dir, "rld.sock")
+	httpAddr := freePort(t)
+	var logs bytes.Buffer
+	srv := exec.Command(bin, "serve", "-config", "../../rld.toml", "-socket", sock, "-http", httpAddr)
+	srv.Stderr = &logs
+	require.NoError(t, srv.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- srv.Wait() }()
+	t.Cleanup(func() {
+		srv.Process.Kill()
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", logs.String())
+		}
+	})
+
+	c := client.New(sock)
+	defer c.Close()
+	require.Eventually(t, func() bool { return c.Ping(context.Background()) == nil }, 10*time.Second, 20*time.Millisecond, "daemon answers PING")
+
+	check := func(args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(bin, append([]string{"check", "-socket", sock}, args...)...)
+		out, err := cmd.Output()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		require.NoError(t, err)
+		return string(out), 0
+	}
+	out, code := check("api_key=demo", "endpoint=/v1/search")
+	require.Equal(t, 0, code, out)
+	assert.Contains(t, out, "allowed")
+	assert.Contains(t, out, "X-RateLimit-Remaining: ")
+	assert.Contains(t, out, "RateLimit-Policy: \"search\"")
+
+	// Use the limit up; the answer turns limited with a retry-after.
+	var last map[string]any
+	for i := 0; i < 1000; i++ {
+		out, code = check("-json", "api_key=demo", "endpoint=/v1/search")
+		require.NoError(t, json.Unmarshal([]byte(out), &last), out)
+		if code != 0 {
+			break
+		}
+		assert.Equal(t, "allowed", last["decision"])
+	}
+	require.Equal(t, exitDenied, code, "limited after the limit is used up")
+	assert.Equal(t, "limited", last["decision"])
+	assert.Equal(t, "search", last["rule"])
+	assert.Equal(t, float64(0), last["remaining"])
+	assert.Greater(t, last["retry_after_ms"].(float64), float64(0))
+	out, code = check("api_key=demo", "endpoint=/v1/search")
+	assert.Equal(t, exitDenied, code)
+	assert.Contains(t, out, "Retry-After: ")
+
+	// The same over HTTP.
+	resp, err := http.Get("http://" + httpAddr + "/v1/check?api_key=demo&endpoint=/v1/search")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+	assert.Equal(t, "0", resp.Header.Get("X-RateLimit-Remaining"))
+	resp, err = http.Get("http://" + httpAddr + "/v1/check?api_key=fresh&endpoint=/v1/search")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Regexp(t, `^"search";q=\d+;w=60$`, resp.Header.Get("RateLimit-Policy"))
+
+	resp, err = http.Get("http://" + httpAddr + "/metrics")
+	require.NoError(t, err)
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	limited := metricValue(string(m), `rld_checks_total{rule="search",decision="limited"}`)
+	assert.GreaterOrEqual(t, limited, 3.0, "metrics count the limited checks")
+
+	// SIGTERM: exit 0 and the socket is gone.
+	require.NoError(t, srv.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit status 0 after SIGTERM")
+	case <-time.After(15 * time.Second):
+		t.Fatal("daemon did not exit after SIGTERM")
+	}
+	_, err = os.Stat(sock)
+	assert.ErrorIs(t, err, fs.ErrNotExist)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func metricValue(text, name string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return -1
+}

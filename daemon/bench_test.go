@@ -1,0 +1,191 @@
+package daemon_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/wire"
+)
+
+const benchConfig = `
+[[rule]]
+name = "bench"
+by = ["api_key"]
+limit = 1000000000
+period = "1s"
+`
+
+// echoServer is the physical floor: a bare Unix-socket server that answers
+// every request frame with a response frame of the size rld's answer has,
+// using the same read loop as the daemon. perFrame makes it write each
+// answer with its own syscall instead of once per read batch.
+func echoServer(b *testing.B, path string, perFrame bool) {
+	b.Helper()
+	resp := wire.AppendResponse(nil, &wire.Response{Op: wire.OpCheck, Status: wire.StatusAllowed,
+		Limit: 1000000000, Remaining: 999999999, ResetMs: 1, Rule: []byte("bench")})
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				in := make([]byte, 64<<10)
+				var out []byte
+				start, end := 0, 0
+				for {
+					n, err := c.Read(in[end:])
+					if err != nil {
+						return
+					}
+					end += n
+					for {
+						f, n, err := wire.Next(in[start:end])
+						if err != nil || f == nil {
+							break
+						}
+						start += n
+						out = append(out, resp...)
+						copy(out[len(out)-len(resp)+8:], f[8:12]) // echo the id
+						if perFrame {
+							c.Write(out)
+							out = out[:0]
+						}
+					}
+					if len(out) > 0 {
+						c.Write(out)
+						out = out[:0]
+					}
+					end = copy(in, in[start:end])
+					start = 0
+				}
+			}()
+		}
+	}()
+}
+
+// roundTrips sends b.N requests on one connection, depth at a time, and
+// reports the median batch round trip and frames/s.
+func roundTrips(b *testing.B, path string, depth int) {
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReaderSize(c, 64<<10)
+	var batch []byte
+	for i := range depth {
+		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpCheck, ID: uint32(i), Cost: 1,
+			Descs: []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("k" + strconv.Itoa(i%8))}}})
+	}
+	buf := make([]byte, wire.MaxFrame)
+	var res wire.Response
+	lat := make([]time.Duration, 0, b.N/depth+1)
+	b.ResetTimer()
+	start := time.Now()
+	for done := 0; done < b.N; done += depth {
+		t0 := time.Now()
+		if _, err := c.Write(batch); err != nil {
+			b.Fatal(err)
+		}
+		for range depth {
+			if _, err := io.ReadFull(br, buf[:4]); err != nil {
+				b.Fatal(err)
+			}
+			n := 4 + int(binary.BigEndian.Uint32(buf))
+			if _, err := io.ReadFull(br, buf[4:n]); err != nil {
+				b.Fatal(err)
+			}
+			if err := wire.DecodeResponse(buf[:n], &res); err != nil || res.Status != wire.StatusAllowed {
+				b.Fatalf("bad answer: %v %v", err, res.Status)
+			}
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns/batch")
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "frames/s")
+}
+
+// BenchmarkSocket compares rld with the bare echo server in one run: one
+// request in flight (round trip) and 64 pipelined on one connection.
+func BenchmarkSocket(b *testing.B) {
+	s, err := daemontest.Start(benchConfig)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	echo := filepath.Join(b.TempDir(), "echo.sock")
+	echoServer(b, echo, false)
+	for _, depth := range []int{1, 64} {
+		b.Run("echo/depth="+strconv.Itoa(depth), func(b *testing.B) { roundTrips(b, echo, depth) })
+		b.Run("rld/depth="+strconv.Itoa(depth), func(b *testing.B) { roundTrips(b, s.Socket, depth) })
+	}
+}
+
+// BenchmarkWriteStrategy measures the design fact behind the daemon's write
+// loop: answering once per read batch against one write per answer, with
+// 64 requests pipelined.
+func BenchmarkWriteStrategy(b *testing.B) {
+	for _, perFrame := range []bool{false, true} {
+		name := "per-batch"
+		if perFrame {
+			name = "per-answer"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := filepath.Join(b.TempDir(), "s.sock")
+			echoServer(b, p, perFrame)
+			roundTrips(b, p, 64)
+		})
+	}
+}
+
+// BenchmarkColdKeyClock measures the other design fact: reading the clock
+// once per decision against once per batch of 64, for checks of keys the
+// store has not seen.
+func BenchmarkColdKeyClock(b *testing.B) {
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 100, Period: time.Minute}
+	ctx := context.Background()
+	for _, perDecision := range []bool{false, true} {
+		name := "now-per-batch"
+		if perDecision {
+			name = "now-per-decision"
+		}
+		b.Run(name, func(b *testing.B) {
+			st := memstore.New(memstore.Options{MaxKeys: 1 << 22})
+			key := make([]byte, 0, 32)
+			now := time.Now()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if perDecision || i%64 == 0 {
+					now = time.Now()
+				}
+				key = strconv.AppendInt(append(key[:0], "key:"...), int64(i), 10)
+				if _, err := st.Take(ctx, key, p, 1, now, false); err != nil && !errors.Is(err, context.Canceled) {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

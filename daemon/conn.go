@@ -1,0 +1,195 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"time"
+
+	"github.com/rld/rld/policy"
+	"github.com/rld/rld/wire"
+)
+
+// readBufSize is a connection's read buffer: several frames of the largest
+// size, so a pipelining client is served in large batches.
+const readBufSize = 4 * wire.MaxFrame
+
+// conn serves one client connection. It is owned by one goroutine.
+type conn struct {
+	d   *Daemon
+	c   *net.UnixConn
+	in  []byte // read buffer; in[start:end] holds unprocessed bytes
+	out []byte // answers not yet written
+	req wire.Request
+	res wire.Response
+	sc  policy.Scratch
+}
+
+func (d *Daemon) newConn(c *net.UnixConn) *conn {
+	return &conn{
+		d:   d,
+		c:   c,
+		in:  make([]byte, readBufSize),
+		out: make([]byte, 0, readBufSize),
+		req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)},
+	}
+}
+
+// serve reads frames until the client closes, framing is lost or the
+// daemon drains. Answers are written when no complete frame is left in the
+// read buffer (or after max_inflight frames), so a pipelining client gets
+// many answers per write.
+func (cn *conn) serve(ctx context.Context) {
+	defer cn.c.Close()
+	start, end := 0, 0
+	srv := cn.d.cfg().Server
+	readTimeout, idleTimeout := time.Duration(srv.ReadTimeout), time.Duration(srv.IdleTimeout)
+	maxInflight := srv.MaxInflight
+	for {
+		// A frame that has started must finish within readTimeout; an
+		// idle connection may wait idleTimeout (0: forever).
+		var deadline time.Time
+		switch {
+		case end > start && readTimeout > 0:
+			deadline = time.Now().Add(readTimeout)
+		case end == start && idleTimeout > 0:
+			deadline = time.Now().Add(idleTimeout)
+		}
+		if err := cn.c.SetReadDeadline(deadline); err != nil || cn.d.draining.Load() {
+			return
+		}
+		n, err := cn.c.Read(cn.in[end:])
+		end += n
+		if n > 0 {
+			now := time.Now() // one timestamp per read batch
+			var lost bool
+			start, lost = cn.process(ctx, now, start, end, maxInflight)
+			if len(cn.out) > 0 && !cn.flush() {
+				return
+			}
+			if lost {
+				return
+			}
+			checkDuration.UpdateDuration(now)
+			// Move a partial frame to the front of the buffer.
+			if start == end {
+				start, end = 0, 0
+			} else if start > 0 {
+				end = copy(cn.in, cn.in[start:end])
+				start = 0
+			}
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && !cn.d.draining.Load() && end > start {
+				cn.d.log.Debug("closing slow connection", slog.Int("partial_bytes", end-start))
+			}
+			return
+		}
+	}
+}
+
+// process answers every complete frame in in[start:end] and returns the new
+// start. lost is true when framing is lost and the connection must close.
+func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInflight int) (int, bool) {
+	p := cn.d.policy.Load()
+	served := 0
+	defer func() { framesServed.Add(served) }()
+	for {
+		frame, n, err := wire.Next(cn.in[start:end])
+		if err != nil {
+			// Framing is lost. Answer the request id when the header is
+			// there to read, then close.
+			code := wire.CodeOf(err)
+			countFrameError(code)
+			if h, herr := wire.ParseHeader(cn.in[start:end]); herr == nil || len(cn.in[start:end]) >= wire.HeaderSize {
+				cn.appendError(h.Op, h.ID, code, err.Error())
+			}
+			return end, true
+		}
+		if frame == nil {
+			return start, false
+		}
+		start += n
+		cn.handle(ctx, p, now, frame)
+		served++
+		if served%maxInflight == 0 && !cn.flush() {
+			return end, true
+		}
+	}
+}
+
+// handle answers one complete frame.
+func (cn *conn) handle(ctx context.Context, p *policy.Policy, now time.Time, frame []byte) {
+	req := &cn.req
+	if err := wire.DecodeRequest(frame, req); err != nil {
+		code := wire.CodeOf(err)
+		countFrameError(code)
+		cn.appendError(req.Op, req.ID, code, err.Error())
+		return
+	}
+	res := &cn.res
+	if req.Op == wire.OpPing {
+		*res = wire.Response{Op: req.Op, ID: req.ID}
+		cn.out = wire.AppendResponse(cn.out, res)
+		return
+	}
+	dec := p.Check(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &cn.sc)
+	fillResponse(res, &dec)
+	res.Op, res.ID = req.Op, req.ID
+	cn.out = wire.AppendResponse(cn.out, res)
+}
+
+func (cn *conn) appendError(op wire.Op, id uint32, code wire.Code, msg string) {
+	cn.res = wire.Response{Op: op &^ wire.OpResponse, ID: id, Status: wire.StatusError, Code: code, Message: []byte(msg)}
+	cn.out = wire.AppendResponse(cn.out, &cn.res)
+}
+
+// flush writes the pending answers; it reports whether the write succeeded.
+func (cn *conn) flush() bool {
+	if len(cn.out) == 0 {
+		return true
+	}
+	_ = cn.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, err := cn.c.Write(cn.out)
+	cn.out = cn.out[:0]
+	return err == nil
+}
+
+// writeTimeout bounds a write to a client that does not read its answers.
+const writeTimeout = 10 * time.Second
+
+// fillResponse copies a policy decision into a wire response, reusing the
+// response's Rule and Message buffers.
+func fillResponse(res *wire.Response, dec *policy.Decision) {
+	res.Flags = 0
+	res.Code = wire.CodeNone
+	res.Message = res.Message[:0]
+	res.Status = dec.Status
+	res.Limit = uint64(max(dec.Result.Limit, 0))
+	res.Remaining = uint64(max(dec.Result.Remaining, 0))
+	res.ResetMs = millis(dec.Result.Reset)
+	res.RetryMs = millis(dec.Result.RetryAfter)
+	res.WindowMs = millis(dec.Period)
+	res.Rule = append(res.Rule[:0], dec.Rule...)
+	if dec.Status == wire.StatusError {
+		res.Code = dec.Code
+		if dec.Err != nil {
+			res.Message = append(res.Message[:0], dec.Err.Error()...)
+		}
+	}
+}
+
+// millis converts d to whole milliseconds, rounding up so a client is never
+// told to retry early, and clamping to the wire's range.
+func millis(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	if ms > 1<<32-1 {
+		return 1<<32 - 1
+	}
+	return uint32(ms)
+}

@@ -1,0 +1,320 @@
+// Package daemon runs rld: it loads and reloads the configuration, listens
+// on the Unix socket and the HTTP address, serves checks, and drains on
+// shutdown.
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/policy"
+)
+
+// Options are the command line's overrides of the configuration file.
+type Options struct {
+	// ConfigPath is the rld.toml to load and reload.
+	ConfigPath string
+	// Socket, when set, replaces server.socket.
+	Socket string
+	// HTTP, when non-nil, replaces server.http ("" disables HTTP).
+	HTTP *string
+	// Logger receives the daemon's logs; nil means one built from the
+	// configuration's log_level and log_format on stderr.
+	Logger *slog.Logger
+	// HandleSignals makes Run reload the configuration on SIGHUP.
+	HandleSignals bool
+}
+
+// Daemon is one rld process's server. Create it with New, then call Run.
+type Daemon struct {
+	opts  Options
+	log   *slog.Logger
+	store *memstore.Store
+
+	conf   atomic.Pointer[config.Config]
+	policy atomic.Pointer[policy.Policy]
+
+	reloadMu   sync.Mutex // serialises reloads; guards lastConfig
+	lastConfig []byte
+
+	draining atomic.Bool
+	ready    chan struct{}
+	ln       *net.UnixListener
+	httpLn   net.Listener
+	httpSrv  *fasthttp.Server
+
+	connsMu sync.Mutex // guards conns
+	conns   map[*net.UnixConn]struct{}
+	nconns  atomic.Int64
+	connWG  sync.WaitGroup
+}
+
+// New loads the configuration and builds the daemon's store and policy.
+// It does not listen yet.
+func New(opts Options) (*Daemon, error) {
+	data, err := os.ReadFile(opts.ConfigPath)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read config: %w", err)
+	}
+	cfg, err := config.Parse(data, opts.ConfigPath)
+	if err != nil {
+		return nil, err
+	}
+	applyOverrides(cfg, opts)
+	log := opts.Logger
+	if log == nil {
+		log, err = newLogger(cfg.Server.LogLevel, cfg.Server.LogFormat)
+		if err != nil {
+			return nil, err
+		}
+	}
+	d := &Daemon{
+		opts:       opts,
+		log:        log,
+		store:      memstore.New(memstore.Options{MaxKeys: cfg.Store.MaxKeys}),
+		ready:      make(chan struct{}),
+		conns:      make(map[*net.UnixConn]struct{}),
+		lastConfig: data,
+	}
+	p, err := policy.New(cfg, d.store)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
+	}
+	d.conf.Store(cfg)
+	d.policy.Store(p)
+	return d, nil
+}
+
+func applyOverrides(cfg *config.Config, opts Options) {
+	if opts.Socket != "" {
+		cfg.Server.Socket = opts.Socket
+	}
+	if opts.HTTP != nil {
+		cfg.Server.HTTP = *opts.HTTP
+	}
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("cannot parse log_level=%q: %w", level, err)
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
+}
+
+func (d *Daemon) cfg() *config.Config { return d.conf.Load() }
+
+// Ready is closed once the daemon listens and serves.
+func (d *Daemon) Ready() <-chan struct{} { return d.ready }
+
+// SocketPath returns the Unix socket path the daemon serves.
+func (d *Daemon) SocketPath() string { return d.cfg().Server.Socket }
+
+// HTTPAddr returns the HTTP listener's address, or "" when HTTP is off or
+// not listening yet.
+func (d *Daemon) HTTPAddr() string {
+	select {
+	case <-d.ready:
+	default:
+		return ""
+	}
+	if d.httpLn == nil {
+		return ""
+	}
+	return d.httpLn.Addr().String()
+}
+
+// Reload reads the configuration file again and swaps in its rules. An
+// unchanged file is skipped; an invalid one is rejected with an error and
+// the rules in force stay. Server settings take effect only on restart.
+func (d *Daemon) Reload() error {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	data, err := os.ReadFile(d.opts.ConfigPath)
+	if err == nil && bytes.Equal(data, d.lastConfig) {
+		d.log.Info("config unchanged; reload skipped", slog.String("path", d.opts.ConfigPath))
+		return nil
+	}
+	var cfg *config.Config
+	var p *policy.Policy
+	if err == nil {
+		cfg, err = config.Parse(data, d.opts.ConfigPath)
+	}
+	if err == nil {
+		applyOverrides(cfg, d.opts)
+		p, err = policy.New(cfg, d.store)
+	}
+	if err != nil {
+		reloadsFailed.Inc()
+		lastReloadOK.Set(0)
+		d.log.Error("config reload failed; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", err))
+		return fmt.Errorf("cannot reload config: %w", err)
+	}
+	if old := d.cfg(); old.Server != cfg.Server {
+		d.log.Warn("[server] settings changed; they take effect on restart")
+		cfg.Server = old.Server
+	}
+	d.conf.Store(cfg)
+	d.policy.Store(p)
+	d.lastConfig = data
+	reloadsOK.Inc()
+	lastReloadOK.Set(1)
+	d.log.Info("config reloaded", slog.String("path", d.opts.ConfigPath), slog.Int("rules", len(cfg.Rules)))
+	return nil
+}
+
+// Run listens, signals readiness, and serves until ctx is done; then it
+// stops accepting, answers what it has read, removes the socket and
+// returns. It returns an error only when it could not start.
+func (d *Daemon) Run(ctx context.Context) error {
+	var hup chan os.Signal
+	if d.opts.HandleSignals {
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
+	srv := d.cfg().Server
+	ln, err := activatedListener()
+	if err != nil {
+		return err
+	}
+	if ln == nil {
+		if ln, err = listenUnix(srv.Socket, srv.SocketFileMode()); err != nil {
+			return err
+		}
+	} else {
+		d.log.Info("using the socket passed by systemd", slog.String("addr", ln.Addr().String()))
+	}
+	d.ln = ln
+	if srv.HTTP != "" {
+		hl, err := net.Listen("tcp", srv.HTTP)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("cannot listen on http=%q: %w", srv.HTTP, err)
+		}
+		d.httpLn = hl
+		d.httpSrv = d.newHTTPServer()
+		go func() {
+			if err := d.httpSrv.Serve(hl); err != nil {
+				d.log.Error("http server stopped", slog.Any("error", err))
+			}
+		}()
+	}
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	defer stopSweep()
+	go d.store.Run(sweepCtx, time.Duration(d.cfg().Store.SweepInterval))
+
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		d.accept(ctx)
+	}()
+	close(d.ready)
+	if err := sdNotify("READY=1"); err != nil {
+		d.log.Warn("sd_notify failed", slog.Any("error", err))
+	}
+	d.log.Info("rld serving", slog.String("socket", srv.Socket), slog.String("http", d.HTTPAddr()), slog.Int("rules", len(d.cfg().Rules)))
+
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-hup:
+			_ = d.Reload()
+		}
+	}
+	_ = sdNotify("STOPPING=1")
+	d.shutdown(acceptDone)
+	return nil
+}
+
+// accept serves connections until the listener closes.
+func (d *Daemon) accept(ctx context.Context) {
+	maxConns := int64(d.cfg().Server.MaxConnections)
+	for {
+		c, err := d.ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			d.log.Warn("accept failed", slog.Any("error", err))
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like: do not spin
+			continue
+		}
+		connsAccepted.Inc()
+		if d.nconns.Add(1) > maxConns {
+			d.nconns.Add(-1)
+			connsRejected.Inc()
+			d.log.Warn("too many connections; rejecting one", slog.Int64("max_connections", maxConns))
+			c.Close()
+			continue
+		}
+		d.connsMu.Lock()
+		d.conns[c] = struct{}{}
+		d.connsMu.Unlock()
+		d.connWG.Add(1)
+		connsOpen.Inc()
+		go func() {
+			defer func() {
+				d.connsMu.Lock()
+				delete(d.conns, c)
+				d.connsMu.Unlock()
+				d.nconns.Add(-1)
+				connsOpen.Dec()
+				d.connWG.Done()
+			}()
+			d.newConn(c).serve(ctx)
+		}()
+	}
+}
+
+// shutdown stops accepting, lets every connection answer what it has read,
+// and waits up to drain_timeout before closing what is left.
+func (d *Daemon) shutdown(acceptDone <-chan struct{}) {
+	d.log.Info("draining")
+	d.draining.Store(true)
+	d.ln.Close() // also removes the socket file
+	<-acceptDone
+	d.connsMu.Lock()
+	for c := range d.conns {
+		_ = c.SetReadDeadline(time.Now())
+	}
+	d.connsMu.Unlock()
+	done := make(chan struct{})
+	go func() { d.connWG.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Duration(d.cfg().Server.DrainTimeout)):
+		d.log.Warn("drain timeout; closing remaining connections")
+		d.connsMu.Lock()
+		for c := range d.conns {
+			c.Close()
+		}
+		d.connsMu.Unlock()
+		<-done
+	}
+	if d.httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg().Server.DrainTimeout))
+		_ = d.httpSrv.ShutdownWithContext(ctx)
+		cancel()
+	}
+	d.log.Info("stopped")
+}
