@@ -117,4 +117,8 @@ type Result struct {
 	// RetryAfter is 0 when allowed; when denied, how long until the same
 	// cost would be admitted, or Never.
 	RetryAfter time.Duration
+	// At is the time the decision was made, in unix microseconds of the
+	// store's clock (Redis TIME for the Redis store). A refund of this
+	// take passes it back as takenAt.
+	At int64
 }

@@ -13,19 +13,23 @@ func Decide(p Params, s *State, now, cost int64, peek bool) Result {
 	if cost < 1 {
 		cost = 1
 	}
+	var r Result
 	switch p.Kind {
 	case TokenBucket:
-		return tokenBucket(p, s, now, cost, peek)
+		r = tokenBucket(p, s, now, cost, peek)
 	case GCRA:
-		return gcra(p, s, now, cost, peek)
+		r = gcra(p, s, now, cost, peek)
 	case FixedWindow:
-		return fixedWindow(p, s, now, cost, peek)
+		r = fixedWindow(p, s, now, cost, peek)
 	case SlidingCounter:
-		return slidingCounter(p, s, now, cost, peek)
+		r = slidingCounter(p, s, now, cost, peek)
 	case SlidingLog:
-		return slidingLog(p, s, now, cost, peek)
+		r = slidingLog(p, s, now, cost, peek)
+	default:
+		panic("BUG: algo.Decide: unknown " + p.Kind.String())
 	}
-	panic("BUG: algo.Decide: unknown " + p.Kind.String())
+	r.At = now
+	return r
 }
 
 // Refund gives back cost units that Decide admitted at takenAt, as far as

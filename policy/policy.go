@@ -321,7 +321,7 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek boo
 	for i := range sc.taken {
 		t := &sc.taken[i]
 		params := p.rules[t.rule].paramsAt(int(t.tier))
-		if err := p.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, now, now); err != nil {
+		if err := p.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, time.UnixMicro(t.res.At), now); err != nil {
 			refundErrors.Inc()
 		}
 	}
