@@ -28,6 +28,7 @@ type Server struct {
 	// HTTP is the HTTP check endpoint's address, host:port.
 	HTTP string
 
+	opts   daemon.Options
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -57,10 +58,19 @@ func Start(config string) (*Server, error) {
 		HTTP:       &httpAddr,
 		Logger:     slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
-	d, err := daemon.New(opts)
-	if err != nil {
+	s.opts = opts
+	if err := s.run(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err
+	}
+	return s, nil
+}
+
+// run starts a daemon with s.opts and waits until it is ready.
+func (s *Server) run() error {
+	d, err := daemon.New(s.opts)
+	if err != nil {
+		return err
 	}
 	s.Daemon = d
 	ctx, cancel := context.WithCancel(context.Background())
@@ -71,14 +81,22 @@ func Start(config string) (*Server, error) {
 	case <-d.Ready():
 	case err := <-s.done:
 		cancel()
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("daemontest: daemon did not start: %w", err)
+		return fmt.Errorf("daemontest: daemon did not start: %w", err)
 	case <-time.After(10 * time.Second):
 		cancel()
-		return nil, fmt.Errorf("daemontest: daemon not ready after 10s")
+		return fmt.Errorf("daemontest: daemon not ready after 10s")
 	}
 	s.HTTP = d.HTTPAddr()
-	return s, nil
+	return nil
+}
+
+// Restart stops the daemon and starts a new one on the same socket and
+// configuration, as a process restart would.
+func (s *Server) Restart() error {
+	if err := s.Stop(); err != nil {
+		return err
+	}
+	return s.run()
 }
 
 // Stop drains the daemon as SIGTERM would and returns Run's result.
