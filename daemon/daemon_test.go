@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"net"
@@ -415,6 +416,16 @@ func TestHTTPCheck(t *testing.T) {
 		return resp
 	}
 	q := "api_key=web&endpoint=/v1/search"
+	// The exact spelling of the field names, as the raw response carries them.
+	raw, err := net.Dial("tcp", s.HTTP)
+	require.NoError(t, err)
+	fmt.Fprintf(raw, "GET /v1/check?api_key=spelling&endpoint=/v1/search HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	head, _ := io.ReadAll(raw)
+	raw.Close()
+	for _, name := range []string{"X-RateLimit-Limit:", "X-RateLimit-Remaining:", "X-RateLimit-Reset:", "RateLimit-Policy:", "RateLimit:"} {
+		assert.Contains(t, string(head), "\r\n"+name+" ", "field spelled %s", name)
+	}
+
 	resp := get(q)
 	assert.Equal(t, 200, resp.StatusCode)
 	assert.Equal(t, "3", resp.Header.Get("X-RateLimit-Limit"))
@@ -450,7 +461,7 @@ func TestHTTPCheck(t *testing.T) {
 	assert.Equal(t, 403, get("api_key=sk_revoked_9&endpoint=/v1/search").StatusCode)
 	assert.Equal(t, 400, get(q+"&cost=x").StatusCode)
 
-	resp, err := http.Get("http://" + s.HTTP + "/metrics")
+	resp, err = http.Get("http://" + s.HTTP + "/metrics")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	m, _ := io.ReadAll(resp.Body)

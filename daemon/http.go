@@ -38,6 +38,8 @@ func (d *Daemon) newHTTPServer() *fasthttp.Server {
 		MaxRequestBodySize:    1 << 10,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
+		// Keep the canonical spelling X-RateLimit-*, which operators grep for.
+		DisableHeaderNamesNormalizing: true,
 	}
 }
 
