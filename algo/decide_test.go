@@ -177,6 +177,7 @@ func TestDecideTimelines(t *testing.T) {
 				}
 				before := clone(s)
 				got := algo.Decide(tt.p, &s, now, st.cost, st.op == peek)
+				st.want.At = now
 				if got != st.want {
 					t.Errorf("step %d (at %v, cost %d): got %+v, want %+v", i, st.at, st.cost, got, st.want)
 				}

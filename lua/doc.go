@@ -1,5 +1,52 @@
 // Package lua holds the Redis scripts of rld's algorithms, embedded with
-// go:embed; each computes exactly what package algo computes.
+// go:embed; each computes exactly what package algo computes, on integer
+// microseconds that stay below 2^53 so that Lua's doubles are exact.
 //
-// The Redis issue fills this package.
+// There is one script per algorithm (Names), and Source returns it ready
+// for SCRIPT LOAD, EVALSHA or EVAL. Every script follows one calling
+// convention:
+//
+//	KEYS[1]  the counter's key; the script touches no other key, so it is
+//	         Cluster-safe. All state of a counter lives in that key.
+//	ARGV[1]  op: "take", "peek", "lease" or "refund"
+//	ARGV[2]  limit L (>= 1)
+//	ARGV[3]  period P in µs (>= 1)
+//	ARGV[4]  burst: the capacity of token_bucket and gcra; "0" means L.
+//	         The window algorithms ignore it.
+//	ARGV[5]  now in unix µs; "0" means Redis TIME, which is what rld
+//	         sends. An explicit time is for tests only (the differential
+//	         test against package algo): it lets a skewed caller move
+//	         the limit's clock.
+//	take     ARGV[6..] = costs c1..cn (n >= 1). The costs are decided in
+//	         order at the same now, each consuming before the next is
+//	         decided; the longest prefix of allowed costs is admitted and
+//	         deciding stops at the first denial (algo.Batch).
+//	peek     ARGV[6] = cost: decide, consume nothing, write nothing.
+//	lease    ARGV[6] = want: grant the largest g <= want that a take would
+//	         allow now (0 if none) and consume it as a take of g
+//	         (algo.Lease).
+//	refund   ARGV[6] = cost, ARGV[7] = takenAt µs (the now_us of the take):
+//	         algo.Refund.
+//
+// A cost or want below 1 counts as 1. Every op replies with an array of
+// five integers {admitted, remaining, reset_us, retry_after_us, now_us}:
+//
+//	take     admitted = how many costs of the prefix were admitted;
+//	         remaining and reset_us are those of the last admitted cost
+//	         (of the first denied one when none was); retry_after_us is
+//	         that of the first denied cost, 0 if all were admitted, -1
+//	         (algo.Never) when it exceeds the capacity.
+//	peek     admitted 1 or 0; the rest as algo.Decide with peek.
+//	lease    admitted = units granted; remaining and reset_us after the
+//	         grant; retry_after_us 0 if any unit was granted, else the
+//	         retry-after of a take of cost 1.
+//	refund   admitted 0; remaining and reset_us of a peek of cost 1 after
+//	         the refund; retry_after_us 0.
+//	now_us   the time the script used.
+//
+// Every write sets the key's TTL to 2 × max(P, time until the state is
+// idle), rounded up to whole milliseconds, so that a key expires only once
+// it is equivalent to a missing one; a peek or a denial writes nothing. The
+// state layouts are described at the top of each script and in
+// docs/algorithms.md.
 package lua

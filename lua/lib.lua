@@ -1,0 +1,148 @@
+-- lib.lua: the part shared by every rld script. Source prepends it to an
+-- algorithm's file, which defines the table alg and ends with
+-- `return run(alg)`. The calling convention is in doc.go.
+--
+-- Numbers are doubles. Every value of package algo is an integer of at
+-- most 2^53, where doubles are exact integers, and these helpers keep it
+-- so without any argument about rounding: math.fmod is exact,
+-- a − fmod(a, b) is an exact multiple of b, and the quotient of an exact
+-- multiple is exact. (math.floor(a/b) happens to be exact in that range
+-- too, but the usual ceiling math.floor((a+b-1)/b) is not once a+b-1
+-- exceeds 2^53; lib_test.go checks both claims.) Numbers go into commands
+-- through int, never tostring.
+
+local key = KEYS[1]
+
+-- quo returns Go's a / b (truncated) for integers a and b ~= 0.
+local function quo(a, b)
+  return (a - math.fmod(a, b)) / b
+end
+
+-- ceil_div returns ⌈a/b⌉ for a >= 0 and b > 0.
+local function ceil_div(a, b)
+  local r = math.fmod(a, b)
+  local q = (a - r) / b
+  if r > 0 then q = q + 1 end
+  return q
+end
+
+-- window_start returns the start of the epoch-aligned window of length per
+-- that holds t: Go's t - t%per.
+local function window_start(t, per)
+  return t - math.fmod(t, per)
+end
+
+-- int formats an integer for a command argument; tostring would switch to
+-- exponent notation above 10^14.
+local function int(x)
+  return string.format('%d', x)
+end
+
+-- num returns an integer from a reply or a stored field; nil is 0.
+local function num(s)
+  if not s then return 0 end
+  return tonumber(s)
+end
+
+-- arg returns ARGV[i] as an integer, or nil when it is not one.
+local function arg(i)
+  local x = tonumber(ARGV[i])
+  if not x or x ~= math.floor(x) then return nil end
+  return x
+end
+
+-- expire sets the key's TTL to 2 × max(P, idle) µs, rounded up to ms: the
+-- key outlives the time until its state is idle (equivalent to a missing
+-- key), so expiry never changes a decision.
+local function expire(p, idle)
+  redis.call('PEXPIRE', key, int(ceil_div(2 * math.max(p.per, idle), 1000)))
+end
+
+-- run executes ARGV's operation with the algorithm alg, which provides:
+--   alg.burst                          true if ARGV[4] sets the capacity
+--   alg.load(p, now) -> st             the key's state (missing: fresh)
+--   alg.decide(p, st, now, cost, peek) -> allowed, remaining, reset, retry
+--                                      algo.Decide; updates st (in memory)
+--                                      when allowed and not peek; retry -1
+--                                      is algo.Never
+--   alg.save(p, st, now)               writes st after admissions
+--   alg.refund(p, st, now, taken_at, cost) -> wrote
+--                                      algo.Refund, written and applied to st
+--   alg.idle(p, st, now) -> µs         an upper bound of the time until st
+--                                      is idle, for the TTL
+local function run(alg)
+  local op = ARGV[1]
+  local limit, per, burst, now = arg(2), arg(3), arg(4), arg(5)
+  if not (limit and per and burst and now) or limit < 1 or per < 1 or burst < 0 or now < 0 then
+    return redis.error_reply('ERR rld: want ARGV limit >= 1, period_us >= 1, burst >= 0, now_us >= 0')
+  end
+  if now == 0 then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  local p = {limit = limit, per = per, cap = limit}
+  if alg.burst and burst > 0 then p.cap = burst end
+
+  if op == 'take' then
+    if #ARGV < 6 then
+      return redis.error_reply('ERR rld: take wants at least one cost')
+    end
+    local st = alg.load(p, now)
+    local admitted, remaining, reset, retry = 0, 0, 0, 0
+    for i = 6, #ARGV do
+      local cost = arg(i)
+      if not cost then
+        return redis.error_reply('ERR rld: bad cost ' .. tostring(ARGV[i]))
+      end
+      local ok, rem, rst, ret = alg.decide(p, st, now, math.max(cost, 1), false)
+      if ok or admitted == 0 then remaining, reset = rem, rst end
+      if not ok then
+        retry = ret
+        break
+      end
+      admitted = admitted + 1
+    end
+    if admitted > 0 then
+      alg.save(p, st, now)
+      expire(p, alg.idle(p, st, now))
+    end
+    return {admitted, remaining, reset, retry, now}
+  end
+
+  local x = arg(6)
+  if not x then
+    return redis.error_reply('ERR rld: bad or missing ARGV[6]')
+  end
+  x = math.max(x, 1)
+  local st = alg.load(p, now)
+
+  if op == 'peek' then
+    local ok, rem, rst, ret = alg.decide(p, st, now, x, true)
+    return {ok and 1 or 0, rem, rst, ret, now}
+  elseif op == 'lease' then
+    local ok, rem, rst, ret = alg.decide(p, st, now, 1, true)
+    if not ok then
+      return {0, rem, rst, ret, now}
+    end
+    -- Remaining is exact: after a cost of 1, rem more units fit.
+    local granted = math.min(x, rem + 1)
+    ok, rem, rst = alg.decide(p, st, now, granted, false)
+    if not ok then
+      return redis.error_reply('ERR rld: BUG: a lease within remaining was denied')
+    end
+    alg.save(p, st, now)
+    expire(p, alg.idle(p, st, now))
+    return {granted, rem, rst, 0, now}
+  elseif op == 'refund' then
+    local taken_at = arg(7)
+    if not taken_at then
+      return redis.error_reply('ERR rld: bad or missing takenAt')
+    end
+    if alg.refund(p, st, now, taken_at, math.min(x, p.cap)) then
+      expire(p, alg.idle(p, st, now))
+    end
+    local _, rem, rst = alg.decide(p, st, now, 1, true)
+    return {0, rem, rst, 0, now}
+  end
+  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, peek, lease or refund)')
+end

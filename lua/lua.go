@@ -1,0 +1,44 @@
+package lua
+
+import (
+	"embed"
+	"slices"
+)
+
+//go:embed *.lua
+var files embed.FS
+
+// names lists the algorithms in the order of algo.Kind.
+var names = []string{"token_bucket", "gcra", "sliding_log", "sliding_counter", "fixed_window"}
+
+// sources maps an algorithm's name to its complete script: lib.lua, then
+// the algorithm's file.
+var sources = func() map[string]string {
+	lib := mustRead("lib.lua")
+	m := make(map[string]string, len(names))
+	for _, name := range names {
+		m[name] = lib + "\n" + mustRead(name+".lua")
+	}
+	return m
+}()
+
+func mustRead(name string) string {
+	b, err := files.ReadFile(name)
+	if err != nil {
+		panic("BUG: lua: " + err.Error())
+	}
+	return string(b)
+}
+
+// Source returns the script of the algorithm with the given configuration
+// name ("token_bucket", "gcra", "sliding_log", "sliding_counter",
+// "fixed_window"), and whether there is one. The package doc describes its
+// calling convention.
+func Source(algorithm string) (string, bool) {
+	src, ok := sources[algorithm]
+	return src, ok
+}
+
+// Names lists the algorithm names in a fixed order, that of algo.Kind. The
+// caller may modify the returned slice.
+func Names() []string { return slices.Clone(names) }

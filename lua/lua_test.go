@@ -1,0 +1,837 @@
+package lua_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/lua"
+	"github.com/rld/rld/redistest"
+)
+
+// t0 is a unix time in µs aligned to the hour, so that windows of a
+// second or a minute start at t0.
+const t0 = 1_699_999_200_000_000
+
+const (
+	ms = time.Millisecond
+	s1 = time.Second
+)
+
+var kinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.SlidingLog, algo.SlidingCounter, algo.FixedWindow}
+
+// env is a Redis server with every script loaded.
+type env struct {
+	addr string
+	c    *conn
+	shas map[algo.Kind]string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := redistest.Standalone(t)
+	e := &env{addr: srv.Addr, c: dial(t, srv.Addr), shas: map[algo.Kind]string{}}
+	for _, kind := range kinds {
+		src, ok := lua.Source(kind.String())
+		if !ok {
+			t.Fatalf("no script for %v", kind)
+		}
+		sha, ok := e.c.do("SCRIPT", "LOAD", src).(string)
+		if !ok || len(sha) != 40 {
+			t.Fatalf("SCRIPT LOAD %v: %v", kind, sha)
+		}
+		e.shas[kind] = sha
+	}
+	return e
+}
+
+type op uint8
+
+const (
+	take op = iota
+	peek
+	lease
+	refund
+)
+
+var opNames = [...]string{take: "take", peek: "peek", lease: "lease", refund: "refund"}
+
+// step is one call of a timeline, at start+at µs: a take of the batch
+// costs, a peek of costs[0], a lease of want costs[0], or a refund of
+// costs[0] units taken at start+takenAt.
+type step struct {
+	at      int64
+	op      op
+	costs   []int64
+	takenAt int64
+	want    []int64 // if set: the reply's first four integers
+}
+
+func tk(at int64, costs ...int64) step { return step{at: at, op: take, costs: costs} }
+func pk(at, cost int64) step           { return step{at: at, op: peek, costs: []int64{cost}} }
+func ls(at, want int64) step           { return step{at: at, op: lease, costs: []int64{want}} }
+func rf(at, cost, takenAt int64) step {
+	return step{at: at, op: refund, costs: []int64{cost}, takenAt: takenAt}
+}
+func (s step) is(admitted, remaining int64, reset, retry time.Duration) step {
+	s.want = []int64{admitted, remaining, reset.Microseconds(), retryMicros(retry)}
+	return s
+}
+
+// retryMicros is a RetryAfter as the scripts reply it.
+func retryMicros(d time.Duration) int64 {
+	if d == algo.Never {
+		return -1
+	}
+	return d.Microseconds()
+}
+
+// runner feeds one key's timeline to package algo and to the script, and
+// demands the same replies, the same state and the TTL rule.
+type runner struct {
+	t   *testing.T
+	e   *env
+	p   algo.Params
+	key string
+	s   algo.State
+}
+
+func (e *env) runner(t *testing.T, p algo.Params, key string) *runner {
+	t.Helper()
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	e.c.do("DEL", key)
+	return &runner{t: t, e: e, p: p, key: key}
+}
+
+// apply runs one call at now in Go and in Redis and returns the reply.
+func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
+	t, p := r.t, r.p
+	t.Helper()
+	before := clone(r.s)
+	var want []int64
+	switch o {
+	case take:
+		n, res := algo.Batch(p, &r.s, now, costs)
+		want = reply(int64(n), res, now)
+	case peek:
+		res := algo.Decide(p, &r.s, now, costs[0], true)
+		want = reply(b2i(res.Allowed), res, now)
+	case lease:
+		g, res := algo.Lease(p, &r.s, now, costs[0])
+		want = reply(g, res, now)
+	case refund:
+		algo.Refund(p, &r.s, now, takenAt, costs[0])
+		res := algo.Decide(p, &r.s, now, 1, true)
+		res.RetryAfter = 0
+		want = reply(0, res, now)
+	}
+
+	// One transaction: the key cannot expire between the script and the
+	// PERSIST that keeps it for the rest of the timeline (the timeline's
+	// clock is not Redis's).
+	args := []string{"EVALSHA", r.e.shas[p.Kind], "1", r.key, opNames[o],
+		itoa(p.Limit), itoa(p.PeriodMicros()), itoa(p.Burst), itoa(now)}
+	for _, c := range costs {
+		args = append(args, itoa(c))
+	}
+	if o == refund {
+		args = append(args, itoa(takenAt))
+	}
+	c := r.e.c
+	c.send("MULTI")
+	c.send(args...)
+	c.send("PTTL", r.key)
+	c.send("PERSIST", r.key)
+	c.send(dumpCommand(p.Kind, r.key)...)
+	c.send("EXEC")
+	c.flush()
+	for range 5 {
+		if err, ok := c.read().(redisError); ok {
+			t.Fatalf("MULTI: %v", err)
+		}
+	}
+	exec, ok := c.read().([]any)
+	if !ok || len(exec) != 4 {
+		t.Fatalf("EXEC replied %#v", exec)
+	}
+	got, err := ints(exec[0])
+	if err != nil {
+		t.Fatalf("%s %v at %d: %v", opNames[o], costs, now, err)
+	}
+	what := fmt.Sprintf("%s %v (takenAt %d) at %d on %+v", opNames[o], costs, takenAt, now, before)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s:\n  script %v\n  algo   %v", what, got, want)
+	}
+	if gs, rs := goState(p.Kind, r.s), redisState(p.Kind, exec[3]); gs != rs {
+		t.Errorf("%s: state in Redis %q, in Go %q", what, rs, gs)
+	}
+
+	pttl, _ := exec[1].(int64)
+	wrote := pttl >= 0 // PERSIST removed the TTL of every earlier write
+	switch {
+	case o == peek && wrote:
+		t.Errorf("%s: a peek wrote (PTTL %d)", what, pttl)
+	case (o == take || o == lease) && wrote != (got[0] > 0):
+		t.Errorf("%s: admitted %d, yet wrote=%v (PTTL %d)", what, got[0], wrote, pttl)
+	case o == refund && !equal(before, r.s) && pttl == -1:
+		t.Errorf("%s: a refund changed the state but set no TTL", what)
+	case wrote:
+		per := p.PeriodMicros()
+		ttl := (2*max(per, idleMicros(p, r.s, now)) + 999) / 1000
+		if pttl > ttl || pttl < ttl-100 { // 100ms: a loaded machine may pause Redis
+			t.Errorf("%s: PTTL %dms, want 2×max(P, idle) = %dms", what, pttl, ttl)
+		}
+	}
+	return got
+}
+
+func reply(admitted int64, r algo.Result, now int64) []int64 {
+	return []int64{admitted, r.Remaining, r.Reset.Microseconds(), retryMicros(r.RetryAfter), now}
+}
+
+// idleMicros returns how long after now the state s stays not idle.
+func idleMicros(p algo.Params, s algo.State, now int64) int64 {
+	per := p.PeriodMicros()
+	var end int64
+	switch p.Kind {
+	case algo.TokenBucket:
+		full := p.Capacity() * per
+		if s.B == 0 || s.A >= full {
+			return 0
+		}
+		end = s.B + (full-s.A+p.Limit-1)/p.Limit
+	case algo.GCRA:
+		end = s.A
+	case algo.FixedWindow:
+		if s.B == 0 {
+			return 0
+		}
+		end = s.A + per
+	case algo.SlidingCounter:
+		switch {
+		case s.B > 0:
+			end = s.A + 2*per
+		case s.C > 0:
+			end = s.A + per
+		default:
+			return 0
+		}
+	case algo.SlidingLog:
+		if len(s.Log) == 0 {
+			return 0
+		}
+		end = s.Log[len(s.Log)-1].At + per
+	}
+	return max(end-now, 0)
+}
+
+// dumpCommand reads a key's whole state.
+func dumpCommand(kind algo.Kind, key string) []string {
+	switch kind {
+	case algo.GCRA:
+		return []string{"GET", key}
+	case algo.SlidingLog:
+		return []string{"ZRANGE", key, "0", "-1", "WITHSCORES"}
+	}
+	return []string{"HGETALL", key}
+}
+
+// goState renders s as redisState renders the key that holds it, "" for
+// a missing key.
+func goState(kind algo.Kind, s algo.State) string {
+	switch kind {
+	case algo.TokenBucket:
+		if s.B == 0 {
+			return ""
+		}
+		return fmt.Sprintf("at=%d level=%d", s.B, s.A)
+	case algo.GCRA:
+		if s.A == 0 {
+			return ""
+		}
+		return itoa(s.A)
+	case algo.FixedWindow:
+		if s.A == 0 && s.B == 0 {
+			return ""
+		}
+		return fmt.Sprintf("count=%d start=%d", s.B, s.A)
+	case algo.SlidingCounter:
+		if s.A == 0 && s.B == 0 && s.C == 0 {
+			return ""
+		}
+		return fmt.Sprintf("cur=%d prev=%d start=%d", s.B, s.C, s.A)
+	}
+	var b strings.Builder
+	for i, en := range s.Log {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:%d@%d", en.At, en.Cost, en.At)
+	}
+	return b.String()
+}
+
+func redisState(kind algo.Kind, v any) string {
+	switch kind {
+	case algo.GCRA:
+		s, _ := v.(string)
+		return s
+	case algo.SlidingLog:
+		vs, _ := v.([]any)
+		var parts []string
+		for i := 0; i+1 < len(vs); i += 2 {
+			parts = append(parts, fmt.Sprintf("%s@%s", vs[i], vs[i+1]))
+		}
+		return strings.Join(parts, " ")
+	}
+	vs, _ := v.([]any)
+	var parts []string
+	for i := 0; i+1 < len(vs); i += 2 {
+		parts = append(parts, fmt.Sprintf("%s=%s", vs[i], vs[i+1]))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
+}
+
+func (r *runner) run(start int64, steps []step) {
+	r.t.Helper()
+	for i, st := range steps {
+		got := r.apply(st.op, start+st.at, st.costs, start+st.takenAt)
+		if st.want != nil && !slices.Equal(got[:4], st.want) {
+			r.t.Errorf("step %d (%s %v at +%dµs): reply %v, want %v", i, opNames[st.op], st.costs, st.at, got[:4], st.want)
+		}
+		if r.t.Failed() {
+			r.t.FailNow()
+		}
+	}
+}
+
+// TestTimelines feeds hand-written timelines to Go and to the scripts;
+// the expected replies of some steps are spelled out as well.
+func TestTimelines(t *testing.T) {
+	e := newEnv(t)
+	const (
+		sec = int64(1_000_000)
+		m1  = int64(1_000)
+	)
+	tests := []struct {
+		name  string
+		p     algo.Params
+		steps []step
+	}{{
+		name: "token bucket: burst, refill, cost above capacity, batch",
+		p:    algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: s1},
+		steps: []step{
+			tk(0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1).is(10, 0, s1, 100*ms),
+			tk(0, 1).is(0, 0, s1, 100*ms),
+			tk(50*m1, 1).is(0, 0, 950*ms, 50*ms),
+			pk(100*m1, 1).is(1, 0, s1, 0),
+			tk(100*m1, 1, 11).is(1, 0, s1, algo.Never),
+			tk(100*m1, 11).is(0, 0, s1, algo.Never),
+			ls(650*m1, 9).is(5, 0, 950*ms, 0),
+			ls(650*m1, 9).is(0, 0, 950*ms, 50*ms),
+			rf(650*m1, 2, 650*m1).is(0, 1, 850*ms, 0),
+			tk(2*sec, 3).is(1, 7, 300*ms, 0),
+		},
+	}, {
+		name: "token bucket: capacity above the rate, refunds",
+		p:    algo.Params{Kind: algo.TokenBucket, Limit: 1, Period: s1, Burst: 5},
+		steps: []step{
+			tk(0, 5).is(1, 0, 5*s1, 0),
+			tk(sec, 2).is(0, 1, 4*s1, s1),
+			tk(2*sec, 2).is(1, 0, 5*s1, 0),
+			rf(2*sec, 1, 2*sec).is(0, 0, 5*s1, 0),
+			rf(2*sec, 9, 2*sec),
+			tk(2*sec, 6).is(0, 5, 0, algo.Never),
+			tk(2*sec, 5, 1).is(1, 0, 5*s1, s1),
+		},
+	}, {
+		name: "gcra: emission interval rounds up",
+		p:    algo.Params{Kind: algo.GCRA, Limit: 3, Period: s1},
+		steps: []step{
+			tk(0, 3).is(1, 0, 1000002*time.Microsecond, 0),
+			tk(0, 1).is(0, 0, 1000002*time.Microsecond, 333334*time.Microsecond),
+			tk(333333, 1).is(0, 0, 666669*time.Microsecond, time.Microsecond),
+			pk(333334, 1).is(1, 0, 1000002*time.Microsecond, 0),
+			ls(333334, 3).is(1, 0, 1000002*time.Microsecond, 0),
+			rf(333334, 2, 333334).is(0, 1, 666668*time.Microsecond, 0),
+			tk(5*sec, 4).is(0, 3, 0, algo.Never),
+		},
+	}, {
+		name: "fixed window: 2×limit across a boundary",
+		p:    algo.Params{Kind: algo.FixedWindow, Limit: 3, Period: s1},
+		steps: []step{
+			tk(999*m1, 1, 1, 1, 1).is(3, 0, ms, ms),
+			tk(sec, 3).is(1, 0, s1, 0),                    // 6 units within 1ms
+			rf(sec+500*m1, 1, 999*m1).is(0, 0, 500*ms, 0), // that window is gone
+			rf(sec+500*m1, 2, sec).is(0, 1, 500*ms, 0),
+			ls(sec+500*m1, 5).is(2, 0, 500*ms, 0),
+			ls(sec+500*m1, 5).is(0, 0, 500*ms, 500*ms),
+		},
+	}, {
+		name: "sliding counter: the previous window's weight",
+		p:    algo.Params{Kind: algo.SlidingCounter, Limit: 10, Period: s1},
+		steps: []step{
+			tk(0, 10).is(1, 0, 2*s1, 0),
+			tk(500*m1, 1).is(0, 0, 1500*ms, 600*ms),
+			tk(1099*m1, 1).is(0, 0, 901*ms, ms),
+			tk(1250*m1, 2, 1).is(1, 0, 1750*ms, 50*ms),
+			pk(1300*m1, 1).is(1, 0, 1700*ms, 0),
+			tk(1300*m1, 1).is(1, 0, 1700*ms, 0),
+			tk(1900*m1, 1).is(1, 5, 1100*ms, 0),
+			tk(2*sec, 7).is(0, 6, s1, 250*ms),
+			rf(2*sec, 1, 1900*m1),
+			ls(2*sec, 100).is(6, 0, 2*s1, 0),
+			rf(2500*m1, 2, 2*sec),
+			tk(2500*m1, 4).is(1, 0, 1500*ms, 0),
+			tk(4500*m1, 10).is(1, 0, 1500*ms, 0),
+		},
+	}, {
+		name: "sliding log: exact",
+		p:    algo.Params{Kind: algo.SlidingLog, Limit: 3, Period: s1},
+		steps: []step{
+			tk(0, 1).is(1, 2, s1, 0),
+			tk(200*m1, 1, 1).is(2, 0, s1, 0),
+			tk(500*m1, 2).is(0, 0, 700*ms, 700*ms),
+			tk(999999, 1).is(0, 0, 200001*time.Microsecond, time.Microsecond),
+			tk(sec, 1, 4).is(1, 0, s1, algo.Never),
+			rf(1100*m1, 1, 200*m1).is(0, 0, s1, 0), // a peek of 1 would fit
+			tk(1100*m1, 1).is(1, 0, s1, 0),
+			tk(1200*m1-1, 1).is(0, 0, 900001*time.Microsecond, time.Microsecond),
+			tk(1200*m1, 1).is(1, 0, s1, 0),
+			rf(1200*m1, 1, 1200*m1),
+			rf(1200*m1, 1, 1100*m1),
+			ls(1200*m1, 3).is(2, 0, s1, 0),
+		},
+	}, {
+		name: "clock steps back",
+		p:    algo.Params{Kind: algo.SlidingLog, Limit: 4, Period: s1},
+		steps: []step{
+			tk(500*m1, 1),
+			tk(400*m1, 1).is(1, 2, 1100*ms, 0), // joins the entry at 500ms
+			tk(1450*m1, 3).is(0, 2, 50*ms, 50*ms),
+			tk(1450*m1, 2).is(1, 0, s1, 0),
+			rf(1450*m1, 2, 500*m1),
+		},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e.runner(t, tt.p, "{tl}"+tt.name).run(t0, tt.steps)
+		})
+	}
+}
+
+// TestTimelinesEveryAlgorithm feeds one timeline, scaled to the period and
+// capacity, to every algorithm under several parameters, aligned to a
+// window and not.
+func TestTimelinesEveryAlgorithm(t *testing.T) {
+	e := newEnv(t)
+	params := []algo.Params{
+		{Limit: 10, Period: s1},
+		{Limit: 3, Period: s1},
+		{Limit: 1, Period: s1, Burst: 5},
+		{Limit: 100, Period: time.Minute, Burst: 150},
+		{Limit: 7, Period: ms},
+		{Limit: 1000, Period: time.Hour},
+		{Limit: 3, Period: 24 * time.Hour, Burst: 1},
+	}
+	for _, kind := range kinds {
+		for i, p := range params {
+			p.Kind = kind
+			for _, offset := range []int64{0, p.PeriodMicros()/3 + 7} {
+				name := fmt.Sprintf("%v/%d/+%d", kind, i, offset)
+				t.Run(name, func(t *testing.T) {
+					e.runner(t, p, "{all}"+name).run(t0+offset, scaledTimeline(p))
+				})
+			}
+		}
+	}
+}
+
+func scaledTimeline(p algo.Params) []step {
+	P, C := p.PeriodMicros(), p.Capacity()
+	fill := max(C-1, 1)
+	return []step{
+		tk(0, 1),
+		pk(0, C),
+		tk(0, fill, 1, 1),
+		tk(0, 1),
+		tk(0, C+1),
+		pk(P/10, 1),
+		tk(P/10, 1, 1),
+		ls(P/4, C),
+		ls(P/4, 1),
+		rf(P/4, 1, P/4),
+		rf(P/4, 2, 0),
+		pk(P/4, 2),
+		tk(P-1, 1),
+		tk(P, 2),
+		tk(P, C),
+		tk(P+1, 1, 1, C+1),
+		ls(3*P/2, 2),
+		rf(3*P/2, 5, P),
+		tk(3*P/2, 2, 2, 2),
+		tk(2*P-1, 1),
+		tk(2*P, C),
+		pk(2*P, 1),
+		tk(2*P-P/3, 1), // the clock steps back
+		rf(2*P-P/3, 1, 2*P),
+		tk(5*P, C),
+		ls(5*P+P/7, C),
+		rf(5*P+P/7, C, 5*P+P/7),
+		rf(5*P+P/7, 1, 5*P),
+		tk(20*P, 1),
+		rf(20*P, 1, 20*P),
+	}
+}
+
+// TestRandomDifferential runs seeded random timelines: random parameters
+// (some with L×P or C×P near 2^53), time steps (some backwards), batches,
+// peeks, leases and refunds.
+func TestRandomDifferential(t *testing.T) {
+	e := newEnv(t)
+	seeds, ops := 20, 100
+	if testing.Short() {
+		seeds = 5
+	}
+	for _, kind := range kinds {
+		t.Run(kind.String(), func(t *testing.T) {
+			for seed := range seeds {
+				rng := rand.New(rand.NewPCG(uint64(seed), 100+uint64(kind)))
+				p := randomParams(rng, kind)
+				r := e.runner(t, p, fmt.Sprintf("{rand}%v:%d", kind, seed))
+				randomTimeline(r, rng, ops)
+				if t.Failed() {
+					t.Fatalf("seed %d, params %+v", seed, p)
+				}
+			}
+		})
+	}
+}
+
+func randomParams(rng *rand.Rand, kind algo.Kind) algo.Params {
+	p := algo.Params{Kind: kind}
+	switch rng.IntN(5) {
+	case 0, 1, 2:
+		p.Limit = 1 + rng.Int64N(20)
+		p.Period = time.Duration(1000+rng.Int64N(3_000_000)) * time.Microsecond
+		if rng.IntN(2) == 0 {
+			p.Burst = 1 + rng.Int64N(30)
+		}
+	case 3:
+		p.Limit = 1 + rng.Int64N(1000)
+		p.Period = time.Duration(1+rng.Int64N(3600)) * time.Second
+	default:
+		// L×P and C×P near 2^53 (2^52 for GCRA, whose TAT is a time plus
+		// C×e, see docs/algorithms.md).
+		bound := int64(algo.MaxScaled)
+		if kind == algo.GCRA {
+			bound /= 2
+		}
+		per := 1_000_000 + rng.Int64N(2*86_400_000_000)
+		p.Period = time.Duration(per) * time.Microsecond
+		p.Limit = max(bound/per-rng.Int64N(3), 1)
+		if rng.IntN(2) == 0 {
+			p.Burst = 1 + rng.Int64N(bound/per)
+			p.Limit = 1 + rng.Int64N(bound/per)
+		}
+	}
+	return p
+}
+
+func randomTimeline(r *runner, rng *rand.Rand, ops int) {
+	p := r.p
+	per, capacity := p.PeriodMicros(), p.Capacity()
+	now := t0 + rng.Int64N(per)
+	cost := func() int64 {
+		switch rng.IntN(20) {
+		case 0:
+			return capacity + 1 + rng.Int64N(3)
+		case 1, 2, 3, 4, 5, 6:
+			return 1 + rng.Int64N(capacity)
+		}
+		return 1
+	}
+	var takes []int64 // the times of admissions, for refunds
+	for range ops {
+		switch rng.IntN(14) {
+		case 0, 1, 2, 3:
+			// the same microsecond
+		case 4, 5, 6, 7, 8:
+			now += rng.Int64N(2*per/p.Limit + 1)
+		case 9, 10:
+			now += rng.Int64N(3 * per)
+		case 11:
+			now += rng.Int64N(20 * per)
+		case 12:
+			now += rng.Int64N(per/p.Limit + 1)
+		case 13:
+			now = max(now-rng.Int64N(per/2+1), 1) // the clock steps back
+		}
+		switch rng.IntN(10) {
+		case 0, 1, 2, 3, 4:
+			costs := make([]int64, 1+rng.IntN(4))
+			for i := range costs {
+				costs[i] = cost()
+			}
+			if got := r.apply(take, now, costs, 0); got[0] > 0 {
+				takes = append(takes, now)
+			}
+		case 5:
+			r.apply(peek, now, []int64{cost()}, 0)
+		case 6, 7:
+			if got := r.apply(lease, now, []int64{cost()}, 0); got[0] > 0 {
+				takes = append(takes, now)
+			}
+		default:
+			takenAt := now - rng.Int64N(per+1)
+			if len(takes) > 0 && rng.IntN(4) > 0 {
+				takenAt = takes[rng.IntN(len(takes))]
+			}
+			r.apply(refund, now, []int64{cost()}, takenAt)
+		}
+		if r.t.Failed() {
+			return
+		}
+	}
+}
+
+// TestTTL checks the TTL of a first write and that calls that write
+// nothing create no key.
+func TestTTL(t *testing.T) {
+	e := newEnv(t)
+	tests := []struct {
+		p     algo.Params
+		cost  int64
+		ttlMS int64 // 2 × max(P, idle) after a take of cost at t0+250ms
+	}{
+		{algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: s1, Burst: 100}, 100, 20_000},
+		{algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: s1}, 2, 2_000},
+		{algo.Params{Kind: algo.GCRA, Limit: 10, Period: s1, Burst: 100}, 100, 20_000},
+		{algo.Params{Kind: algo.SlidingLog, Limit: 10, Period: s1}, 1, 2_000},
+		{algo.Params{Kind: algo.SlidingCounter, Limit: 10, Period: s1}, 1, 3_500},
+		{algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: 3 * s1}, 1, 6_000},
+	}
+	for i, tt := range tests {
+		t.Run(tt.p.Kind.String(), func(t *testing.T) {
+			key := fmt.Sprintf("{ttl}%d", i)
+			now := itoa(t0 + 250_000)
+			call := func(args ...string) []int64 {
+				t.Helper()
+				all := append([]string{"EVALSHA", e.shas[tt.p.Kind], "1", key, args[0],
+					itoa(tt.p.Limit), itoa(tt.p.PeriodMicros()), itoa(tt.p.Burst), now}, args[1:]...)
+				got, err := ints(e.c.do(all...))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got
+			}
+			exists := func() bool { return e.c.do("EXISTS", key) == int64(1) }
+			e.c.do("DEL", key)
+			call("peek", "1")
+			call("take", itoa(tt.p.Capacity()+1))
+			call("refund", "1", now)
+			if exists() {
+				t.Fatal("a peek, a denial or a refund on a missing key created it")
+			}
+			call("take", itoa(tt.cost))
+			if pttl := e.c.do("PTTL", key).(int64); pttl > tt.ttlMS || pttl < tt.ttlMS-1000 {
+				t.Errorf("PTTL %dms after a take, want %dms", pttl, tt.ttlMS)
+			}
+			e.c.do("PERSIST", key)
+			call("peek", "1")
+			if pttl := e.c.do("PTTL", key).(int64); pttl != -1 {
+				t.Errorf("PTTL %d after a peek, want -1 (untouched)", pttl)
+			}
+		})
+	}
+}
+
+// TestRedisTime checks that now_us "0" takes the time from Redis.
+func TestRedisTime(t *testing.T) {
+	e := newEnv(t)
+	for _, kind := range kinds {
+		local := time.Now().UnixMicro()
+		got, err := ints(e.c.do("EVALSHA", e.shas[kind], "1", "{time}"+kind.String(),
+			"take", "10", "1000000", "0", "0", "1"))
+		if err != nil {
+			t.Fatalf("%v: %v", kind, err)
+		}
+		if got[0] != 1 || got[4]-local > 2_000_000 || local-got[4] > 2_000_000 {
+			t.Errorf("%v: reply %v, local clock %d", kind, got, local)
+		}
+	}
+}
+
+// TestOnlyKeys1 watches MONITOR while every script runs every op: each
+// command a script sends names KEYS[1] (TIME, which names no key, only
+// when now_us is "0").
+func TestOnlyKeys1(t *testing.T) {
+	e := newEnv(t)
+	mon := dial(t, e.addr)
+	if v := mon.do("MONITOR"); v != "OK" {
+		t.Fatalf("MONITOR: %v", v)
+	}
+	type call struct {
+		key  string
+		args []string
+	}
+	var calls []call
+	for _, kind := range kinds {
+		key := "{mon}" + kind.String()
+		now := itoa(t0)
+		for _, args := range [][]string{
+			{"take", "3", "1000000", "0", now, "1", "1"},
+			{"take", "3", "1000000", "0", now, "2", "5"},
+			{"peek", "3", "1000000", "0", now, "1"},
+			{"lease", "3", "1000000", "0", itoa(t0 + 500_000), "5"},
+			{"refund", "3", "1000000", "0", itoa(t0 + 600_000), "1", now},
+			{"refund", "3", "1000000", "0", itoa(t0 + 600_000), "1", itoa(t0 + 500_000)},
+			{"take", "3", "1000000", "0", "0", "1"},
+			{"lease", "3", "1000000", "0", "0", "2"},
+		} {
+			calls = append(calls, call{key, args})
+		}
+	}
+	for i, c := range calls {
+		e.c.do("ECHO", fmt.Sprintf("rld-call-%d", i))
+		all := append([]string{"EVALSHA", e.shas[kinds[i/8]], "1", c.key}, c.args...)
+		if _, err := ints(e.c.do(all...)); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+	}
+	e.c.do("ECHO", "rld-done")
+
+	cur, seen := -1, make([]int, len(calls))
+	for {
+		line, ok := mon.read().(string)
+		if !ok {
+			t.Fatalf("MONITOR sent %v", line)
+		}
+		src, args := parseMonitor(t, line)
+		if src != "lua" {
+			if len(args) == 2 && strings.EqualFold(args[0], "echo") {
+				if args[1] == "rld-done" {
+					break
+				}
+				cur, _ = strconv.Atoi(strings.TrimPrefix(args[1], "rld-call-"))
+			}
+			continue
+		}
+		if cur < 0 {
+			t.Fatalf("script command before the first call: %q", line)
+		}
+		c := calls[cur]
+		seen[cur]++
+		switch {
+		case strings.EqualFold(args[0], "time"):
+			if len(args) != 1 || c.args[4] != "0" {
+				t.Errorf("%v: %q", c.args, line)
+			}
+		case len(args) < 2 || args[1] != c.key:
+			t.Errorf("%v on %s: the script sent %q", c.args, c.key, line)
+		}
+	}
+	for i, n := range seen {
+		if n == 0 {
+			t.Errorf("MONITOR showed no command of call %d %v", i, calls[i].args)
+		}
+	}
+}
+
+// parseMonitor splits a MONITOR line, `1700000000.123456 [0 lua] "HGET"
+// "k" "f"`, into its source ("lua" or the client's address) and its
+// command's arguments.
+func parseMonitor(t *testing.T, line string) (src string, args []string) {
+	t.Helper()
+	open, end := strings.IndexByte(line, '['), strings.Index(line, "] ")
+	if open < 0 || end < open {
+		t.Fatalf("MONITOR line %q", line)
+	}
+	if f := strings.Fields(line[open+1 : end]); len(f) == 2 {
+		src = f[1]
+	}
+	rest := line[end+2:]
+	for rest != "" {
+		q, err := strconv.QuotedPrefix(rest)
+		if err != nil {
+			t.Fatalf("MONITOR line %q: %v", line, err)
+		}
+		a, _ := strconv.Unquote(q)
+		args = append(args, a)
+		rest = strings.TrimPrefix(rest[len(q):], " ")
+	}
+	return src, args
+}
+
+// TestErrors checks that bad calls get an error reply, not a decision.
+func TestErrors(t *testing.T) {
+	e := newEnv(t)
+	sha := e.shas[algo.TokenBucket]
+	for _, args := range [][]string{
+		{"take", "10", "1000000", "0", "0"},
+		{"take", "10", "1000000", "0", "0", "x"},
+		{"take", "0", "1000000", "0", "0", "1"},
+		{"take", "10", "0", "0", "0", "1"},
+		{"take", "10", "1000000", "0", "-5", "1"},
+		{"peek", "10", "1000000", "0", "0"},
+		{"refund", "10", "1000000", "0", "0", "1"},
+		{"drain", "10", "1000000", "0", "0", "1"},
+	} {
+		all := append([]string{"EVALSHA", sha, "1", "{err}k"}, args...)
+		if v, ok := e.c.do(all...).(redisError); !ok || !strings.Contains(string(v), "rld") {
+			t.Errorf("%v: reply %v, want an rld error", args, v)
+		}
+	}
+	if e.c.do("EXISTS", "{err}k") != int64(0) {
+		t.Error("a bad call wrote the key")
+	}
+}
+
+func TestSourceNames(t *testing.T) {
+	names := lua.Names()
+	var want []string
+	for _, kind := range []algo.Kind{algo.TokenBucket, algo.GCRA, algo.SlidingLog, algo.SlidingCounter, algo.FixedWindow} {
+		want = append(want, kind.String())
+	}
+	if !slices.Equal(names, want) {
+		t.Fatalf("Names() = %v, want %v", names, want)
+	}
+	names[0] = "changed"
+	if lua.Names()[0] != want[0] {
+		t.Error("Names returns the package's own slice")
+	}
+	for _, name := range want {
+		if src, ok := lua.Source(name); !ok || !strings.Contains(src, "return run(alg)") {
+			t.Errorf("Source(%q) = %d bytes, %v", name, len(src), ok)
+		}
+	}
+	if _, ok := lua.Source("leaky_bucket"); ok {
+		t.Error("Source of an unknown algorithm")
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func clone(s algo.State) algo.State {
+	s.Log = slices.Clone(s.Log)
+	return s
+}
+
+func equal(a, b algo.State) bool {
+	return a.A == b.A && a.B == b.B && a.C == b.C && slices.Equal(a.Log, b.Log)
+}

@@ -1,0 +1,109 @@
+-- sliding_log.lua: algo's SlidingLog. Source prepends lib.lua.
+--
+-- KEYS[1] is a sorted set, one member per admission time (algo State.Log):
+--   score   the admission time At, unix µs
+--   member  "<At>:<Cost>", the units admitted at that µs
+-- As in Go, admissions at the newest entry's µs (or before it, if the clock
+-- stepped back) join that entry. A missing key has admitted nothing.
+
+local alg = {}
+
+local function member(at, cost)
+  return int(at) .. ':' .. int(cost)
+end
+
+local function parse(m)
+  local at, cost = string.match(m, '^(%-?%d+):(%d+)$')
+  return tonumber(at), tonumber(cost)
+end
+
+-- load reads the live entries, those after now − P, oldest first; each
+-- keeps its stored member in m so that save can replace it.
+function alg.load(p, now)
+  local ms = redis.call('ZRANGEBYSCORE', key, '(' .. int(now - p.per), '+inf')
+  local log = {}
+  for i, m in ipairs(ms) do
+    local at, cost = parse(m)
+    log[i] = {at = at, cost = cost, m = m}
+  end
+  return {log = log}
+end
+
+function alg.decide(p, st, now, cost, peek)
+  local per, limit, log = p.per, p.limit, st.log
+  local n, sum = #log, 0
+  for i = 1, n do sum = sum + log[i].cost end
+  local newest = 0
+  if n > 0 then newest = log[n].at end
+  local allowed, retry = false, 0
+  if cost > limit then
+    retry = -1
+  elseif sum + cost <= limit then
+    sum = sum + cost
+    allowed = true
+    if n == 0 or newest < now then newest = now end
+    if not peek then
+      if n > 0 and log[n].at >= now then
+        log[n].cost = log[n].cost + cost
+      else
+        log[n + 1] = {at = now, cost = cost}
+      end
+    end
+  else
+    -- Wait until the oldest entries whose costs free enough room have
+    -- left the window.
+    local need = sum + cost - limit
+    for i = 1, n do
+      need = need - log[i].cost
+      if need <= 0 then
+        retry = log[i].at + per - now
+        break
+      end
+    end
+  end
+  local reset = 0
+  if sum > 0 then reset = newest + per - now end
+  return allowed, math.max(limit - sum, 0), reset, retry
+end
+
+-- save drops the expired entries, as Go does on an admission, and writes
+-- the newest entry, the only one admissions change.
+function alg.save(p, st, now)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - p.per))
+  local last = st.log[#st.log]
+  if last.m then redis.call('ZREM', key, last.m) end
+  last.m = member(last.at, last.cost)
+  redis.call('ZADD', key, int(last.at), last.m)
+end
+
+function alg.refund(p, st, now, taken_at, cost)
+  local ms = redis.call('ZRANGEBYSCORE', key, int(taken_at), int(taken_at))
+  if #ms == 0 then return false end
+  local at, left = parse(ms[1])
+  left = left - cost
+  redis.call('ZREM', key, ms[1])
+  local m
+  if left > 0 then
+    m = member(at, left)
+    redis.call('ZADD', key, int(at), m)
+  end
+  for i, en in ipairs(st.log) do
+    if en.at == at then
+      if left > 0 then
+        en.cost, en.m = left, m
+      else
+        table.remove(st.log, i)
+      end
+      break
+    end
+  end
+  return true
+end
+
+function alg.idle(p, st, now)
+  local n = #st.log
+  if n == 0 then return 0 end
+  return math.max(st.log[n].at + p.per - now, 0)
+end
+
+return run(alg)
