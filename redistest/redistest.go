@@ -4,7 +4,7 @@
 package redistest
 
 import (
-	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,64 +18,74 @@ import (
 	"time"
 )
 
-// readyTimeout bounds how long a process may take to answer.
-const readyTimeout = 20 * time.Second
+const (
+	// readyTimeout bounds every readiness and failover poll. It is
+	// generous: a loaded two-core machine is slow, and a passing test never
+	// waits for it.
+	readyTimeout = 30 * time.Second
+	// pollInterval is the pause between two checks of a poll.
+	pollInterval = 20 * time.Millisecond
+	// logName is the file, in the server's Dir, its output is appended to.
+	logName = "redis.log"
+	// tailLines is how many lines of a log a failure message quotes.
+	tailLines = 15
+	// portTries is how many ports a new server tries when another process
+	// takes the probed one before redis-server binds it.
+	portTries = 3
+)
 
-// Server is one redis-server process.
+var (
+	// errExited reports that a process exited while a poll waited for it.
+	errExited = errors.New("process exited")
+	// errPortTaken reports that redis-server could not bind its port.
+	errPortTaken = errors.New("port already in use")
+)
+
+// Server is one redis-server process. Start, Kill, Pause and Resume are
+// not safe for concurrent use; the exported fields do not change after the
+// Server is returned.
 type Server struct {
 	// Addr is host:port.
 	Addr string
 	// Port is the TCP port.
 	Port int
-	// Dir is the server's working directory.
+	// Dir is the server's working directory; its output goes to redis.log
+	// there.
 	Dir string
 
 	args []string
 	cmd  *exec.Cmd
-	done chan struct{}
+	done chan struct{} // closed when cmd has exited
 }
 
 // Standalone starts a standalone redis-server and stops it when t ends.
 func Standalone(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	s := &Server{Dir: t.TempDir()}
-	s.Port = FreePort(t, 0)
-	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
-	s.args = append([]string{"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.Dir}, extra...)
 	t.Cleanup(s.Kill)
-	s.Start(t)
+	err := s.spawn(0, func(port int) ([]string, error) {
+		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", s.Dir}, extra...), nil
+	})
+	if err != nil {
+		t.Fatalf("redistest: standalone: %v", err)
+	}
 	return s
 }
 
-// Start (re)starts the process with its original arguments and waits until
-// it answers PING.
+// Start (re)starts the process with its original arguments and port, and
+// waits until it answers PING.
 func (s *Server) Start(t testing.TB) {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("redistest: redis-server not found: run `make deps` (it installs it with apt-get)")
-	}
-	s.cmd = exec.Command("redis-server", s.args...)
-	s.cmd.Dir = s.Dir
-	log, err := os.Create(filepath.Join(s.Dir, "redis.log"))
-	if err != nil {
+	if err := s.start(); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	s.cmd.Stdout, s.cmd.Stderr = log, log
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("redistest: cannot start redis-server: %v", err)
-	}
-	s.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); log.Close(); close(done) }(s.cmd, s.done)
-	WaitFor(t, "redis "+s.Addr+" answers PING", func() bool {
-		reply, err := Do(s.Addr, "PING")
-		return err == nil && reply == "PONG"
-	})
 }
 
-// Kill stops the process with SIGKILL and waits for it to exit.
+// Kill stops the process with SIGKILL and waits for it to exit. It does
+// nothing when the process is not running.
 func (s *Server) Kill() {
-	if s.cmd == nil || s.cmd.Process == nil {
+	if s.cmd == nil {
 		return
 	}
 	s.cmd.Process.Signal(syscall.SIGKILL)
@@ -84,69 +94,117 @@ func (s *Server) Kill() {
 }
 
 // Pause stops the process with SIGSTOP; Resume continues it.
-func (s *Server) Pause() { s.cmd.Process.Signal(syscall.SIGSTOP) }
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
 
 // Resume continues a paused process.
-func (s *Server) Resume() { s.cmd.Process.Signal(syscall.SIGCONT) }
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
 
-// Do sends one command to addr and returns the reply as text: simple and
-// bulk strings as they are, integers in decimal, arrays one element a
-// line. It is for test set-up and inspection, not for the code under test.
-func Do(addr string, args ...string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return "", err
+func (s *Server) signal(sig syscall.Signal) {
+	if s.cmd != nil {
+		s.cmd.Process.Signal(sig)
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
-	}
-	if _, err := c.Write([]byte(b.String())); err != nil {
-		return "", err
-	}
-	return readReply(bufio.NewReader(c))
 }
 
-func readReply(r *bufio.Reader) (string, error) {
-	line, err := r.ReadString('\n')
+// running reports whether the process was started and has not exited.
+func (s *Server) running() bool {
+	if s.cmd == nil {
+		return false
+	}
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// spawn picks a free port (with port+offset free too), sets Port, Addr and
+// the arguments args returns for it, and starts the server. When another
+// process takes the port before redis-server binds it, it tries another.
+// It does not use a testing.TB, so that servers can start concurrently.
+func (s *Server) spawn(offset int, args func(port int) ([]string, error)) error {
+	var err error
+	for range portTries {
+		if s.Port, err = freePort(offset); err != nil {
+			return err
+		}
+		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
+		if s.args, err = args(s.Port); err != nil {
+			return err
+		}
+		if err = s.start(); !errors.Is(err, errPortTaken) {
+			return err
+		}
+	}
+	return err
+}
+
+// start launches the process, its output appended to its log, and waits
+// until it answers PING. On failure the process is killed and the error
+// quotes the log.
+func (s *Server) start() error {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return fmt.Errorf("redis-server not found in PATH: run `make deps` (it installs it with apt-get)")
+	}
+	if s.running() {
+		return fmt.Errorf("redis-server %s is already running", s.Addr)
+	}
+	logf, err := os.OpenFile(s.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return "", err
+		return err
 	}
-	line = strings.TrimRight(line, "\r\n")
-	if line == "" {
-		return "", fmt.Errorf("redistest: empty reply line")
+	logStart, _ := logf.Seek(0, io.SeekEnd)
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.Dir = s.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	err = cmd.Start()
+	logf.Close() // the child has its own descriptor
+	if err != nil {
+		return fmt.Errorf("cannot start redis-server %s: %w", s.Addr, err)
 	}
-	switch line[0] {
-	case '+', ':':
-		return line[1:], nil
-	case '-':
-		return "", fmt.Errorf("redis: %s", line[1:])
-	case '$':
-		n, _ := strconv.Atoi(line[1:])
-		if n < 0 {
-			return "", nil
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func(done chan struct{}) { cmd.Wait(); close(done) }(s.done)
+
+	err = pollUntil(readyTimeout, func() error {
+		if !s.running() {
+			return fmt.Errorf("%w (%v)", errExited, cmd.ProcessState)
 		}
-		buf := make([]byte, n+2)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return "", err
+		reply, err := call(s.Addr, pollTimeout, "PING")
+		if err != nil {
+			return err
 		}
-		return string(buf[:n]), nil
-	case '*':
-		n, _ := strconv.Atoi(line[1:])
-		parts := make([]string, 0, max(n, 0))
-		for range n {
-			p, err := readReply(r)
-			if err != nil {
-				return "", err
-			}
-			parts = append(parts, p)
+		if reply != "PONG" {
+			return fmt.Errorf("PING replied %q", reply)
 		}
-		return strings.Join(parts, "\n"), nil
+		return nil
+	})
+	if err == nil {
+		return nil
 	}
-	return "", fmt.Errorf("redistest: unexpected reply %q", line)
+	s.Kill()
+	if b, _ := os.ReadFile(s.logPath()); int64(len(b)) > logStart &&
+		strings.Contains(string(b[logStart:]), "Address already in use") {
+		err = fmt.Errorf("%w: %w", errPortTaken, err)
+	}
+	return fmt.Errorf("redis-server %s did not answer PING: %w%s", s.Addr, err, s.logTail())
+}
+
+func (s *Server) logPath() string { return filepath.Join(s.Dir, logName) }
+
+// logTail returns the last lines of the server's log, headed by its path,
+// for failure messages.
+func (s *Server) logTail() string {
+	b, err := os.ReadFile(s.logPath())
+	if err != nil {
+		return fmt.Sprintf("\n--- %s: %v", s.logPath(), err)
+	}
+	return fmt.Sprintf("\n--- %s (%s), last lines:\n%s", s.logPath(), s.Addr, tail(string(b), tailLines))
+}
+
+// tail returns the last n lines of text.
+func tail(text string, n int) string {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
 // FreePort returns a loopback TCP port that is free now, and whose
@@ -154,15 +212,23 @@ func readReply(r *bufio.Reader) (string, error) {
 // bus port at port+10000).
 func FreePort(t testing.TB, offset int) int {
 	t.Helper()
+	port, err := freePort(offset)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return port
+}
+
+func freePort(offset int) (int, error) {
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatalf("redistest: %v", err)
+			return 0, err
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
 		if offset == 0 {
-			return port
+			return port, nil
 		}
 		if port+offset > 65535 {
 			continue
@@ -170,22 +236,50 @@ func FreePort(t testing.TB, offset int) int {
 		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+offset))
 		if err == nil {
 			l2.Close()
-			return port
+			return port, nil
 		}
 	}
-	t.Fatalf("redistest: no free port pair found")
-	return 0
+	return 0, fmt.Errorf("no free port with a free port+%d found", offset)
 }
 
 // WaitFor polls cond until it holds, failing t with what after
 // readyTimeout.
 func WaitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(readyTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("redistest: gave up after %s waiting for: %s", readyTimeout, what)
+	poll(t, what, func() error {
+		if !cond() {
+			return errors.New("condition not met")
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+}
+
+// poll calls check until it returns nil, failing t after readyTimeout with
+// what, check's last error and the tail of each of logs.
+func poll(t testing.TB, what string, check func() error, logs ...*Server) {
+	t.Helper()
+	if err := pollUntil(readyTimeout, check); err != nil {
+		var b strings.Builder
+		for _, s := range logs {
+			b.WriteString(s.logTail())
+		}
+		t.Fatalf("redistest: waiting for %s: %v%s", what, err, b.String())
+	}
+}
+
+// pollUntil calls check every pollInterval until it returns nil, and
+// returns its last error, annotated, once timeout has passed or when the
+// error is errExited, which waiting cannot fix.
+func pollUntil(timeout time.Duration, check func() error) error {
+	start := time.Now()
+	for {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, errExited) || time.Since(start) > timeout {
+			return fmt.Errorf("gave up after %s: %w", time.Since(start).Round(time.Millisecond), err)
+		}
+		time.Sleep(pollInterval)
 	}
 }

@@ -1,6 +1,12 @@
 package redistest
 
-import "testing"
+import (
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+)
 
 func TestStandaloneStartKillRestart(t *testing.T) {
 	s := Standalone(t)
@@ -17,5 +23,40 @@ func TestStandaloneStartKillRestart(t *testing.T) {
 	s.Start(t)
 	if v, err := Do(s.Addr, "GET", "k"); err != nil || v != "" {
 		t.Fatalf("restarted server kept data: %q, %v", v, err)
+	}
+}
+
+// TestStartFailureQuotesLog checks that a server that exits at start-up
+// fails at once with the tail of its log, and that a taken port is told
+// apart (spawn retries those with another port).
+func TestStartFailureQuotesLog(t *testing.T) {
+	port := FreePort(t, 0)
+	s := &Server{Dir: t.TempDir(), Port: port, Addr: "127.0.0.1:" + strconv.Itoa(port),
+		args: []string{"--port", strconv.Itoa(port), "--no-such-directive", "1"}}
+	t.Cleanup(s.Kill)
+	err := s.start()
+	if err == nil || errors.Is(err, errPortTaken) || !strings.Contains(err.Error(), "no-such-directive") {
+		t.Errorf("bad directive: start() = %v; want the log quoted", err)
+	}
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() { // answer nothing: close every connection at once
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	port = l.Addr().(*net.TCPAddr).Port
+	s.Port, s.Addr = port, l.Addr().String()
+	s.args = []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", ""}
+	if err := s.start(); !errors.Is(err, errPortTaken) {
+		t.Errorf("taken port: start() = %v; want errPortTaken", err)
 	}
 }
