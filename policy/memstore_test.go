@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/wire"
@@ -198,4 +199,65 @@ func BenchmarkCheckParallel(b *testing.B) {
 			p.Check(context.Background(), now, req, 1, false, &sc)
 		}
 	})
+}
+
+// TestLongestRetryAfter: when a short limit denies while a longer one is
+// used up too, the answer carries the longer wait, not one that would only
+// be refused again.
+func TestLongestRetryAfter(t *testing.T) {
+	p := newPolicy(t, `
+[[rule]]
+name = "per-second"
+by = ["ip"]
+algorithm = "fixed_window"
+limit = 2
+period = "1s"
+[[rule]]
+name = "per-hour"
+by = ["ip"]
+algorithm = "fixed_window"
+limit = 2
+period = "1h"
+`, memstore.New(memstore.Options{}))
+	t0 := time.Unix(1_800_000_000, 0)
+	ctx := context.Background()
+	for range 2 {
+		require.True(t, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status.Allowed())
+	}
+	d := p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
+	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, "per-hour", d.Rule)
+	assert.Equal(t, time.Hour, d.Result.RetryAfter)
+}
+
+// TestShadowTakesAreRefunded: a shadow rule's take is given back when an
+// enforcing rule denies, like any other take.
+func TestShadowTakesAreRefunded(t *testing.T) {
+	st := memstore.New(memstore.Options{})
+	p := newPolicy(t, `
+[[rule]]
+name = "observe"
+by = ["ip"]
+algorithm = "fixed_window"
+limit = 100
+period = "1m"
+shadow = true
+[[rule]]
+name = "enforce"
+by = ["ip"]
+algorithm = "fixed_window"
+limit = 1
+period = "1m"
+`, st)
+	t0 := time.Unix(1_800_000_000, 0)
+	ctx := context.Background()
+	require.True(t, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status.Allowed())
+	for range 5 {
+		require.Equal(t, wire.StatusLimited, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status)
+	}
+	res, err := st.Take(ctx, []byte(key("observe", "1")), algo.Params{Kind: algo.FixedWindow, Limit: 100, Period: time.Minute}, 1, t0, true)
+	require.NoError(t, err)
+	// 100 - 1 admitted - 1 for the peek's own cost: the five denied checks
+	// left nothing behind.
+	assert.Equal(t, int64(98), res.Remaining, "only the admitted request counts against the shadow rule")
 }

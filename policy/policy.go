@@ -111,6 +111,7 @@ type taken struct {
 	rule, tier int32 // indexes in Policy.rules and rule.tiers (-1: base)
 	start, end int32 // the key is keys[start:end]
 	res        algo.Result
+	shadow     bool // a shadow rule's take: refunded, never reported
 }
 
 // New compiles cfg, which Load or Parse has validated, into a Policy that
@@ -260,8 +261,12 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 				r.m.inc(decError)
 			} else if !res.Allowed {
 				r.m.inc(decShadowLimited)
+			} else {
+				// Refunded with the others when a rule denies, so that
+				// shadow counts show what enforcing the rule would do.
+				sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res, shadow: true})
 			}
-			continue // never denies, refunds or decides
+			continue // never denies or decides
 		case err != nil:
 			p.refund(ctx, now, cost, peek, sc)
 			return p.storeFailed(r, params, err)
@@ -275,25 +280,53 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 			}
 		case !res.Allowed:
 			p.refund(ctx, now, cost, peek, sc)
+			r, res, params = p.longestDenial(ctx, now, descs, cost, i, r, res, params, sc)
 			r.m.inc(decLimited)
 			return Decision{Status: wire.StatusLimited, Rule: r.name, Result: res, Period: params.Period}
 		}
 		sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res})
 	}
 
-	if len(sc.taken) == 0 {
+	var best *taken
+	for i := range sc.taken {
+		t := &sc.taken[i]
+		if !t.shadow && (best == nil || t.res.Remaining < best.res.Remaining) {
+			best = t
+		}
+	}
+	if best == nil {
 		p.noneM.inc(decAllowed)
 		return Decision{Status: wire.StatusAllowed, Rule: RuleNone}
-	}
-	best := &sc.taken[0]
-	for i := 1; i < len(sc.taken); i++ {
-		if sc.taken[i].res.Remaining < best.res.Remaining {
-			best = &sc.taken[i]
-		}
 	}
 	r := &p.rules[best.rule]
 	r.m.inc(decAllowed)
 	return Decision{Status: wire.StatusAllowed, Rule: r.name, Result: best.res, Period: r.paramsAt(int(best.tier)).Period}
+}
+
+// longestDenial returns the denial to report when rule index i (r, with
+// res and params) denied: the applicable non-shadow rule after it whose
+// peek denies with the longest retry-after, if that is longer than r's.
+// Retrying after a shorter one would only be refused again.
+func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, i int,
+	r *rule, res algo.Result, params *algo.Params, sc *Scratch) (*rule, algo.Result, *algo.Params) {
+	for j := i + 1; j < len(p.rules); j++ {
+		o := &p.rules[j]
+		if o.shadow || !o.applies(descs) {
+			continue
+		}
+		start := len(sc.keys)
+		var ok bool
+		if sc.keys, ok = o.appendKey(sc.keys, descs); !ok {
+			sc.keys = sc.keys[:start]
+			continue
+		}
+		op := o.paramsAt(o.tier(descs))
+		ores, err := p.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
+		if err == nil && !ores.Allowed && ores.RetryAfter != algo.Never && ores.RetryAfter > res.RetryAfter {
+			r, res, params = o, ores, op
+		}
+	}
+	return r, res, params
 }
 
 // storeFailed is the one place that decides what a failing store means.
@@ -321,7 +354,11 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek boo
 	for i := range sc.taken {
 		t := &sc.taken[i]
 		params := p.rules[t.rule].paramsAt(int(t.tier))
-		if err := p.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, time.UnixMicro(t.res.At), now); err != nil {
+		takenAt := now
+		if t.res.At != 0 { // a store that does not say when it decided: now
+			takenAt = time.UnixMicro(t.res.At)
+		}
+		if err := p.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, takenAt, now); err != nil {
 			refundErrors.Inc()
 		}
 	}

@@ -67,7 +67,7 @@ func (s *fakeStore) Take(_ context.Context, key []byte, p algo.Params, cost int6
 	if !peek {
 		c.used += cost
 	}
-	return algo.Result{Allowed: true, Limit: capacity, Remaining: capacity - c.used, Reset: reset}, nil
+	return algo.Result{Allowed: true, Limit: capacity, Remaining: capacity - c.used, Reset: reset, At: now.UnixMicro()}, nil
 }
 
 func (s *fakeStore) Refund(_ context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
@@ -464,7 +464,7 @@ period = "1s"
 	d := p.Check(context.Background(), t0, descs("ip=1"), 2, false, nil)
 	assert.Equal(t, wire.StatusAllowed, d.Status)
 	assert.Equal(t, "small-a", d.Rule, "ties go to the first rule")
-	assert.Equal(t, algo.Result{Allowed: true, Limit: 4, Remaining: 2, Reset: time.Minute}, d.Result)
+	assert.Equal(t, algo.Result{Allowed: true, Limit: 4, Remaining: 2, Reset: time.Minute, At: t0.UnixMicro()}, d.Result)
 	assert.Equal(t, time.Minute, d.Period)
 
 	d = p.Check(context.Background(), t0.Add(time.Second), descs("ip=1"), 1, false, nil)

@@ -13,7 +13,9 @@ import (
 type Store interface {
 	// Take decides whether cost units of the limit p are available for key
 	// at now, and consumes them when they are and peek is false. A denied
-	// take consumes nothing. The key bytes are not retained.
+	// take consumes nothing. The key bytes are not retained. The Result's
+	// At is the time the store decided at, on its own clock; a Refund of
+	// this take passes it back.
 	Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error)
 	// Refund gives back cost units that Take admitted for key at takenAt.
 	// It is how a hierarchical check undoes the takes of rules that
