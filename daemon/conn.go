@@ -12,9 +12,13 @@ import (
 	"github.com/rld/rld/wire"
 )
 
-// readBufSize is a connection's read buffer: several frames of the largest
-// size, so a pipelining client is served in large batches.
-const readBufSize = 4 * wire.MaxFrame
+// readBufSize is a connection's read buffer: room for the largest frame
+// and then some, so a pipelining client is served in large batches.
+const readBufSize = 2 * wire.MaxFrame
+
+// outBufSize is the initial size of a connection's answer buffer; it grows
+// to hold the answers of one batch.
+const outBufSize = 8 << 10
 
 // conn serves one client connection. It is owned by one goroutine.
 type conn struct {
@@ -32,10 +36,15 @@ func (d *Daemon) newConn(c *net.UnixConn) *conn {
 		d:   d,
 		c:   c,
 		in:  make([]byte, readBufSize),
-		out: make([]byte, 0, readBufSize),
+		out: make([]byte, 0, outBufSize),
 		req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)},
 	}
 }
+
+// drainGrace is how long a draining connection waits for more bytes
+// before it closes: requests a client wrote before the drain are already
+// in the socket buffer, so they are read and answered.
+const drainGrace = 50 * time.Millisecond
 
 // serve reads frames until the client closes, framing is lost or the
 // daemon drains. Answers are written when no complete frame is left in the
@@ -47,19 +56,27 @@ func (cn *conn) serve(ctx context.Context) {
 	srv := cn.d.cfg().Server
 	readTimeout, idleTimeout := time.Duration(srv.ReadTimeout), time.Duration(srv.IdleTimeout)
 	maxInflight := srv.MaxInflight
+	var partialSince time.Time // when the unfinished frame in in[start:end] began to arrive
+	grace := false             // the read deadline is the drain's grace
 	for {
-		// A frame that has started must finish within readTimeout; an
-		// idle connection may wait idleTimeout (0: forever).
+		// A frame that has started must finish within readTimeout of its
+		// first byte; an idle connection may wait idleTimeout (0: forever).
 		var deadline time.Time
 		switch {
+		case cn.d.draining.Load():
+			deadline, grace = time.Now().Add(drainGrace), true
 		case end > start && readTimeout > 0:
-			deadline = time.Now().Add(readTimeout)
+			deadline = partialSince.Add(readTimeout)
 		case end == start && idleTimeout > 0:
 			deadline = time.Now().Add(idleTimeout)
 		}
-		if err := cn.c.SetReadDeadline(deadline); err != nil || cn.d.draining.Load() {
+		if err := cn.c.SetReadDeadline(deadline); err != nil {
 			return
 		}
+		if !grace && cn.d.draining.Load() {
+			continue // the drain began meanwhile: read with its grace
+		}
+		before := end
 		n, err := cn.c.Read(cn.in[end:])
 		end += n
 		if n > 0 {
@@ -73,6 +90,9 @@ func (cn *conn) serve(ctx context.Context) {
 				return
 			}
 			checkDuration.UpdateDuration(now)
+			if start >= before { // the unfinished frame began in this read
+				partialSince = now
+			}
 			// Move a partial frame to the front of the buffer.
 			if start == end {
 				start, end = 0, 0
@@ -82,8 +102,13 @@ func (cn *conn) serve(ctx context.Context) {
 			}
 		}
 		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) && !cn.d.draining.Load() && end > start {
-				cn.d.log.Debug("closing slow connection", slog.Int("partial_bytes", end-start))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if cn.d.draining.Load() && !grace {
+					continue // woken by the drain: answer what is left
+				}
+				if end > start && !cn.d.draining.Load() {
+					cn.d.log.Debug("closing slow connection", slog.Int("partial_bytes", end-start))
+				}
 			}
 			return
 		}

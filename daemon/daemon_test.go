@@ -474,3 +474,52 @@ func TestHTTPCheck(t *testing.T) {
 	defer resp.Body.Close()
 	assert.Equal(t, 200, resp.StatusCode)
 }
+
+// TestDrainAnswersEverythingSent: requests a client wrote before the drain
+// began are all answered, not only those the daemon had read.
+func TestDrainAnswersEverythingSent(t *testing.T) {
+	s := start(t, testConfig)
+	r := dialRaw(t, s.Socket)
+	const n = 5000
+	var batch []byte
+	for i := range n {
+		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpPing, ID: uint32(i)})
+	}
+	answered := make(chan int)
+	go func() {
+		count := 0
+		for {
+			if _, err := r.read(); err != nil {
+				answered <- count
+				return
+			}
+			count++
+		}
+	}()
+	r.write(batch)
+	require.NoError(t, s.Stop())
+	assert.Equal(t, n, <-answered)
+}
+
+// TestTricklingFrameIsCut: a frame whose bytes trickle in is cut
+// read_timeout after its first byte, however steadily bytes arrive.
+func TestTricklingFrameIsCut(t *testing.T) {
+	s := start(t, testConfig+"\n[server]\nread_timeout = \"300ms\"\n")
+	r := dialRaw(t, s.Socket)
+	f := checkFrame(1, "api_key="+strings.Repeat("k", 200))
+	sent := make(chan int, 1)
+	go func() {
+		i := 0
+		for ; i < len(f); i++ {
+			if _, err := r.c.Write(f[i : i+1]); err != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // the trickle itself, not synchronization
+		}
+		sent <- i
+	}()
+	_, err := r.read()
+	assert.ErrorIs(t, err, io.EOF, "the daemon closes the connection")
+	r.c.Close()
+	assert.Less(t, <-sent, len(f), "closed before the trickling frame was complete")
+}

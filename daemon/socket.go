@@ -57,6 +57,11 @@ func removeStale(path string) error {
 		c.Close()
 		return fmt.Errorf("socket %q: %w", path, ErrSocketInUse)
 	}
+	// Only a refused connect proves nobody listens: a full accept queue
+	// (EAGAIN) or a socket we may not open (EACCES) may hide a live daemon.
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("socket %q exists and cannot be tested (%v); remove it if no rld is running: %w", path, err, ErrSocketInUse)
+	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("cannot remove stale socket %q: %w", path, err)
 	}
