@@ -28,6 +28,11 @@ var ErrClosed = errors.New("rld client: closed")
 // call reconnects.
 var ErrConnLost = errors.New("rld client: connection lost")
 
+// ErrTooLarge is returned, without sending anything, for a request that
+// breaks the protocol's limits: too many descriptors, an empty or too long
+// name, a too long value, or a frame over wire.MaxFrame.
+var ErrTooLarge = errors.New("rld client: request breaks the protocol limits")
+
 // Descriptor is one (name, value) pair of a check, such as
 // {"api_key", "sk_123"}.
 type Descriptor struct {
@@ -136,13 +141,19 @@ func (c *Client) conn(ctx context.Context) (*conn, error) {
 }
 
 func (c *Client) do(ctx context.Context, op wire.Op, descs []Descriptor, cost uint32) (Result, error) {
+	if err := checkLimits(descs); err != nil {
+		return Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Result{}, err // do not spend quota on a call nobody waits for
+	}
 	cn, err := c.conn(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	id := c.nextID.Add(1)
 	ch := make(chan answer, 1)
-	if err := cn.send(id, ch, op, descs, cost); err != nil {
+	if err := cn.send(ctx, id, ch, op, descs, cost); err != nil {
 		return Result{}, err
 	}
 	select {
@@ -153,6 +164,32 @@ func (c *Client) do(ctx context.Context, op wire.Op, descs []Descriptor, cost ui
 		return Result{}, ctx.Err()
 	}
 }
+
+// checkLimits rejects a request the daemon would refuse, so that one bad
+// call does not cost the other calls sharing the connection.
+func checkLimits(descs []Descriptor) error {
+	if len(descs) > wire.MaxDescriptors {
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrTooLarge, len(descs), wire.MaxDescriptors)
+	}
+	size := wire.HeaderSize + 5
+	for _, d := range descs {
+		if len(d.Name) == 0 || len(d.Name) > wire.MaxNameLen {
+			return fmt.Errorf("%w: descriptor name %.20q is empty or longer than %d bytes", ErrTooLarge, d.Name, wire.MaxNameLen)
+		}
+		if len(d.Value) > wire.MaxValueLen {
+			return fmt.Errorf("%w: descriptor %q value longer than %d bytes", ErrTooLarge, d.Name, wire.MaxValueLen)
+		}
+		size += 3 + len(d.Name) + len(d.Value)
+	}
+	if size > wire.MaxFrame {
+		return fmt.Errorf("%w: %d-byte frame, at most %d", ErrTooLarge, size, wire.MaxFrame)
+	}
+	return nil
+}
+
+// writeTimeout bounds a write when the caller's context has no earlier
+// deadline.
+const writeTimeout = 5 * time.Second
 
 type answer struct {
 	res Result
@@ -183,7 +220,7 @@ func (cn *conn) broken() bool {
 // send registers ch for id and writes the request. Writes are grouped: a
 // caller that finds another one writing leaves its request in the buffer
 // for that writer, so concurrent calls share syscalls.
-func (cn *conn) send(id uint32, ch chan answer, op wire.Op, descs []Descriptor, cost uint32) error {
+func (cn *conn) send(ctx context.Context, id uint32, ch chan answer, op wire.Op, descs []Descriptor, cost uint32) error {
 	cn.pmu.Lock()
 	if cn.err != nil {
 		err := cn.err
@@ -205,6 +242,14 @@ func (cn *conn) send(id uint32, ch chan answer, op wire.Op, descs []Descriptor, 
 		return nil
 	}
 	cn.writing = true
+	// A write is bounded by this caller's deadline, or writeTimeout: a
+	// daemon that does not read must not hold callers forever. A write
+	// that times out has lost the framing, so the connection breaks.
+	deadline := time.Now().Add(writeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	_ = cn.nc.SetWriteDeadline(deadline)
 	for len(cn.wbuf) > 0 {
 		buf := cn.wbuf
 		cn.wbuf = cn.spare[:0]

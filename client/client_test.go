@@ -138,3 +138,24 @@ func TestErrors(t *testing.T) {
 	_, err = client.Dial(context.Background(), s.Dir+"/nothing.sock")
 	assert.Error(t, err)
 }
+
+// TestLimitsCheckedBeforeSending: a request the daemon would refuse fails
+// alone, and the calls sharing the connection go on.
+func TestLimitsCheckedBeforeSending(t *testing.T) {
+	s := start(t)
+	c := client.New(s.Socket)
+	defer c.Close()
+	ctx := context.Background()
+	require.NoError(t, c.Ping(ctx))
+	long := string(make([]byte, 300))
+	for _, descs := range [][]client.Descriptor{
+		{{Name: long, Value: "v"}},
+		{{Name: "", Value: "v"}},
+		{{Name: "k", Value: string(make([]byte, wire.MaxValueLen+1))}},
+		make([]client.Descriptor, wire.MaxDescriptors+1),
+	} {
+		_, err := c.Check(ctx, descs, 1)
+		assert.ErrorIs(t, err, client.ErrTooLarge)
+	}
+	require.NoError(t, c.Ping(ctx), "the connection was not broken")
+}
