@@ -41,13 +41,15 @@ var (
 
 // Options configures a Store.
 type Options struct {
-	// MaxKeys bounds the keys held: each shard holds at most
-	// ⌈MaxKeys/Shards⌉. A full shard drops an idle key if it finds one
-	// among its least recently used, and evicts its least recently used
-	// key otherwise. Zero or less means DefaultMaxKeys.
+	// MaxKeys bounds the keys held. Once the store holds MaxKeys keys (or
+	// one shard holds twice its fair share), a new key makes its shard
+	// drop an idle key if it finds one among its least recently used, and
+	// evict its least recently used key otherwise. Concurrent inserts may
+	// overshoot MaxKeys by a few keys. Zero or less means DefaultMaxKeys.
 	MaxKeys int
 	// Shards is the number of lock stripes, rounded up to a power of two
-	// and capped at MaxKeys. Zero or less means DefaultShards.
+	// and lowered until each holds at least 64 keys' fair share. Zero or
+	// less means DefaultShards.
 	Shards int
 }
 
@@ -57,7 +59,8 @@ type Options struct {
 type Store struct {
 	shards   []shard
 	mask     uint64 // len(shards)−1
-	perShard int    // the most entries one shard holds
+	maxKeys  int64  // the store evicts once it holds this many keys
+	perShard int    // the most entries one shard holds: twice its fair share
 	keys     atomic.Int64
 }
 
@@ -89,13 +92,16 @@ func New(o Options) *Store {
 		o.Shards = DefaultShards
 	}
 	n := 1 << bits.Len(uint(min(o.Shards, maxShards)-1))
-	for n > 1 && n > o.MaxKeys {
+	// Few keys, few shards: each shard's fair share stays large enough
+	// that uneven hashing does not fill one shard early.
+	for n > 1 && n*minFairShare > o.MaxKeys {
 		n /= 2
 	}
 	s := &Store{
 		shards:   make([]shard, n),
 		mask:     uint64(n - 1),
-		perShard: (o.MaxKeys + n - 1) / n,
+		maxKeys:  int64(o.MaxKeys),
+		perShard: 2 * ((o.MaxKeys + n - 1) / n),
 	}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]*entry)
@@ -180,9 +186,12 @@ func (s *Store) Refund(_ context.Context, key []byte, p algo.Params, cost int64,
 
 // insert adds key with state st to sh, whose lock the caller holds,
 // making room first if sh is full.
+// minFairShare is the fewest keys per shard that New aims for.
+const minFairShare = 64
+
 func (s *Store) insert(sh *shard, key []byte, kind algo.Kind, st algo.State, idleAt, now int64) {
 	var e *entry
-	if len(sh.m) >= s.perShard {
+	if len(sh.m) > 0 && (s.keys.Load() >= s.maxKeys || len(sh.m) >= s.perShard) {
 		e = sh.victim(now) // reused: the count of keys stays
 	} else {
 		e = new(entry)

@@ -72,11 +72,11 @@ func TestNewOptions(t *testing.T) {
 		o                Options
 		shards, perShard int
 	}{
-		{Options{}, DefaultShards, DefaultMaxKeys/DefaultShards + 1},
-		{Options{MaxKeys: 1000, Shards: 100}, 128, 8},
-		{Options{MaxKeys: 10, Shards: 1}, 1, 10},
-		{Options{MaxKeys: 3}, 2, 2},
-		{Options{MaxKeys: -1, Shards: -1}, DefaultShards, DefaultMaxKeys/DefaultShards + 1},
+		{Options{}, DefaultShards, 2 * (DefaultMaxKeys/DefaultShards + 1)},
+		{Options{MaxKeys: 1000, Shards: 100}, 8, 250},
+		{Options{MaxKeys: 10, Shards: 1}, 1, 20},
+		{Options{MaxKeys: 3}, 1, 6},
+		{Options{MaxKeys: -1, Shards: -1}, DefaultShards, 2 * (DefaultMaxKeys/DefaultShards + 1)},
 	}
 	for _, tt := range tests {
 		s := New(tt.o)
@@ -458,4 +458,29 @@ func BenchmarkBytesPerKey(b *testing.B) {
 		runtime.KeepAlive(s)
 	}
 	b.ReportMetric(perKey, "bytes/key")
+}
+
+// TestNoEvictionBelowMaxKeys: uneven hashing must not evict live keys
+// while the store as a whole is below MaxKeys.
+func TestNoEvictionBelowMaxKeys(t *testing.T) {
+	for _, maxKeys := range []int{1000, 10000} {
+		s := New(Options{MaxKeys: maxKeys})
+		p := algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: time.Hour}
+		now := time.Unix(1_800_000_000, 0)
+		live := maxKeys * 8 / 10
+		for i := range live {
+			if _, err := s.Take(context.Background(), []byte(fmt.Sprintf("key-%d", i)), p, 1, now, false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s.Len() != live {
+			t.Errorf("MaxKeys %d: holds %d of %d live keys", maxKeys, s.Len(), live)
+		}
+		for i := range live {
+			r, _ := s.Take(context.Background(), []byte(fmt.Sprintf("key-%d", i)), p, 1, now, true)
+			if r.Remaining != 8 { // 10 - 1 taken - 1 peeked: the key kept its state
+				t.Fatalf("MaxKeys %d: key-%d lost its state (remaining %d)", maxKeys, i, r.Remaining)
+			}
+		}
+	}
 }
