@@ -35,6 +35,28 @@ const (
 
 	DefaultMaxKeys       = 1_000_000
 	DefaultSweepInterval = 10 * time.Second
+
+	DefaultRedisMode    = RedisStandalone
+	DefaultKeyPrefix    = "rld:"
+	DefaultRedisTimeout = 5 * time.Millisecond
+)
+
+// MaxKeyPrefix is the longest store.key_prefix, in bytes.
+const MaxKeyPrefix = 64
+
+// RedisMode says how rld reaches Redis: store.mode.
+type RedisMode string
+
+// Redis modes.
+const (
+	// RedisStandalone is one Redis server: store.redis holds its address.
+	RedisStandalone RedisMode = "standalone"
+	// RedisSentinel finds the primary through Sentinel: store.redis holds
+	// the sentinels' addresses and store.master_set names the primary.
+	RedisSentinel RedisMode = "sentinel"
+	// RedisCluster is a Redis Cluster: store.redis holds one or more seed
+	// nodes.
+	RedisCluster RedisMode = "cluster"
 )
 
 // Defaults of a [[rule]]. The default mode depends on the algorithm:
@@ -124,12 +146,54 @@ type Server struct {
 	LogFormat string `toml:"log_format"`
 }
 
-// Store is the [store] table: the embedded store's bounds.
+// Store is the [store] table: the embedded store's bounds, or the Redis
+// that the daemons of a fleet share.
 type Store struct {
-	// MaxKeys bounds the number of counter keys held.
+	// MaxKeys bounds the number of counter keys held by the embedded
+	// store.
 	MaxKeys int `toml:"max_keys"`
-	// SweepInterval is how often idle keys are evicted.
+	// SweepInterval is how often the embedded store evicts idle keys.
 	SweepInterval Duration `toml:"sweep_interval"`
+
+	// Redis lists host:port addresses; empty means the embedded store.
+	// Standalone takes one address, sentinel the sentinels, cluster one
+	// or more seed nodes.
+	Redis []string `toml:"redis"`
+	// Mode is standalone, sentinel or cluster.
+	Mode RedisMode `toml:"mode"`
+	// MasterSet is the name the sentinels know the primary by (sentinel
+	// mode only, and required there).
+	MasterSet string `toml:"master_set"`
+	// Username is the Redis ACL user; "" means the default user.
+	Username string `toml:"username"`
+	// Password authenticates to Redis (not to the sentinels). At most one
+	// of Password and PasswordFile may be set.
+	Password string `toml:"password"`
+	// PasswordFile names a file holding the password; a trailing newline
+	// is ignored. It is read when the daemon starts.
+	PasswordFile string `toml:"password_file"`
+	// KeyPrefix starts every Redis key rld writes.
+	KeyPrefix string `toml:"key_prefix"`
+	// Timeout bounds every Redis call: a check never waits longer on
+	// Redis.
+	Timeout Duration `toml:"timeout"`
+}
+
+// UsesRedis reports whether the store is Redis rather than the embedded
+// store.
+func (s *Store) UsesRedis() bool { return len(s.Redis) > 0 }
+
+// RedisPassword returns Password, or the content of PasswordFile without
+// its trailing newline.
+func (s *Store) RedisPassword() (string, error) {
+	if s.PasswordFile == "" {
+		return s.Password, nil
+	}
+	b, err := os.ReadFile(s.PasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("cannot read store.password_file=%q: %w", s.PasswordFile, err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
 }
 
 // Rule is one [[rule]].
@@ -180,6 +244,9 @@ func Default() *Config {
 		Store: Store{
 			MaxKeys:       DefaultMaxKeys,
 			SweepInterval: Duration(DefaultSweepInterval),
+			Mode:          DefaultRedisMode,
+			KeyPrefix:     DefaultKeyPrefix,
+			Timeout:       Duration(DefaultRedisTimeout),
 		},
 	}
 }

@@ -67,6 +67,42 @@ period = "1s"
 	assert.Equal(t, 30*time.Second, time.Duration(c.Server.ReadTimeout))
 }
 
+func TestRedisStore(t *testing.T) {
+	c, err := Parse([]byte(`
+[store]
+redis = ["10.0.0.1:26379", "10.0.0.2:26379", "[::1]:26379"]
+mode = "sentinel"
+master_set = "mymaster"
+username = "rld"
+password = "secret"
+key_prefix = "limits:"
+timeout = "20ms"
+`), "x.toml")
+	require.NoError(t, err)
+	assert.True(t, c.Store.UsesRedis())
+	assert.Equal(t, RedisSentinel, c.Store.Mode)
+	assert.Equal(t, "mymaster", c.Store.MasterSet)
+	assert.Equal(t, "limits:", c.Store.KeyPrefix)
+	assert.Equal(t, 20*time.Millisecond, time.Duration(c.Store.Timeout))
+	pw, err := c.Store.RedisPassword()
+	require.NoError(t, err)
+	assert.Equal(t, "secret", pw)
+
+	d := Default()
+	assert.False(t, d.Store.UsesRedis(), "no redis: the embedded store")
+	assert.Equal(t, RedisStandalone, d.Store.Mode)
+	assert.Equal(t, "rld:", d.Store.KeyPrefix)
+	assert.Equal(t, 5*time.Millisecond, time.Duration(d.Store.Timeout))
+
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	require.NoError(t, os.WriteFile(pwFile, []byte("from-file\n"), 0o600))
+	c, err = Parse([]byte("[store]\nredis = [\"127.0.0.1:6379\"]\nmode = \"cluster\"\npassword_file = \""+pwFile+"\"\n"), "x.toml")
+	require.NoError(t, err)
+	pw, err = c.Store.RedisPassword()
+	require.NoError(t, err)
+	assert.Equal(t, "from-file", pw, "trailing newline dropped")
+}
+
 func TestExplicitEmptyHTTPDisables(t *testing.T) {
 	c, err := Parse([]byte("[server]\nhttp = \"\"\nsocket_mode = \"0600\"\nlog_level = \"debug\"\n"), "x.toml")
 	require.NoError(t, err)
@@ -121,6 +157,18 @@ func TestInvalid(t *testing.T) {
 				`server.log_level = "loud"`, `server.log_format = "xml"`}},
 		{"socket mode too wide", "[server]\nsocket_mode = \"01777\"\n", []string{`server.socket_mode = "01777": above 0777`}},
 		{"store", "[store]\nmax_keys = 0\nsweep_interval = \"0s\"\n", []string{`store.max_keys = 0: must be positive`, `store.sweep_interval = "0s": must be positive`}},
+		{"redis", "[store]\nredis = [\"nohost\", \"h:0\", \"h:99999\"]\nmode = \"ring\"\nmaster_set = \"m\"\npassword = \"p\"\npassword_file = \"/nonexistent/pw\"\nkey_prefix = \"rld:{x}\"\ntimeout = \"0s\"\n",
+			[]string{`store.redis[0] = "nohost": not host:port`, `store.redis[1] = "h:0": port "0" is not 1 to 65535`,
+				`store.redis[2] = "h:99999": port "99999"`, `store.mode = "ring": want standalone, sentinel or cluster`,
+				`store.master_set = "m": only for mode = "sentinel", not "ring"`,
+				`store.password_file = "/nonexistent/pw": set either password or password_file, not both`,
+				`store.password_file = "/nonexistent/pw": open /nonexistent/pw: no such file or directory`,
+				`store.key_prefix = "rld:{x}": must not contain { or }`, `store.timeout = "0s": must be positive`}},
+		{"redis standalone takes one address", "[store]\nredis = [\"a:1\", \"b:2\"]\n",
+			[]string{`store.redis has 2 addresses: standalone mode takes one`}},
+		{"sentinel needs master_set", "[store]\nredis = [\"a:1\"]\nmode = \"sentinel\"\n",
+			[]string{`store.master_set = "": required with mode = "sentinel"`}},
+		{"long key prefix", "[store]\nkey_prefix = \"" + strings.Repeat("p", 65) + "\"\n", []string{`longer than 64 bytes`}},
 		{"unknown key", "[server]\nsocket = \"/tmp/s\"\nsokcet_mode = \"0600\"\n", []string{`x.toml:3: unknown key "server.sokcet_mode"`}},
 		{"unknown rule key", rule + "limt = 3\n", []string{`x.toml:6: unknown key "rule.limt"`}},
 		{"unknown table", "[servr]\nsocket = \"x\"\n", []string{`x.toml:1: unknown key "servr"`}},

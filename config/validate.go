@@ -100,6 +100,46 @@ func (s *Store) validate(p *problems) {
 	if s.SweepInterval <= 0 {
 		p.add("store.sweep_interval = %q: must be positive", s.SweepInterval)
 	}
+	for i, addr := range s.Redis {
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			p.add("store.redis[%d] = %q: not host:port: %v", i, addr, err)
+		} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			p.add("store.redis[%d] = %q: port %q is not 1 to 65535", i, addr, port)
+		}
+	}
+	switch s.Mode {
+	case RedisStandalone:
+		if len(s.Redis) > 1 {
+			p.add("store.redis has %d addresses: standalone mode takes one (use mode = \"cluster\" or \"sentinel\" for several)", len(s.Redis))
+		}
+	case RedisSentinel:
+		if s.MasterSet == "" {
+			p.add(`store.master_set = "": required with mode = "sentinel"`)
+		}
+	case RedisCluster:
+	default:
+		p.add("store.mode = %q: want standalone, sentinel or cluster", s.Mode)
+	}
+	if s.MasterSet != "" && s.Mode != RedisSentinel {
+		p.add("store.master_set = %q: only for mode = \"sentinel\", not %q", s.MasterSet, s.Mode)
+	}
+	if s.Password != "" && s.PasswordFile != "" {
+		p.add("store.password_file = %q: set either password or password_file, not both", s.PasswordFile)
+	}
+	if s.PasswordFile != "" {
+		if _, err := s.RedisPassword(); err != nil {
+			p.add("store.password_file = %q: %v", s.PasswordFile, errors.Unwrap(err))
+		}
+	}
+	if strings.ContainsAny(s.KeyPrefix, "{}") {
+		p.add("store.key_prefix = %q: must not contain { or } (rld puts each counter key in a {hash tag})", s.KeyPrefix)
+	}
+	if len(s.KeyPrefix) > MaxKeyPrefix {
+		p.add("store.key_prefix = %q: longer than %d bytes", s.KeyPrefix, MaxKeyPrefix)
+	}
+	if s.Timeout <= 0 {
+		p.add("store.timeout = %q: must be positive", s.Timeout)
+	}
 }
 
 func (r *Rule) validate(p *problems, i int) {

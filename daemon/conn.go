@@ -57,14 +57,15 @@ func (cn *conn) serve(ctx context.Context) {
 	readTimeout, idleTimeout := time.Duration(srv.ReadTimeout), time.Duration(srv.IdleTimeout)
 	maxInflight := srv.MaxInflight
 	var partialSince time.Time // when the unfinished frame in in[start:end] began to arrive
-	grace := false             // the read deadline is the drain's grace
+	var graceUntil time.Time   // while draining: the end of the grace
 	for {
 		// A frame that has started must finish within readTimeout of its
 		// first byte; an idle connection may wait idleTimeout (0: forever).
 		var deadline time.Time
 		switch {
 		case cn.d.draining.Load():
-			deadline, grace = time.Now().Add(drainGrace), true
+			graceUntil = time.Now().Add(drainGrace)
+			deadline = graceUntil
 		case end > start && readTimeout > 0:
 			deadline = partialSince.Add(readTimeout)
 		case end == start && idleTimeout > 0:
@@ -73,7 +74,7 @@ func (cn *conn) serve(ctx context.Context) {
 		if err := cn.c.SetReadDeadline(deadline); err != nil {
 			return
 		}
-		if !grace && cn.d.draining.Load() {
+		if graceUntil.IsZero() && cn.d.draining.Load() {
 			continue // the drain began meanwhile: read with its grace
 		}
 		before := end
@@ -103,8 +104,10 @@ func (cn *conn) serve(ctx context.Context) {
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				if cn.d.draining.Load() && !grace {
-					continue // woken by the drain: answer what is left
+				// Woken by the drain's own deadline, which may land
+				// after the grace was set: answer what is left.
+				if cn.d.draining.Load() && (graceUntil.IsZero() || time.Now().Before(graceUntil)) {
+					continue
 				}
 				if end > start && !cn.d.draining.Load() {
 					cn.d.log.Debug("closing slow connection", slog.Int("partial_bytes", end-start))

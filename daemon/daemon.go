@@ -11,10 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -22,6 +20,8 @@ import (
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
+	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/wire"
 )
 
 // Options are the command line's overrides of the configuration file.
@@ -35,15 +35,19 @@ type Options struct {
 	// Logger receives the daemon's logs; nil means one built from the
 	// configuration's log_level and log_format on stderr.
 	Logger *slog.Logger
-	// HandleSignals makes Run reload the configuration on SIGHUP.
-	HandleSignals bool
+	// Reload, when set, makes Run reload the configuration for every value
+	// received. The command line registers SIGHUP on it before the first
+	// load, so a reload sent during start-up is not fatal.
+	Reload <-chan os.Signal
 }
 
 // Daemon is one rld process's server. Create it with New, then call Run.
 type Daemon struct {
 	opts  Options
 	log   *slog.Logger
-	store *memstore.Store
+	store policy.Store
+	mem   *memstore.Store // the embedded store; nil with Redis
+	redis *redisx.Client  // nil without Redis
 
 	conf   atomic.Pointer[config.Config]
 	policy atomic.Pointer[policy.Policy]
@@ -85,18 +89,94 @@ func New(opts Options) (*Daemon, error) {
 	d := &Daemon{
 		opts:       opts,
 		log:        log,
-		store:      memstore.New(memstore.Options{MaxKeys: cfg.Store.MaxKeys}),
 		ready:      make(chan struct{}),
 		conns:      make(map[*net.UnixConn]struct{}),
 		lastConfig: data,
 	}
+	if err := d.openStore(&cfg.Store); err != nil {
+		return nil, err
+	}
 	p, err := policy.New(cfg, d.store)
 	if err != nil {
+		d.closeStore()
 		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
 	}
 	d.conf.Store(cfg)
 	d.policy.Store(p)
 	return d, nil
+}
+
+// redisStartTimeout bounds how long New waits for Redis to answer before
+// starting without it.
+const redisStartTimeout = time.Second
+
+// openStore creates the store that [store] describes: the embedded store,
+// or the Redis store when store.redis lists addresses.
+//
+// A Redis that cannot be reached does not stop the daemon from starting:
+// it starts, logs a warning, answers checks as its store failure policy
+// says while Redis is down, and uses Redis as soon as it answers. A daemon
+// that refused to start would leave its host's clients with no answers
+// at all, for an outage that may be over in seconds. A configuration that
+// Redis rejects (a wrong password) does stop it: waiting will not help.
+func (d *Daemon) openStore(sc *config.Store) error {
+	if !sc.UsesRedis() {
+		d.mem = memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
+		d.store = d.mem
+		return nil
+	}
+	password, err := sc.RedisPassword()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), redisStartTimeout)
+	defer cancel()
+	c, err := redisx.New(ctx, redisx.Options{
+		Addrs:     sc.Redis,
+		Mode:      redisx.Mode(sc.Mode),
+		MasterSet: sc.MasterSet,
+		Username:  sc.Username,
+		Password:  password,
+		KeyPrefix: sc.KeyPrefix,
+		Timeout:   time.Duration(sc.Timeout),
+	})
+	if err != nil {
+		return fmt.Errorf("cannot use store.redis: %w", err)
+	}
+	// Ping until the start-up timeout, not just once: a first
+	// connection can take longer than one call may.
+	if err := pingUntil(ctx, c); err != nil {
+		d.log.Warn("redis does not answer; starting anyway: checks that need it fail until it does",
+			slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)), slog.Any("error", err))
+	} else {
+		d.log.Info("using redis", slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)))
+	}
+	d.redis = c
+	d.store = redisx.NewStore(c)
+	return nil
+}
+
+// pingUntil pings c until it answers or ctx is done, and returns the last
+// error.
+func pingUntil(ctx context.Context, c *redisx.Client) error {
+	for {
+		err := c.Ping(ctx)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// closeStore closes the Redis client, if there is one.
+func (d *Daemon) closeStore() {
+	if d.redis != nil {
+		d.redis.Close()
+	}
 }
 
 func applyOverrides(cfg *config.Config, opts Options) {
@@ -185,12 +265,8 @@ func (d *Daemon) Reload() error {
 // stops accepting, answers what it has read, removes the socket and
 // returns. It returns an error only when it could not start.
 func (d *Daemon) Run(ctx context.Context) error {
-	var hup chan os.Signal
-	if d.opts.HandleSignals {
-		hup = make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-	}
+	defer d.closeStore()
+	hup := d.opts.Reload
 	srv := d.cfg().Server
 	ln, err := activatedListener()
 	if err != nil {
@@ -220,12 +296,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	defer stopSweep()
-	go d.store.Run(sweepCtx, time.Duration(d.cfg().Store.SweepInterval))
+	if d.mem != nil {
+		go d.mem.Run(sweepCtx, time.Duration(d.cfg().Store.SweepInterval))
+	}
 
+	// Checks run on connCtx, which outlives ctx until the drain is done:
+	// a request read before the shutdown is answered, not cancelled.
+	connCtx, cancelConns := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelConns()
 	acceptDone := make(chan struct{})
 	go func() {
 		defer close(acceptDone)
-		d.accept(ctx)
+		d.accept(connCtx)
 	}()
 	close(d.ready)
 	if err := sdNotify("READY=1"); err != nil {
@@ -264,7 +346,7 @@ func (d *Daemon) accept(ctx context.Context) {
 			d.nconns.Add(-1)
 			connsRejected.Inc()
 			d.log.Warn("too many connections; rejecting one", slog.Int64("max_connections", maxConns))
-			c.Close()
+			rejectOverloaded(c)
 			continue
 		}
 		d.connsMu.Lock()
@@ -284,6 +366,15 @@ func (d *Daemon) accept(ctx context.Context) {
 			d.newConn(c).serve(ctx)
 		}()
 	}
+}
+
+// rejectOverloaded tells a connection over max_connections why it is
+// closed, then closes it.
+func rejectOverloaded(c *net.UnixConn) {
+	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	_, _ = c.Write(wire.AppendResponse(nil, &wire.Response{Status: wire.StatusError,
+		Code: wire.CodeOverloaded, Message: []byte("too many connections")}))
+	c.Close()
 }
 
 // shutdown stops accepting, lets every connection answer what it has read,

@@ -298,13 +298,14 @@ func TestMaxConnections(t *testing.T) {
 	a.ping(1)
 	b.ping(1)
 	c := dialRaw(t, s.Socket)
-	// The daemon closes a connection over the limit at once: the write
-	// or the read fails, depending on who is first.
-	_, err := c.c.Write(wire.AppendRequest(nil, &wire.Request{Op: wire.OpPing, ID: 1}))
-	if err == nil {
-		_, err = c.read()
-	}
-	assert.Error(t, err, "a third connection is refused")
+	// The daemon answers a connection over the limit with "overloaded"
+	// and closes it.
+	res, err := c.read()
+	require.NoError(t, err)
+	assert.Equal(t, wire.StatusError, res.Status)
+	assert.Equal(t, wire.CodeOverloaded, res.Code)
+	_, err = c.read()
+	assert.ErrorIs(t, err, io.EOF, "a third connection is refused")
 	a.c.Close()
 	// The slot frees once the daemon sees the close: poll for it.
 	require.Eventually(t, func() bool {

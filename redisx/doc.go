@@ -1,6 +1,13 @@
-// Package redisx is rld's Redis client (standalone, Sentinel, Cluster): it
-// loads the scripts of package lua, runs them with EVALSHA, and guards Redis
-// with a circuit breaker.
+// Package redisx is rld's Redis client (standalone, Sentinel, Cluster) and
+// the Redis Store: it runs the scripts of package lua with EVALSHA, one key
+// per call, under a short deadline.
 //
-// The Redis issue fills this package.
+// A Client wraps a rueidis client configured to fail fast: no client-side
+// cache, no retries, short dial and write timeouts, and a deadline on every
+// call. Concurrent calls share connections (rueidis auto-pipelining), so a
+// strict check costs one pipelined round trip.
+//
+// A Store implements policy.Store on a Client: every algorithm of package
+// algo, decided atomically in Redis on Redis's clock, with the same answers
+// as the embedded store.
 package redisx

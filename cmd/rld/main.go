@@ -99,7 +99,7 @@ func serve(args []string, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return exitError
 	}
-	opts := daemon.Options{ConfigPath: *cfgPath, Socket: *socket, HandleSignals: true}
+	opts := daemon.Options{ConfigPath: *cfgPath, Socket: *socket}
 	if *httpAddr != "" {
 		a := *httpAddr
 		if a == "off" {
@@ -109,6 +109,10 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	// Catch SIGHUP before the first load, so a reload sent during start-up
 	// is not fatal.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	opts.Reload = hup
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	d, err := daemon.New(opts)

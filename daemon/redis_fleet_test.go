@@ -1,0 +1,314 @@
+package daemon_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/wire"
+)
+
+// fleetKinds are the algorithms the fleet tests run, each under a rule
+// named after it.
+var fleetKinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.SlidingLog, algo.SlidingCounter, algo.FixedWindow}
+
+// fleetPeriod is every fleet rule's period: the test runs fleetWindows of
+// them, starting on an epoch-aligned window boundary.
+const (
+	fleetPeriod  = 500 * time.Millisecond
+	fleetWindows = 6
+	// fleetOverload is how many times its limit each key is offered.
+	fleetOverload = 5
+	// fleetClients is how many client connections per daemon hammer
+	// each key: the daemon answers a connection's requests in order.
+	fleetClients = 4
+	// fleetTimeout is store.timeout of the fleet's daemons: generous, so
+	// that a loaded two-core machine running -race causes no errors.
+	fleetTimeout = "250ms"
+)
+
+// fleetConfig returns rld.toml for a fleet daemon: one strict rule per
+// algorithm, selected by the descriptor alg, counting by api_key; and two
+// hierarchical rules for alg=hier, per api_key and per tenant.
+func fleetConfig(store string, limit int64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[server]\nmax_connections = 1000\n\n[store]\n%s\ntimeout = %q\n", store, fleetTimeout)
+	for _, k := range fleetKinds {
+		fmt.Fprintf(&b, "\n[[rule]]\nname = %q\nmatch = { alg = %q }\nby = [\"api_key\"]\nalgorithm = %q\nlimit = %d\nperiod = %q\nmode = \"strict\"\n",
+			k.String(), k.String(), k.String(), limit, fleetPeriod.String())
+	}
+	b.WriteString(hierRules)
+	return b.String()
+}
+
+// hierRules: a request with alg=hier takes from its api_key's counter,
+// then from its tenant's, whose limit depends on the tier.
+const hierRules = `
+[[rule]]
+name = "hier-key"
+match = { alg = "hier" }
+by = ["api_key"]
+limit = 100
+period = "1h"
+mode = "strict"
+
+[[rule]]
+name = "hier-tenant"
+match = { alg = "hier" }
+by = ["tenant"]
+tiers = { small = 1, big = 1000 }
+period = "1h"
+mode = "strict"
+`
+
+// counterKey is the counter key policy builds for rule name and one by
+// value: the name, a zero byte, the uvarint length of the value, the
+// value.
+func counterKey(rule, value string) []byte {
+	k := append([]byte(rule), 0)
+	k = binary.AppendUvarint(k, uint64(len(value)))
+	return append(k, value...)
+}
+
+// fleetKey is one key the fleet hammers, and what happened to it.
+type fleetKey struct {
+	kind   algo.Kind
+	apiKey string
+
+	sent, admitted, limited, errs atomic.Int64
+	firstErr                      atomic.Pointer[string]
+	first, last                   atomic.Int64 // unix µs: first send, last answer
+}
+
+// bound is the most the algorithm may admit for a fresh key between the
+// first request sent at first and the last answer received at last (unix
+// µs; Redis's clock is this host's). Every admission happened in Redis
+// between the two.
+func (k *fleetKey) bound(p algo.Params) int64 {
+	first, last := k.first.Load(), k.last.Load()
+	per := p.PeriodMicros()
+	switch p.Kind {
+	case algo.TokenBucket:
+		// admitted×P ≤ C×P + elapsed×L
+		return p.Capacity() + (last-first)*p.Limit/per
+	case algo.GCRA:
+		// admitted×e ≤ C×e + elapsed, e = ⌈P/L⌉
+		e := (per + p.Limit - 1) / p.Limit
+		return p.Capacity() + (last-first)/e
+	case algo.SlidingLog:
+		// At most L in any (t−P, t]: [first, last] is covered by
+		// ⌈(last−first+1)/P⌉ such spans.
+		return p.Limit * ((last - first + per) / per)
+	default:
+		// Fixed window, sliding counter: at most L in each
+		// epoch-aligned window touched (the counter's estimate never
+		// lets a window's own count pass L).
+		return p.Limit * (last/per - first/per + 1)
+	}
+}
+
+// runFleet starts three daemons on store (a [store] body), hammers every
+// key at fleetOverload× its limit from fleetClients connections per
+// daemon, for fleetWindows periods starting on a window boundary, and
+// checks each key's admissions against its algorithm's exact bound.
+func runFleet(t *testing.T, store string, limit int64, keys []*fleetKey) []*daemontest.Server {
+	cfg := fleetConfig(store, limit)
+	var fleet []*daemontest.Server
+	for range 3 {
+		s, err := daemontest.Start(cfg)
+		require.NoError(t, err)
+		t.Cleanup(s.Close)
+		fleet = append(fleet, s)
+	}
+	// Warm up every connection (and the script cache) on other keys.
+	type conn struct {
+		c *client.Client
+		k *fleetKey
+	}
+	var conns []conn
+	for _, k := range keys {
+		for _, s := range fleet {
+			for range fleetClients {
+				c := client.New(s.Socket)
+				t.Cleanup(func() { c.Close() })
+				r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "warm-up"}, {Name: "alg", Value: k.kind.String()}}, 1)
+				require.NoError(t, err)
+				require.Equal(t, k.kind.String(), r.Rule, "warm-up: %+v", r)
+				conns = append(conns, conn{c, k})
+			}
+		}
+	}
+
+	// Start just after a window boundary and stop just before the last
+	// window ends, so that every window is hammered from its start to
+	// its end.
+	t0 := time.Now().Truncate(fleetPeriod).Add(fleetPeriod + 2*time.Millisecond)
+	end := t0.Truncate(fleetPeriod).Add(fleetWindows*fleetPeriod - 15*time.Millisecond)
+	perKey := len(fleet) * fleetClients
+	rate := float64(fleetOverload*limit) / fleetPeriod.Seconds() // per key, per second
+	interval := time.Duration(float64(time.Second) * float64(perKey) / rate)
+	var wg sync.WaitGroup
+	for i, cn := range conns {
+		offset := time.Duration(i%perKey) * interval / time.Duration(perKey)
+		descs := []client.Descriptor{{Name: "api_key", Value: cn.k.apiKey}, {Name: "alg", Value: cn.k.kind.String()}}
+		wg.Go(func() {
+			k := cn.k
+			for next := t0.Add(offset); next.Before(end); next = next.Add(interval) {
+				time.Sleep(time.Until(next)) // pacing the load, not synchronising
+				storeMin(&k.first, time.Now().UnixMicro())
+				k.sent.Add(1)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				r, err := cn.c.Check(ctx, descs, 1)
+				cancel()
+				storeMax(&k.last, time.Now().UnixMicro())
+				switch {
+				case err != nil || r.Rule != k.kind.String() || (!r.Allowed() && r.Status != wire.StatusLimited):
+					if k.errs.Add(1) == 1 {
+						msg := fmt.Sprintf("%v %+v", err, r)
+						k.firstErr.Store(&msg)
+					}
+				case r.Allowed():
+					k.admitted.Add(1)
+				default:
+					k.limited.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	byKind := map[algo.Kind][2]int64{} // admitted, bound
+	for _, k := range keys {
+		p := algo.Params{Kind: k.kind, Limit: limit, Period: fleetPeriod}
+		bound := k.bound(p)
+		elapsed := time.Duration(k.last.Load()-k.first.Load()) * time.Microsecond
+		offered := float64(k.sent.Load()) / elapsed.Seconds() / (float64(limit) / fleetPeriod.Seconds())
+		t.Logf("%-15s key %-10s sent %5d (%.1f× the limit) over %v: admitted %4d, bound %4d, ratio %.3f, errors %d",
+			k.kind, k.apiKey, k.sent.Load(), offered, elapsed.Round(time.Millisecond), k.admitted.Load(), bound,
+			float64(k.admitted.Load())/float64(bound), k.errs.Load())
+		if p := k.firstErr.Load(); p != nil {
+			t.Errorf("%s %s: %d errors; first: %s", k.kind, k.apiKey, k.errs.Load(), *p)
+		}
+		assert.LessOrEqual(t, k.admitted.Load(), bound, "%s %s: admitted more than the exact bound", k.kind, k.apiKey)
+		assert.GreaterOrEqual(t, offered, 3.0, "%s %s: the load fell short of overloading the key", k.kind, k.apiKey)
+		v := byKind[k.kind]
+		byKind[k.kind] = [2]int64{v[0] + k.admitted.Load(), v[1] + bound}
+	}
+	for _, kind := range fleetKinds {
+		v := byKind[kind]
+		ratio := float64(v[0]) / float64(v[1])
+		t.Logf("%-15s admitted/bound = %d/%d = %.3f", kind, v[0], v[1], ratio)
+		// Not far below the bound either: the fleet does not lose
+		// quota. (The sliding counter's estimate admits a little less
+		// than its per-window bound by design.)
+		assert.Greater(t, ratio, 0.85, "%s: admitted far below the bound", kind)
+	}
+	return fleet
+}
+
+// storeMin sets v to x when v is 0 or above x.
+func storeMin(v *atomic.Int64, x int64) {
+	for old := v.Load(); (old == 0 || x < old) && !v.CompareAndSwap(old, x); old = v.Load() {
+	}
+}
+
+// storeMax sets v to x when v is below x.
+func storeMax(v *atomic.Int64, x int64) {
+	for old := v.Load(); x > old && !v.CompareAndSwap(old, x); old = v.Load() {
+	}
+}
+
+// TestFleetStandalone: three daemons share one Redis; one key per
+// algorithm is hammered through all three at 5× its limit. No algorithm
+// admits more than its exact bound, and none much less.
+func TestFleetStandalone(t *testing.T) {
+	srv := redistest.Standalone(t)
+	var keys []*fleetKey
+	for _, k := range fleetKinds {
+		keys = append(keys, &fleetKey{kind: k, apiKey: "sk_fleet"})
+	}
+	runFleet(t, fmt.Sprintf("redis = [%q]", srv.Addr), 50, keys)
+}
+
+// TestFleetCluster: the same against a Cluster, each algorithm with one
+// key on each of the three primaries.
+func TestFleetCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	primaries := cl.Primaries()
+	require.Len(t, primaries, 3)
+	var keys []*fleetKey
+	for _, kind := range fleetKinds {
+		// One api_key per primary: the first whose Redis key's slot
+		// the primary serves.
+		for _, primary := range primaries {
+			for i := 0; ; i++ {
+				require.Less(t, i, 1000, "no key found for %s", primary.Addr)
+				v := fmt.Sprintf("sk_%d", i)
+				rkey := redisx.AppendKey(nil, "rld:", counterKey(kind.String(), v), kind)
+				if cl.PrimaryFor(string(rkey)) == primary {
+					keys = append(keys, &fleetKey{kind: kind, apiKey: v})
+					break
+				}
+			}
+		}
+	}
+	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
+	fleet := runFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, keys)
+
+	// The keys are where the slot helper says: the daemons built the
+	// keys the test computed, and the three shards shared the work.
+	for _, k := range keys {
+		rkey := string(redisx.AppendKey(nil, "rld:", counterKey(k.kind.String(), k.apiKey), k.kind))
+		n, err := redistest.Do(cl.PrimaryFor(rkey).Addr, "EXISTS", rkey)
+		require.NoError(t, err)
+		assert.Equal(t, "1", n, "%q on %s", rkey, cl.PrimaryFor(rkey).Addr)
+	}
+
+	// Hierarchical rules whose counters live on different primaries: the
+	// tenant's rule denies, and the api_key's take is refunded on the
+	// other shard.
+	primaryOf := func(rule, value string) *redistest.Server {
+		return cl.PrimaryFor(string(redisx.AppendKey(nil, "rld:", counterKey(rule, value), algo.TokenBucket)))
+	}
+	apiKey, tenant := "sk_hier", ""
+	for i := 0; tenant == ""; i++ {
+		require.Less(t, i, 1000)
+		if v := fmt.Sprintf("tenant_%d", i); primaryOf("hier-tenant", v) != primaryOf("hier-key", apiKey) {
+			tenant = v
+		}
+	}
+	c := client.New(fleet[0].Socket)
+	defer c.Close()
+	hier := func(tenant, tier string) []client.Descriptor {
+		return []client.Descriptor{{Name: "api_key", Value: apiKey}, {Name: "tenant", Value: tenant}, {Name: "tier", Value: tier}, {Name: "alg", Value: "hier"}}
+	}
+	r, err := c.Check(context.Background(), hier(tenant, "small"), 1)
+	require.NoError(t, err)
+	require.True(t, r.Allowed(), "%+v", r)
+	for range 3 {
+		r, err = c.Check(context.Background(), hier(tenant, "small"), 1)
+		require.NoError(t, err)
+		require.Equal(t, wire.StatusLimited, r.Status, "%+v", r)
+		require.Equal(t, "hier-tenant", r.Rule)
+	}
+	// A peek under another tenant with room shows the api_key's counter:
+	// 100 − 1 taken − 1 peeked = 98, not 95: the three denied checks'
+	// takes were refunded.
+	r, err = c.Peek(context.Background(), hier("other", "big"), 1)
+	require.NoError(t, err)
+	assert.Equal(t, "hier-key", r.Rule)
+	assert.Equal(t, uint64(98), r.Remaining, "refunds across shards")
+}

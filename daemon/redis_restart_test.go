@@ -1,0 +1,155 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/wire"
+)
+
+// answerLog records, for each failed check, when it was sent and
+// answered, so the test can tell errors during an outage from others.
+type answerLog struct {
+	mu     sync.Mutex // guards errors
+	errors []span
+
+	ok atomic.Int64
+}
+
+type span struct {
+	sent, got time.Time
+	err       string
+}
+
+// hammer sends checks for every fleet algorithm from n goroutines until
+// ctx is done.
+func hammer(ctx context.Context, socket string, n int, log *answerLog) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for i := range n {
+		c := client.New(socket)
+		descs := []client.Descriptor{{Name: "api_key", Value: fmt.Sprintf("k%d", i)}, {Name: "alg", Value: fleetKinds[i%len(fleetKinds)].String()}}
+		wg.Go(func() {
+			defer c.Close()
+			for ctx.Err() == nil {
+				sent := time.Now()
+				cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				r, err := c.Check(cctx, descs, 1)
+				cancel()
+				if err == nil && r.Status != wire.StatusAllowed {
+					err = fmt.Errorf("status %s", r.Status)
+				}
+				if err != nil {
+					log.mu.Lock()
+					log.errors = append(log.errors, span{sent, time.Now(), err.Error()})
+					log.mu.Unlock()
+				} else {
+					log.ok.Add(1)
+				}
+				time.Sleep(time.Millisecond) // pacing, not synchronising
+			}
+		})
+	}
+	return &wg
+}
+
+// TestRedisRestart: clients check through a daemon while Redis's script
+// cache is flushed and while Redis is killed and started again (which
+// also loses the scripts). Checks succeed after the flush (EVALSHA falls
+// back to EVAL) and from the moment Redis is back; the only errors that
+// reach a client are those of checks made during the outage.
+func TestRedisRestart(t *testing.T) {
+	srv := redistest.Standalone(t)
+	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 1_000_000_000))
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+
+	var log answerLog
+	ctx, stop := context.WithCancel(context.Background())
+	wg := hammer(ctx, d.Socket, 10, &log)
+	waitOK := func(what string, n int64) {
+		t.Helper()
+		from := log.ok.Load()
+		redistest.WaitFor(t, what, func() bool { return log.ok.Load() >= from+n })
+	}
+
+	waitOK("checks before the flush", 200)
+	_, err = redistest.Do(srv.Addr, "SCRIPT", "FLUSH")
+	require.NoError(t, err)
+	waitOK("checks after the flush", 200)
+
+	down := time.Now()
+	srv.Kill()
+	time.Sleep(100 * time.Millisecond) // an outage of 100 ms at least
+	srv.Start(t)
+	up := time.Now()
+	waitOK("checks after the restart", 500)
+	stop()
+	wg.Wait()
+
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	during := 0
+	for _, e := range log.errors {
+		if e.got.Before(down) || e.sent.After(up) {
+			t.Errorf("error outside the outage (sent %v, answered %v after it began): %s",
+				e.sent.Sub(down), e.got.Sub(down), e.err)
+			continue
+		}
+		during++
+	}
+	t.Logf("%d checks allowed; %d errors, all during the %v outage", log.ok.Load(), during, up.Sub(down).Round(time.Millisecond))
+	assert.Positive(t, during, "the clients saw the outage")
+}
+
+// TestRedisDownAtStart: a daemon whose Redis is down starts anyway and
+// answers errors, then decides as soon as Redis is up.
+func TestRedisDownAtStart(t *testing.T) {
+	srv := redistest.Standalone(t)
+	srv.Kill()
+	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10))
+	require.NoError(t, err, "starts while redis is down")
+	t.Cleanup(d.Close)
+	c := client.New(d.Socket)
+	defer c.Close()
+	descs := []client.Descriptor{{Name: "api_key", Value: "k"}, {Name: "alg", Value: "gcra"}}
+	_, err = c.Check(context.Background(), descs, 1)
+	var re *client.ResponseError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, wire.CodeInternal, re.Code)
+	assert.Contains(t, re.Message, "connection refused")
+
+	srv.Start(t)
+	redistest.WaitFor(t, "the daemon to reach redis", func() bool {
+		r, err := c.Check(context.Background(), descs, 1)
+		return err == nil && r.Status == wire.StatusAllowed
+	})
+}
+
+// TestRedisRefusesDaemon: a password Redis rejects stops the daemon from
+// starting, with an error naming the store.
+func TestRedisRefusesDaemon(t *testing.T) {
+	srv := redistest.Standalone(t)
+	_, err := redistest.Do(srv.Addr, "CONFIG", "SET", "requirepass", "secret")
+	require.NoError(t, err)
+	_, err = daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\npassword = \"wrong\"", srv.Addr), 10))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot use store.redis")
+	assert.Contains(t, err.Error(), "WRONGPASS")
+
+	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\npassword = \"secret\"", srv.Addr), 10))
+	require.NoError(t, err)
+	defer d.Close()
+	r, err := client.New(d.Socket).Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "k"}, {Name: "alg", Value: "fixed_window"}}, 1)
+	require.NoError(t, err)
+	assert.Equal(t, wire.StatusAllowed, r.Status)
+}

@@ -1,0 +1,322 @@
+package redisx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Mode says how Redis is deployed.
+type Mode string
+
+// Modes.
+const (
+	// Standalone is one Redis server at Options.Addrs[0].
+	Standalone Mode = "standalone"
+	// Sentinel finds the primary named Options.MasterSet through the
+	// sentinels at Options.Addrs.
+	Sentinel Mode = "sentinel"
+	// Cluster is a Redis Cluster reached through the seed nodes at
+	// Options.Addrs.
+	Cluster Mode = "cluster"
+)
+
+// Defaults of Options.
+const (
+	// DefaultTimeout bounds every call: a check never waits longer on
+	// Redis.
+	DefaultTimeout = 5 * time.Millisecond
+	// DefaultDialTimeout bounds the set-up of one connection.
+	DefaultDialTimeout = 500 * time.Millisecond
+	// DefaultWriteTimeout is how long a connection may go without an
+	// answer to what it sent before rueidis closes it (rueidis's
+	// ConnWriteTimeout, 10 s by default).
+	DefaultWriteTimeout = 500 * time.Millisecond
+	// DefaultKeyPrefix is the key prefix of rld's configuration.
+	DefaultKeyPrefix = "rld:"
+)
+
+// Reconnection back-off while no connection has ever been made.
+const (
+	reconnectMin = 50 * time.Millisecond
+	reconnectMax = 2 * time.Second
+)
+
+// Errors.
+var (
+	// ErrNotConnected is returned by calls made before the Client first
+	// reached Redis. The error wraps the last connection error.
+	ErrNotConnected = errors.New("redisx: not connected to redis")
+	// ErrClosed is returned by calls on a closed Client.
+	ErrClosed = errors.New("redisx: client closed")
+)
+
+// Options configures a Client. The zero value of each field but Addrs
+// means its default.
+type Options struct {
+	// Addrs are host:port addresses: the server (Standalone), the
+	// sentinels (Sentinel) or seed nodes (Cluster).
+	Addrs []string
+	// Mode is Standalone (the default), Sentinel or Cluster.
+	Mode Mode
+	// MasterSet names the primary the sentinels watch (Sentinel only,
+	// required there).
+	MasterSet string
+	// Username and Password authenticate to the Redis servers (not to
+	// the sentinels).
+	Username, Password string
+	// KeyPrefix starts every key the Store writes. Unlike the other
+	// fields, "" is taken as it is: no prefix.
+	KeyPrefix string
+	// Timeout bounds every call (DefaultTimeout).
+	Timeout time.Duration
+	// DialTimeout bounds the set-up of one connection
+	// (DefaultDialTimeout).
+	DialTimeout time.Duration
+	// WriteTimeout closes a connection whose answers are this late
+	// (DefaultWriteTimeout).
+	WriteTimeout time.Duration
+	// PipelineMultiplex is log2 of the connections per Redis server that
+	// calls are pipelined over (rueidis's default when 0: 2 connections
+	// on this machine for Standalone and Sentinel, 1 for Cluster).
+	PipelineMultiplex int
+	// MaxFlushDelay lets rueidis wait up to this long after a write to
+	// gather more calls into the next one: less CPU, more latency. 0 (the
+	// default) writes at once.
+	MaxFlushDelay time.Duration
+}
+
+func (o Options) withDefaults() (Options, error) {
+	if len(o.Addrs) == 0 {
+		return o, errors.New("redisx: no redis address")
+	}
+	if o.Mode == "" {
+		o.Mode = Standalone
+	}
+	switch o.Mode {
+	case Standalone:
+		if len(o.Addrs) != 1 {
+			return o, fmt.Errorf("redisx: standalone mode takes one address, got %d", len(o.Addrs))
+		}
+	case Sentinel:
+		if o.MasterSet == "" {
+			return o, errors.New("redisx: sentinel mode needs a master set")
+		}
+	case Cluster:
+	default:
+		return o, fmt.Errorf("redisx: unknown mode %q", o.Mode)
+	}
+	if o.MasterSet != "" && o.Mode != Sentinel {
+		return o, fmt.Errorf("redisx: master set %q given in %s mode", o.MasterSet, o.Mode)
+	}
+	if strings.ContainsAny(o.KeyPrefix, "{}") {
+		return o, fmt.Errorf("redisx: key prefix %q contains { or }", o.KeyPrefix)
+	}
+	if o.PipelineMultiplex < 0 || o.PipelineMultiplex > rueidis.MaxPipelineMultiplex {
+		return o, fmt.Errorf("redisx: pipeline multiplex %d not in 0..%d", o.PipelineMultiplex, rueidis.MaxPipelineMultiplex)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	o.Addrs = append([]string(nil), o.Addrs...)
+	return o, nil
+}
+
+// rueidisOption is the rueidis configuration of o: fail fast, no cache,
+// auto-pipelining.
+func (o *Options) rueidisOption() rueidis.ClientOption {
+	ro := rueidis.ClientOption{
+		InitAddress:      o.Addrs,
+		Username:         o.Username,
+		Password:         o.Password,
+		ClientName:       "rld",
+		Dialer:           net.Dialer{Timeout: o.DialTimeout},
+		ConnWriteTimeout: o.WriteTimeout,
+		DisableCache:     true, // rld's cache is its own
+		DisableRetry:     true, // an increment must never apply twice
+		// Keep a reader on every connection even when calls are not
+		// concurrent: a connection that Redis closed (a restart) is then
+		// noticed at once, not by the first call after Redis is back.
+		AlwaysPipelining:  true,
+		PipelineMultiplex: o.PipelineMultiplex,
+		MaxFlushDelay:     o.MaxFlushDelay,
+	}
+	switch o.Mode {
+	case Standalone:
+		ro.ForceSingleClient = true
+	case Sentinel:
+		ro.Sentinel = rueidis.SentinelOption{
+			MasterSet: o.MasterSet,
+			Dialer:    net.Dialer{Timeout: o.DialTimeout},
+			// Reconcile with the sentinels now and then: a missed
+			// +switch-master would otherwise pin the old primary.
+			TopologyRefreshInterval: 5 * time.Second,
+		}
+	}
+	return ro
+}
+
+// Client is a connection to one Redis deployment. It is safe for
+// concurrent use. Create it with New; Close it when done.
+type Client struct {
+	o  Options
+	rc atomic.Pointer[rueidisClient] // nil until the first connection
+
+	lastErr atomic.Pointer[error] // the last connection error, while rc is nil
+
+	stop      chan struct{} // closed by Close
+	loopDone  chan struct{} // closed when the connect loop has returned
+	closeOnce sync.Once
+}
+
+// rueidisClient boxes the interface for atomic.Pointer.
+type rueidisClient struct{ rueidis.Client }
+
+// New returns a Client for o and makes its first connection.
+//
+// A Redis that cannot be reached is not an error: New returns a Client
+// that keeps connecting in the background (calls fail at once with an
+// error wrapping ErrNotConnected until it has), so a daemon can start
+// while Redis is down and follow its rules' failure modes. Use Ping to
+// learn whether Redis answers. New fails on invalid options and when
+// Redis itself refuses the connection (a wrong password, say), which no
+// waiting will fix. New waits for the first attempt at most until ctx is
+// done; the attempt then goes on in the background.
+func New(ctx context.Context, o Options) (*Client, error) {
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{o: o, stop: make(chan struct{}), loopDone: make(chan struct{})}
+	first := make(chan error, 1)
+	go c.connectLoop(first)
+	select {
+	case err := <-first:
+		if isRefusal(err) {
+			c.Close()
+			return nil, fmt.Errorf("redisx: redis %s refused the connection: %w", strings.Join(o.Addrs, ","), err)
+		}
+	case <-ctx.Done():
+	}
+	return c, nil
+}
+
+// isRefusal reports whether err is Redis refusing the client (an error
+// reply such as WRONGPASS or NOPERM), not a network failure.
+func isRefusal(err error) bool {
+	_, ok := rueidis.IsRedisErr(err)
+	return ok
+}
+
+// connectLoop makes the first connection, backing off between tries,
+// until it succeeds or the Client closes. The first try's error (nil on
+// success) goes to first.
+func (c *Client) connectLoop(first chan<- error) {
+	defer close(c.loopDone)
+	wait := reconnectMin
+	for {
+		rc, err := rueidis.NewClient(c.o.rueidisOption())
+		if rc != nil {
+			// With ForceSingleClient (standalone), rueidis returns a
+			// client even when the dial failed; it dials again on the
+			// next call.
+			c.rc.Store(&rueidisClient{rc})
+		}
+		if err != nil {
+			c.lastErr.Store(&err)
+			connectErrors.Inc()
+		}
+		if first != nil {
+			first <- err
+			first = nil
+		}
+		if rc != nil {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-c.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, reconnectMax)
+	}
+}
+
+// client returns the rueidis client, or an error when there is none yet.
+func (c *Client) client() (rueidis.Client, error) {
+	select {
+	case <-c.stop:
+		return nil, ErrClosed
+	default:
+	}
+	if rc := c.rc.Load(); rc != nil {
+		return rc.Client, nil
+	}
+	if p := c.lastErr.Load(); p != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotConnected, *p)
+	}
+	return nil, ErrNotConnected
+}
+
+// callCtx returns the context of one call: ctx's values and deadline,
+// with the deadline at most Timeout away. The cancellation of ctx is not
+// followed: a call lasts at most Timeout anyway, and a daemon that drains
+// after its context ended must still answer the checks it has read.
+func (c *Client) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl := time.Now().Add(c.o.Timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	return context.WithDeadline(ctx, dl)
+}
+
+// Ping sends PING (to one node in Cluster mode) under the call deadline.
+func (c *Client) Ping(ctx context.Context) error {
+	rc, err := c.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := c.callCtx(ctx)
+	defer cancel()
+	if err := rc.Do(ctx, rc.B().Ping().Build()).Error(); err != nil {
+		return fmt.Errorf("redisx: ping %s: %w", strings.Join(c.o.Addrs, ","), err)
+	}
+	return nil
+}
+
+// Options returns the options of c with the defaults filled in.
+func (c *Client) Options() Options {
+	o := c.o
+	o.Addrs = append([]string(nil), o.Addrs...)
+	return o
+}
+
+// Close closes the connections; calls after it fail with ErrClosed. It
+// is safe to call more than once.
+func (c *Client) Close() {
+	c.closeOnce.Do(func() {
+		close(c.stop)
+		<-c.loopDone
+		if rc := c.rc.Load(); rc != nil {
+			rc.Close()
+		}
+	})
+}

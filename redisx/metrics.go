@@ -1,0 +1,75 @@
+package redisx
+
+import (
+	"context"
+	"errors"
+	"net"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// op names a kind of Redis call, for metrics and errors.
+type op uint8
+
+const (
+	opTake op = iota
+	opPeek
+	opBatch
+	opLease
+	opRefund
+	numOps
+)
+
+var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund"}
+
+// scriptOp is the op argument (ARGV[1]) of the scripts.
+var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund"}
+
+func (o op) String() string { return opNames[o] }
+
+// opMetrics counts the calls of one op by result and times them.
+type opMetrics struct {
+	ok, timeout, failed *metrics.Counter
+	duration            *metrics.Histogram
+}
+
+var (
+	// callMetrics: rld_redis_calls_total{op,result} and
+	// rld_redis_call_duration_seconds{op}.
+	callMetrics = func() (m [numOps]opMetrics) {
+		for o := range numOps {
+			name := opNames[o]
+			m[o] = opMetrics{
+				ok:       metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="ok"}`),
+				timeout:  metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="timeout"}`),
+				failed:   metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="error"}`),
+				duration: metrics.NewHistogram(`rld_redis_call_duration_seconds{op="` + name + `"}`),
+			}
+		}
+		return m
+	}()
+	// connectErrors counts failed attempts to connect a Client.
+	connectErrors = metrics.NewCounter(`rld_redis_connect_errors_total`)
+)
+
+// record counts one call of o that started at start and ended with err.
+func (o op) record(start time.Time, err error) {
+	m := &callMetrics[o]
+	m.duration.UpdateDuration(start)
+	switch {
+	case err == nil:
+		m.ok.Inc()
+	case isTimeout(err):
+		m.timeout.Inc()
+	default:
+		m.failed.Inc()
+	}
+}
+
+// isTimeout reports whether err is a deadline that passed, the call's or
+// the connection's.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}

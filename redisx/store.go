@@ -1,0 +1,219 @@
+package redisx
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/lua"
+)
+
+// scripts holds the script of each algorithm, indexed by algo.Kind. Exec
+// sends EVALSHA and, when Redis has lost the script (a restart, SCRIPT
+// FLUSH, a failover to a replica that never saw it), EVAL: a NOSCRIPT
+// reply means the script did not run, so nothing is applied twice. The
+// retryable variants are not used: a timed-out call may have been
+// applied, and must not be sent again.
+var scripts = func() (s [algo.FixedWindow + 1]*rueidis.Lua) {
+	for k := range s {
+		name := algo.Kind(k).String()
+		src, ok := lua.Source(name)
+		if !ok {
+			panic("BUG: redisx: package lua has no script for " + name)
+		}
+		s[k] = rueidis.NewLuaScript(src)
+	}
+	return s
+}()
+
+// kindSuffix ends the Redis key of each algorithm, so that a counter
+// whose rule changes algorithm starts afresh (as in the embedded store)
+// instead of misreading the state the other algorithm left.
+var kindSuffix = [algo.FixedWindow + 1]string{
+	algo.TokenBucket:    ":tb",
+	algo.GCRA:           ":gcra",
+	algo.SlidingLog:     ":sl",
+	algo.SlidingCounter: ":sc",
+	algo.FixedWindow:    ":fw",
+}
+
+// AppendKey appends to dst the Redis key that holds the state of counter
+// key under algorithm k: prefix, "{", the counter key's bytes, "}", and a
+// suffix naming the algorithm (":tb", ":gcra", ":sl", ":sc", ":fw").
+// All the state of a counter lives in that one key; the hash tag puts
+// every algorithm's key of one counter in one Cluster slot.
+func AppendKey(dst []byte, prefix string, key []byte, k algo.Kind) []byte {
+	dst = append(dst, prefix...)
+	dst = append(dst, '{')
+	dst = append(dst, key...)
+	dst = append(dst, '}')
+	if int(k) < len(kindSuffix) {
+		dst = append(dst, kindSuffix[k]...)
+	}
+	return dst
+}
+
+// Store is the Redis implementation of policy.Store: each decision is one
+// script call on one key, atomic in Redis and timed by Redis's clock
+// (TIME), so every daemon sharing the Redis enforces one limit. It is
+// safe for concurrent use. Create it with NewStore.
+//
+// The scripts give every key they write a TTL (twice the longer of the
+// period and the time until the state is back to a fresh key's), so idle
+// keys disappear on their own and expiry never changes a decision.
+//
+// Every call lasts at most the Client's Timeout, or until the deadline of
+// its ctx if that comes first; the cancellation of ctx is not followed
+// (see Client). Calls are never retried: a call that timed out may have
+// been applied, and an admission must not be applied twice.
+type Store struct {
+	c      *Client
+	prefix string
+	// callerClock makes the scripts use the caller's now instead of Redis
+	// TIME. Tests only: hosts' clocks differ, Redis's is the one clock.
+	callerClock bool
+}
+
+// NewStore returns a Store on c with c's key prefix.
+func NewStore(c *Client) *Store {
+	return &Store{c: c, prefix: c.o.KeyPrefix}
+}
+
+// Take decides whether cost units of the limit p are available for key
+// and consumes them when they are and peek is false; see algo.Decide. A
+// cost of 0 or less counts as 1. The decision is made at Redis's time
+// (returned as Result.At), not at now.
+func (s *Store) Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
+	o := opTake
+	if peek {
+		o = opPeek
+	}
+	v, err := s.call(ctx, o, key, p, now, max(cost, 1))
+	if err != nil {
+		return algo.Result{}, err
+	}
+	return result(p, v, v[0] == 1), nil
+}
+
+// TakeBatch takes costs[0], costs[1], … from key's limit in that order,
+// in one call, admitting the longest prefix that fits: it returns how
+// many were admitted and the Result after them (Allowed when all were;
+// RetryAfter, when not, is for the first one refused). Costs of 0 or less
+// count as 1. It is the call a coalesced batch of checks makes.
+func (s *Store) TakeBatch(ctx context.Context, key []byte, p algo.Params, costs []int64) (int, algo.Result, error) {
+	if len(costs) == 0 {
+		return 0, algo.Result{Allowed: true, Limit: p.Capacity()}, nil
+	}
+	for i, c := range costs {
+		if c < 1 {
+			costs = clampCosts(costs[:i:i], costs[i:])
+			break
+		}
+	}
+	v, err := s.call(ctx, opBatch, key, p, time.Time{}, costs...)
+	if err != nil {
+		return 0, algo.Result{}, err
+	}
+	n := int(v[0])
+	return n, result(p, v, n == len(costs)), nil
+}
+
+// clampCosts returns a new slice: head, then tail with each cost below 1
+// raised to 1.
+func clampCosts(head, tail []int64) []int64 {
+	out := append(make([]int64, 0, len(head)+len(tail)), head...)
+	for _, c := range tail {
+		out = append(out, max(c, 1))
+	}
+	return out
+}
+
+// Lease reserves up to want units of key's limit, exactly as if that
+// many units had been admitted, and returns how many were granted (0 to
+// want) with the Result after them. Unused units go back with Refund.
+func (s *Store) Lease(ctx context.Context, key []byte, p algo.Params, want int64) (int64, algo.Result, error) {
+	v, err := s.call(ctx, opLease, key, p, time.Time{}, max(want, 1))
+	if err != nil {
+		return 0, algo.Result{}, err
+	}
+	return v[0], result(p, v, v[0] > 0), nil
+}
+
+// Refund gives back cost units that Take admitted for key at takenAt
+// (the take's Result.At); see algo.Refund. A cost of 0 or less counts
+// as 1.
+func (s *Store) Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
+	_, err := s.call(ctx, opRefund, key, p, now, max(cost, 1), takenAt.UnixMicro())
+	return err
+}
+
+// call runs the script of p.Kind on key with op o and the op's
+// arguments (ARGV[6] on), and returns the script's five integers: admitted,
+// remaining, reset µs, retry-after µs (−1: never), now µs.
+func (s *Store) call(ctx context.Context, o op, key []byte, p algo.Params, now time.Time, opArgs ...int64) ([]int64, error) {
+	rkey := string(AppendKey(make([]byte, 0, len(s.prefix)+len(key)+8), s.prefix, key, p.Kind))
+	if err := checkParams(p); err != nil {
+		return nil, fmt.Errorf("redisx: %s %q: %w", o, rkey, err)
+	}
+	rc, err := s.c.client()
+	if err != nil {
+		o.record(time.Now(), err)
+		return nil, fmt.Errorf("redisx: %s %q: %w", o, rkey, err)
+	}
+	clock := "0" // the script reads Redis TIME
+	if s.callerClock && !now.IsZero() {
+		clock = strconv.FormatInt(now.UnixMicro(), 10)
+	}
+	args := make([]string, 5, 5+len(opArgs))
+	args[0] = scriptOp[o]
+	args[1] = strconv.FormatInt(p.Limit, 10)
+	args[2] = strconv.FormatInt(p.PeriodMicros(), 10)
+	args[3] = strconv.FormatInt(p.Burst, 10)
+	args[4] = clock
+	for _, a := range opArgs {
+		args = append(args, strconv.FormatInt(a, 10))
+	}
+
+	start := time.Now()
+	cctx, cancel := s.c.callCtx(ctx)
+	v, err := scripts[p.Kind].Exec(cctx, rc, []string{rkey}, args).AsIntSlice()
+	cancel()
+	if err == nil && len(v) != 5 {
+		err = fmt.Errorf("script replied %d integers, want 5", len(v))
+	}
+	o.record(start, err)
+	if err != nil {
+		return nil, fmt.Errorf("redisx: %s %q: %w", o, rkey, err)
+	}
+	return v, nil
+}
+
+// result maps a script's reply to an algo.Result.
+func result(p algo.Params, v []int64, allowed bool) algo.Result {
+	r := algo.Result{
+		Allowed:    allowed,
+		Limit:      p.Capacity(),
+		Remaining:  v[1],
+		Reset:      time.Duration(v[2]) * time.Microsecond,
+		RetryAfter: time.Duration(v[3]) * time.Microsecond,
+		At:         v[4],
+	}
+	if v[3] < 0 {
+		r.RetryAfter = algo.Never
+	}
+	return r
+}
+
+// checkParams rejects Params the scripts cannot compute with. Callers are
+// expected to pass Params that passed Params.Validate (policy does); this
+// is the cheap guard that keeps a bad caller's call from reaching Redis.
+func checkParams(p algo.Params) error {
+	if p.Limit <= 0 || p.Period < time.Microsecond || p.Burst < 0 || p.Kind > algo.FixedWindow {
+		return fmt.Errorf("invalid limit %+v", p)
+	}
+	return nil
+}
