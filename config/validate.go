@@ -208,6 +208,9 @@ func (r *Rule) validate(p *problems, i int) {
 		if err := r.Params(r.Limit).Validate(); err != nil {
 			p.add("%s: limit = %d, period = %q: %v", at, r.Limit, r.Period, err)
 		}
+		if r.Kind() == algo.SlidingLog && r.Limit > MaxSlidingLogLimit {
+			p.add("%s: limit = %d: sliding_log keeps one entry per admission, so its limit is at most %d (use sliding_counter for higher limits)", at, r.Limit, MaxSlidingLogLimit)
+		}
 	}
 	for _, tier := range sortedKeys(r.Tiers) {
 		limit := r.Tiers[tier]
@@ -226,8 +229,15 @@ func (r *Rule) validate(p *problems, i int) {
 		if err := r.Params(limit).Validate(); err != nil {
 			p.add("%s: tiers.%s = %d, period = %q: %v", at, tier, limit, r.Period, err)
 		}
+		if r.Kind() == algo.SlidingLog && limit > MaxSlidingLogLimit {
+			p.add("%s: tiers.%s = %d: sliding_log limits are at most %d", at, tier, limit, MaxSlidingLogLimit)
+		}
 	}
 }
+
+// MaxSlidingLogLimit is the highest limit of a sliding_log rule: the log
+// holds one entry per admission and every check scans it.
+const MaxSlidingLogLimit = 10000
 
 // CheckRuleName reports whether name is a valid rule name: 1 to
 // MaxRuleName bytes of A-Z a-z 0-9 _ . : -, and not reserved (allow, deny,

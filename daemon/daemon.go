@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -248,9 +249,14 @@ func (d *Daemon) Reload() error {
 		d.log.Error("config reload failed; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", err))
 		return fmt.Errorf("cannot reload config: %w", err)
 	}
-	if old := d.cfg(); old.Server != cfg.Server {
+	old := d.cfg()
+	if old.Server != cfg.Server {
 		d.log.Warn("[server] settings changed; they take effect on restart")
 		cfg.Server = old.Server
+	}
+	if !reflect.DeepEqual(old.Store, cfg.Store) {
+		d.log.Warn("[store] settings changed; they take effect on restart")
+		cfg.Store = old.Store
 	}
 	d.conf.Store(cfg)
 	d.policy.Store(p)

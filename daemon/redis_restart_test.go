@@ -69,7 +69,7 @@ func hammer(ctx context.Context, socket string, n int, log *answerLog) *sync.Wai
 // reach a client are those of checks made during the outage.
 func TestRedisRestart(t *testing.T) {
 	srv := redistest.Standalone(t)
-	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 1_000_000_000))
+	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10_000))
 	require.NoError(t, err)
 	t.Cleanup(d.Close)
 
