@@ -38,6 +38,18 @@ local function int(x)
   return string.format('%d', x)
 end
 
+-- refund_window gives cost back to the current window's count, st.b,
+-- stored in the hash field named count_field, when taken_at lies in that
+-- window; once the window has moved on there is nothing left to refund.
+-- It is the refund of fixed_window and sliding_counter alike.
+local function refund_window(p, st, now, taken_at, cost, count_field)
+  local start = window_start(now, p.per)
+  if st.a ~= start or window_start(taken_at, p.per) ~= start then return false end
+  st.b = math.max(st.b - cost, 0)
+  redis.call('HSET', key, count_field, int(st.b))
+  return true
+end
+
 -- num returns an integer from a reply or a stored field; nil is 0.
 local function num(s)
   if not s then return 0 end

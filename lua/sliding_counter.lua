@@ -57,11 +57,7 @@ function alg.save(p, st, now)
 end
 
 function alg.refund(p, st, now, taken_at, cost)
-  local start = window_start(now, p.per)
-  if st.a ~= start or window_start(taken_at, p.per) ~= start then return false end
-  st.b = math.max(st.b - cost, 0)
-  redis.call('HSET', key, 'cur', int(st.b))
-  return true
+  return refund_window(p, st, now, taken_at, cost, 'cur')
 end
 
 -- idle: cur counts until two windows after start, prev until one after.
