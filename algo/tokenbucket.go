@@ -1,5 +1,7 @@
 package algo
 
+import "math/bits"
+
 // tokenBucket decides for a TokenBucket. The level counts tokens × period
 // in µs: one token is P units, a full bucket C×P, and the bucket refills L
 // units per µs, so that every quantity is an integer.
@@ -35,13 +37,17 @@ func tokenLevel(s *State, now, full, rate int64) int64 {
 		return full
 	}
 	elapsed := now - s.B
-	switch {
-	case elapsed <= 0:
+	if elapsed <= 0 {
 		return s.A
-	case elapsed >= ceilDiv(full-s.A, rate):
+	}
+	// elapsed×rate as a 128-bit product: no division, no overflow. (The
+	// Lua script compares elapsed with ⌈(full−level)/rate⌉ instead, which
+	// decides the same.)
+	hi, lo := bits.Mul64(uint64(elapsed), uint64(rate))
+	if hi != 0 || lo >= uint64(full-s.A) {
 		return full
 	}
-	return s.A + elapsed*rate
+	return s.A + int64(lo)
 }
 
 func refundTokenBucket(p Params, s *State, cost int64) {

@@ -29,6 +29,8 @@ type conn struct {
 	req wire.Request
 	res wire.Response
 	sc  policy.Scratch
+	// writeDeadline is the write deadline in force.
+	writeDeadline time.Time
 }
 
 func (d *Daemon) newConn(c *net.UnixConn) *conn {
@@ -58,6 +60,7 @@ func (cn *conn) serve(ctx context.Context) {
 	maxInflight := srv.MaxInflight
 	var partialSince time.Time // when the unfinished frame in in[start:end] began to arrive
 	var graceUntil time.Time   // while draining: the end of the grace
+	var readDeadline time.Time // the read deadline in force
 	for {
 		// A frame that has started must finish within readTimeout of its
 		// first byte; an idle connection may wait idleTimeout (0: forever).
@@ -71,8 +74,13 @@ func (cn *conn) serve(ctx context.Context) {
 		case end == start && idleTimeout > 0:
 			deadline = time.Now().Add(idleTimeout)
 		}
-		if err := cn.c.SetReadDeadline(deadline); err != nil {
-			return
+		// Setting a deadline takes a lock and moves a runtime timer: skip
+		// it when it is the one in force (no deadline, the usual case).
+		if !deadline.Equal(readDeadline) {
+			if err := cn.c.SetReadDeadline(deadline); err != nil {
+				return
+			}
+			readDeadline = deadline
 		}
 		if graceUntil.IsZero() && cn.d.draining.Load() {
 			continue // the drain began meanwhile: read with its grace
@@ -179,13 +187,20 @@ func (cn *conn) flush() bool {
 	if len(cn.out) == 0 {
 		return true
 	}
-	_ = cn.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	// The write deadline moves only once it is half spent: moving it costs
+	// a lock and a timer update on every batch.
+	if now := time.Now(); cn.writeDeadline.Sub(now) < writeTimeout/2 {
+		cn.writeDeadline = now.Add(writeTimeout)
+		_ = cn.c.SetWriteDeadline(cn.writeDeadline)
+	}
 	_, err := cn.c.Write(cn.out)
 	cn.out = cn.out[:0]
 	return err == nil
 }
 
-// writeTimeout bounds a write to a client that does not read its answers.
+// writeTimeout bounds a write to a client that does not read its answers;
+// since the deadline moves only once half spent, such a client is dropped
+// after between writeTimeout/2 and writeTimeout.
 const writeTimeout = 10 * time.Second
 
 // fillResponse copies a policy decision into a wire response, reusing the

@@ -1,0 +1,42 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rld/rld/wire"
+)
+
+// BenchmarkProcess measures the daemon's own work per frame, without the
+// socket: decoding, deciding and encoding a read batch of 64 checks of one
+// rule on the embedded store.
+func BenchmarkProcess(b *testing.B) {
+	dir := b.TempDir()
+	cfg := filepath.Join(dir, "rld.toml")
+	if err := os.WriteFile(cfg, []byte("[server]\nhttp = \"\"\n[[rule]]\nname = \"bench\"\nby = [\"api_key\"]\nlimit = 1000000000\nperiod = \"1s\"\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cn := d.newConn(nil)
+	var batch []byte
+	for i := range 64 {
+		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpCheck, ID: uint32(i), Cost: 1,
+			Descs: []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("k1")}}})
+	}
+	n := copy(cn.in, batch)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i += 64 {
+		cn.out = cn.out[:0]
+		if start, lost := cn.process(ctx, time.Now(), 0, n, 1<<30); lost || start != n {
+			b.Fatal("frames not processed")
+		}
+	}
+}
