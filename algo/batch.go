@@ -55,3 +55,28 @@ func Lease(p Params, s *State, now, want int64) (granted int64, r Result) {
 	}
 	return granted, r
 }
+
+// TakeLease decides costs as Batch does and, when every cost was
+// admitted and want > 0, then leases up to want units as Lease does, at
+// the same now: the call a coalesced batch of checks makes when it also
+// wants a lease for the checks that will follow. It returns how many
+// costs were admitted, how many units were leased (0 when some cost was
+// denied, when want ≤ 0, or when nothing more fits) and one Result, as
+// the Redis scripts' takelease op replies it:
+//
+//   - with a lease granted, the Result of the lease (Allowed, RetryAfter
+//     0, Remaining and Reset after the lease);
+//   - otherwise the Result of Batch.
+//
+// costs must not be empty; p must be valid.
+func TakeLease(p Params, s *State, now int64, costs []int64, want int64) (admitted int, leased int64, r Result) {
+	admitted, r = Batch(p, s, now, costs)
+	if admitted < len(costs) || want <= 0 {
+		return admitted, 0, r
+	}
+	g, lr := Lease(p, s, now, want)
+	if g == 0 {
+		return admitted, 0, r
+	}
+	return admitted, g, lr
+}

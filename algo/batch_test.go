@@ -1,6 +1,7 @@
 package algo_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -46,9 +47,37 @@ func TestLease(t *testing.T) {
 	check(t0+1500*ms.Microseconds(), 7, 5, allow(10, 0, 1500*ms))
 }
 
-// TestBatchLeaseRandom checks Batch against Decide in a loop, and that
-// Lease grants exactly the largest cost a take would allow, on random
-// timelines of every algorithm.
+func TestTakeLease(t *testing.T) {
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: s1}
+	var s algo.State
+	check := func(now int64, costs []int64, want int64, wantN int, wantL int64, wantR algo.Result) {
+		t.Helper()
+		wantR.Limit, wantR.At = 10, now
+		n, l, r := algo.TakeLease(p, &s, now, costs, want)
+		if n != wantN || l != wantL || r != wantR {
+			t.Errorf("TakeLease(%v, %d) at t0+%dµs = %d, %d, %+v; want %d, %d, %+v", costs, want, now-t0, n, l, r, wantN, wantL, wantR)
+		}
+	}
+	// 5 taken, 4 leased: the Result is the lease's.
+	check(t0, []int64{2, 3}, 4, 2, 4, allow(10, 1, 900*ms))
+	// The take empties the bucket: no lease, the Result is the take's.
+	check(t0, []int64{1}, 5, 1, 0, allow(10, 0, s1))
+	check(t0, []int64{1}, 5, 0, 0, deny(10, 0, s1, 100*ms))
+	at := t0 + 250*ms.Microseconds() // 2.5 tokens
+	before := s
+	check(at, []int64{0}, 0, 1, 0, allow(10, 1, 850*ms)) // want 0: no lease
+	s = before
+	check(at, []int64{1}, -3, 1, 0, allow(10, 1, 850*ms))
+	s = before
+	check(at, []int64{1, 11}, 3, 1, 0, algo.Result{Remaining: 1, Reset: 850 * ms, RetryAfter: algo.Never})
+	s = before
+	check(at, []int64{1}, 3, 1, 1, allow(10, 0, 950*ms)) // a lease of what is left
+}
+
+// TestBatchLeaseRandom checks Batch against Decide in a loop, that
+// Lease grants exactly the largest cost a take would allow, and that
+// TakeLease is a Batch followed, when every cost was admitted, by a Lease,
+// on random timelines of every algorithm.
 func TestBatchLeaseRandom(t *testing.T) {
 	seeds := 100
 	if testing.Short() {
@@ -76,6 +105,17 @@ func batchLeaseTimeline(t *testing.T, rng *rand.Rand, p algo.Params) {
 	for range 200 {
 		if rng.IntN(3) > 0 {
 			now += rng.Int64N(2*per/p.Limit + 1)
+		}
+		if rng.IntN(4) == 0 {
+			costs := make([]int64, 1+rng.IntN(3))
+			for i := range costs {
+				costs[i] = rng.Int64N(capacity + 1)
+			}
+			takeLeaseStep(t, p, &s, now, costs, rng.Int64N(capacity+2))
+			if t.Failed() {
+				return
+			}
+			continue
 		}
 		if rng.IntN(2) == 0 {
 			costs := make([]int64, 1+rng.IntN(5))
@@ -136,5 +176,31 @@ func TestLeaseDurations(t *testing.T) {
 	g, r := algo.Lease(p, &s, t0, 3)
 	if g != 3 || r.Reset != 750*ms || r.Remaining != 1 {
 		t.Fatalf("Lease(3) = %d, %+v", g, r)
+	}
+}
+
+// takeLeaseStep checks one TakeLease against Batch and Lease.
+func takeLeaseStep(t *testing.T, p algo.Params, s *algo.State, now int64, costs []int64, want int64) {
+	t.Helper()
+	before := clone(*s)
+	n, l, r := algo.TakeLease(p, s, now, costs, want)
+	batch := clone(before)
+	bn, br := algo.Batch(p, &batch, now, costs)
+	what := fmt.Sprintf("at %d: TakeLease(%v, %d) on %+v = %d, %d, %+v", now, costs, want, before, n, l, r)
+	switch {
+	case n != bn:
+		t.Errorf("%s; Batch admitted %d", what, bn)
+	case l < 0 || l > max(want, 0) || l > 0 && n < len(costs):
+		t.Errorf("%s: leased out of range", what)
+	case l == 0 && (r != br || !equal(*s, batch)):
+		t.Errorf("%s, state %+v; Batch gives %+v, state %+v", what, *s, br, batch)
+	case l > 0:
+		lease := clone(batch)
+		if lg, lr := algo.Lease(p, &lease, now, want); lg != l || lr != r || !equal(*s, lease) {
+			t.Errorf("%s, state %+v; Batch then Lease give %d, %+v, state %+v", what, *s, lg, lr, lease)
+		}
+	}
+	if n == len(costs) && l < want && algo.Decide(p, new(clone(batch)), now, l+1, true).Allowed {
+		t.Errorf("%s, yet %d more fit", what, l+1)
 	}
 }

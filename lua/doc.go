@@ -8,7 +8,7 @@
 //
 //	KEYS[1]  the counter's key; the script touches no other key, so it is
 //	         Cluster-safe. All state of a counter lives in that key.
-//	ARGV[1]  op: "take", "peek", "lease" or "refund"
+//	ARGV[1]  op: "take", "takelease", "peek", "lease" or "refund"
 //	ARGV[2]  limit L (>= 1)
 //	ARGV[3]  period P in µs (>= 1)
 //	ARGV[4]  burst: the capacity of token_bucket and gcra; "0" means L.
@@ -21,6 +21,11 @@
 //	         order at the same now, each consuming before the next is
 //	         decided; the longest prefix of allowed costs is admitted and
 //	         deciding stops at the first denial (algo.Batch).
+//	takelease
+//	         ARGV[6] = want (>= 0), ARGV[7..] = costs c1..cn (n >= 1):
+//	         the costs are decided as by take; then, if all of them were
+//	         admitted and want > 0, a lease of want as by lease, at the
+//	         same now, in the same call (algo.TakeLease).
 //	peek     ARGV[6] = cost: decide, consume nothing, write nothing.
 //	lease    ARGV[6] = want: grant the largest g <= want that a take would
 //	         allow now (0 if none) and consume it as a take of g
@@ -28,14 +33,22 @@
 //	refund   ARGV[6] = cost, ARGV[7] = takenAt µs (the now_us of the take):
 //	         algo.Refund.
 //
-// A cost or want below 1 counts as 1. Every op replies with an array of
-// five integers {admitted, remaining, reset_us, retry_after_us, now_us}:
+// A cost, or the want of lease, below 1 counts as 1; the want of
+// takelease must be >= 0, and 0 asks for no lease. Every op but takelease
+// replies with an array of five integers {admitted, remaining, reset_us,
+// retry_after_us, now_us}; takelease adds a sixth, leased:
 //
 //	take     admitted = how many costs of the prefix were admitted;
 //	         remaining and reset_us are those of the last admitted cost
 //	         (of the first denied one when none was); retry_after_us is
 //	         that of the first denied cost, 0 if all were admitted, -1
 //	         (algo.Never) when it exceeds the capacity.
+//	takelease
+//	         {admitted, remaining, reset_us, retry_after_us, now_us,
+//	         leased}: admitted and retry_after_us as take; leased = units
+//	         granted by the lease (0 when a cost was denied, want is 0 or
+//	         nothing more fits); remaining and reset_us after the lease
+//	         when leased > 0, else as take.
 //	peek     admitted 1 or 0; the rest as algo.Decide with peek.
 //	lease    admitted = units granted; remaining and reset_us after the
 //	         grant; retry_after_us 0 if any unit was granted, else the
@@ -46,7 +59,12 @@
 //
 // Every write sets the key's TTL to 2 × max(P, time until the state is
 // idle), rounded up to whole milliseconds, so that a key expires only once
-// it is equivalent to a missing one; a peek or a denial writes nothing. The
-// state layouts are described at the top of each script and in
+// it is equivalent to a missing one; a peek, a denial, or a lease or
+// takelease that admits and grants nothing writes nothing. The state
+// layouts are described at the top of each script and in
 // docs/algorithms.md.
+//
+// HeartbeatSource returns one more script, heartbeat.lua, not prefixed
+// with lib.lua and with a calling convention of its own: the registry of
+// live daemons (see its doc comment).
 package lua

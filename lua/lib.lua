@@ -70,6 +70,24 @@ local function expire(p, idle)
   redis.call('PEXPIRE', key, int(ceil_div(2 * math.max(p.per, idle), 1000)))
 end
 
+-- grant leases the largest g <= want (want >= 1) that a take would allow
+-- at now and consumes it from st, in memory (algo.Lease). It returns g,
+-- remaining and reset after the grant, and retry 0; or, when nothing
+-- fits, 0 and the reply of a take of cost 1 (st untouched).
+local function grant(alg, p, st, now, want)
+  local ok, rem, rst, ret = alg.decide(p, st, now, 1, true)
+  if not ok then
+    return 0, rem, rst, ret
+  end
+  -- Remaining is exact: after a cost of 1, rem more units fit.
+  local g = math.min(want, rem + 1)
+  ok, rem, rst = alg.decide(p, st, now, g, false)
+  if not ok then
+    error('rld: BUG: a lease within remaining was denied')
+  end
+  return g, rem, rst, 0
+end
+
 -- run executes ARGV's operation with the algorithm alg, which provides:
 --   alg.burst                          true if ARGV[4] sets the capacity
 --   alg.load(p, now) -> st             the key's state (missing: fresh)
@@ -95,13 +113,21 @@ local function run(alg)
   local p = {limit = limit, per = per, cap = limit}
   if alg.burst and burst > 0 then p.cap = burst end
 
-  if op == 'take' then
-    if #ARGV < 6 then
-      return redis.error_reply('ERR rld: take wants at least one cost')
+  if op == 'take' or op == 'takelease' then
+    -- takelease: ARGV[6] is want, the costs follow.
+    local first, want = 6, 0
+    if op == 'takelease' then
+      first, want = 7, arg(6)
+      if not want or want < 0 then
+        return redis.error_reply('ERR rld: takelease wants ARGV[6] want >= 0')
+      end
+    end
+    if #ARGV < first then
+      return redis.error_reply('ERR rld: ' .. op .. ' wants at least one cost')
     end
     local st = alg.load(p, now)
     local admitted, remaining, reset, retry = 0, 0, 0, 0
-    for i = 6, #ARGV do
+    for i = first, #ARGV do
       local cost = arg(i)
       if not cost then
         return redis.error_reply('ERR rld: bad cost ' .. tostring(ARGV[i]))
@@ -114,9 +140,19 @@ local function run(alg)
       end
       admitted = admitted + 1
     end
+    local leased = 0
+    if admitted == #ARGV - first + 1 and want > 0 then
+      local g, rem, rst = grant(alg, p, st, now, want)
+      if g > 0 then
+        leased, remaining, reset = g, rem, rst
+      end
+    end
     if admitted > 0 then
       alg.save(p, st, now)
       expire(p, alg.idle(p, st, now))
+    end
+    if op == 'takelease' then
+      return {admitted, remaining, reset, retry, now, leased}
     end
     return {admitted, remaining, reset, retry, now}
   end
@@ -132,19 +168,12 @@ local function run(alg)
     local ok, rem, rst, ret = alg.decide(p, st, now, x, true)
     return {ok and 1 or 0, rem, rst, ret, now}
   elseif op == 'lease' then
-    local ok, rem, rst, ret = alg.decide(p, st, now, 1, true)
-    if not ok then
-      return {0, rem, rst, ret, now}
+    local granted, rem, rst, ret = grant(alg, p, st, now, x)
+    if granted > 0 then
+      alg.save(p, st, now)
+      expire(p, alg.idle(p, st, now))
     end
-    -- Remaining is exact: after a cost of 1, rem more units fit.
-    local granted = math.min(x, rem + 1)
-    ok, rem, rst = alg.decide(p, st, now, granted, false)
-    if not ok then
-      return redis.error_reply('ERR rld: BUG: a lease within remaining was denied')
-    end
-    alg.save(p, st, now)
-    expire(p, alg.idle(p, st, now))
-    return {granted, rem, rst, 0, now}
+    return {granted, rem, rst, ret, now}
   elseif op == 'refund' then
     local taken_at = arg(7)
     if not taken_at then
@@ -156,5 +185,5 @@ local function run(alg)
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, 0, now}
   end
-  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, peek, lease or refund)')
+  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease or refund)')
 end

@@ -39,6 +39,25 @@ func Source(algorithm string) (string, bool) {
 	return src, ok
 }
 
+// heartbeat is heartbeat.lua, whole.
+var heartbeat = mustRead("heartbeat.lua")
+
+// HeartbeatSource returns the script of the registry of live daemons,
+// ready for SCRIPT LOAD, EVALSHA or EVAL:
+//
+//	KEYS[1]  a sorted set of daemon ids, each scored by the Redis TIME
+//	         (unix ms) until which that daemon counts as live
+//	ARGV[1]  op: "beat" or "leave"
+//	ARGV[2]  the daemon's id (not empty)
+//	beat     ARGV[3] = ttl in ms (>= 1): record the daemon as live until
+//	         now + ttl, remove the members whose time has passed, keep
+//	         the key for at least ttl ms, and reply how many daemons are
+//	         live (this one included)
+//	leave    remove the daemon; reply 1 if it was there, else 0
+//
+// It touches KEYS[1] only, so it runs on Cluster.
+func HeartbeatSource() string { return heartbeat }
+
 // Names lists the algorithm names in a fixed order, that of algo.Kind. The
 // caller may modify the returned slice.
 func Names() []string { return slices.Clone(names) }

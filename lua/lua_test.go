@@ -57,19 +57,21 @@ const (
 	peek
 	lease
 	refund
+	takelease
 )
 
-var opNames = [...]string{take: "take", peek: "peek", lease: "lease", refund: "refund"}
+var opNames = [...]string{take: "take", peek: "peek", lease: "lease", refund: "refund", takelease: "takelease"}
 
 // step is one call of a timeline, at start+at µs: a take of the batch
-// costs, a peek of costs[0], a lease of want costs[0], or a refund of
-// costs[0] units taken at start+takenAt.
+// costs, a peek of costs[0], a lease of want costs[0], a refund of
+// costs[0] units taken at start+takenAt, or a takelease of want costs[0]
+// after the batch costs[1:].
 type step struct {
 	at      int64
 	op      op
 	costs   []int64
 	takenAt int64
-	want    []int64 // if set: the reply's first four integers
+	want    []int64 // if set: the reply without now_us
 }
 
 func tk(at int64, costs ...int64) step { return step{at: at, op: take, costs: costs} }
@@ -78,8 +80,17 @@ func ls(at, want int64) step           { return step{at: at, op: lease, costs: [
 func rf(at, cost, takenAt int64) step {
 	return step{at: at, op: refund, costs: []int64{cost}, takenAt: takenAt}
 }
+func tl(at, want int64, costs ...int64) step {
+	return step{at: at, op: takelease, costs: append([]int64{want}, costs...)}
+}
 func (s step) is(admitted, remaining int64, reset, retry time.Duration) step {
 	s.want = []int64{admitted, remaining, reset.Microseconds(), retryMicros(retry)}
+	return s
+}
+
+// leased completes the expected reply of a takelease step.
+func (s step) leased(n int64) step {
+	s.want = append(s.want, n)
 	return s
 }
 
@@ -126,6 +137,9 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	case lease:
 		g, res := algo.Lease(p, &r.s, now, costs[0])
 		want = reply(g, res, now)
+	case takelease:
+		n, l, res := algo.TakeLease(p, &r.s, now, costs[1:], costs[0])
+		want = append(reply(int64(n), res, now), l)
 	case refund:
 		algo.Refund(p, &r.s, now, takenAt, costs[0])
 		res := algo.Decide(p, &r.s, now, 1, true)
@@ -178,7 +192,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	switch {
 	case o == peek && wrote:
 		t.Errorf("%s: a peek wrote (PTTL %d)", what, pttl)
-	case (o == take || o == lease) && wrote != (got[0] > 0):
+	case (o == take || o == lease || o == takelease) && wrote != (got[0] > 0):
 		t.Errorf("%s: admitted %d, yet wrote=%v (PTTL %d)", what, got[0], wrote, pttl)
 	case o == refund && !equal(before, r.s) && pttl == -1:
 		t.Errorf("%s: a refund changed the state but set no TTL", what)
@@ -304,8 +318,9 @@ func (r *runner) run(start int64, steps []step) {
 	r.t.Helper()
 	for i, st := range steps {
 		got := r.apply(st.op, start+st.at, st.costs, start+st.takenAt)
-		if st.want != nil && !slices.Equal(got[:4], st.want) {
-			r.t.Errorf("step %d (%s %v at +%dµs): reply %v, want %v", i, opNames[st.op], st.costs, st.at, got[:4], st.want)
+		noNow := append(got[:4:4], got[5:]...)
+		if st.want != nil && !slices.Equal(noNow, st.want) {
+			r.t.Errorf("step %d (%s %v at +%dµs): reply %v, want %v", i, opNames[st.op], st.costs, st.at, noNow, st.want)
 		}
 		if r.t.Failed() {
 			r.t.FailNow()
@@ -411,6 +426,56 @@ func TestTimelines(t *testing.T) {
 			ls(1200*m1, 3).is(2, 0, s1, 0),
 		},
 	}, {
+		name: "takelease: token bucket",
+		p:    algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: s1},
+		steps: []step{
+			tl(0, 4, 2, 3).is(2, 1, 900*ms, 0).leased(4),
+			tl(0, 5, 1).is(1, 0, s1, 0).leased(0), // the take empties it
+			tl(0, 5, 1).is(0, 0, s1, 100*ms).leased(0),
+			tl(250*m1, 0, 1).is(1, 1, 850*ms, 0).leased(0), // want 0: no lease
+			tl(250*m1, 3, 1, 11).is(1, 0, 950*ms, algo.Never).leased(0),
+			tl(500*m1, 9, 1).is(1, 0, s1, 0).leased(2),
+			rf(500*m1, 2, 500*m1).is(0, 1, 900*ms, 0),
+			tl(500*m1, 1, 0, 0).is(2, 0, s1, 0).leased(0),
+		},
+	}, {
+		name: "takelease: gcra",
+		p:    algo.Params{Kind: algo.GCRA, Limit: 3, Period: s1},
+		steps: []step{
+			tl(0, 5, 1).is(1, 0, 1000002*time.Microsecond, 0).leased(2),
+			tl(333334, 1, 1).is(1, 0, 1000002*time.Microsecond, 0).leased(0),
+			tl(333334, 1, 1).is(0, 0, 1000002*time.Microsecond, 333334*time.Microsecond).leased(0),
+			tl(5*sec, 2, 1, 1).is(2, 0, 1000002*time.Microsecond, 0).leased(1),
+		},
+	}, {
+		name: "takelease: fixed window",
+		p:    algo.Params{Kind: algo.FixedWindow, Limit: 3, Period: s1},
+		steps: []step{
+			tl(999*m1, 5, 1).is(1, 0, ms, 0).leased(2),
+			tl(sec, 1, 1, 1).is(2, 0, s1, 0).leased(1),
+			rf(sec+500*m1, 1, sec).is(0, 0, 500*ms, 0),
+			tl(sec+500*m1, 4, 1).is(1, 0, 500*ms, 0).leased(0),
+			tl(sec+500*m1, 4, 1).is(0, 0, 500*ms, 500*ms).leased(0),
+		},
+	}, {
+		name: "takelease: sliding counter",
+		p:    algo.Params{Kind: algo.SlidingCounter, Limit: 10, Period: s1},
+		steps: []step{
+			tl(0, 3, 4).is(1, 3, 2*s1, 0).leased(3),
+			tl(500*m1, 100, 3, 1).is(1, 0, 1500*ms, 600*ms).leased(0),
+			tl(1500*m1, 100, 1).is(1, 0, 1500*ms, 0).leased(4),
+		},
+	}, {
+		name: "takelease: sliding log",
+		p:    algo.Params{Kind: algo.SlidingLog, Limit: 3, Period: s1},
+		steps: []step{
+			tl(0, 5, 1).is(1, 0, s1, 0).leased(2),
+			tl(500*m1, 1, 1).is(0, 0, 500*ms, 500*ms).leased(0),
+			rf(500*m1, 1, 0),
+			tl(500*m1, 1, 1).is(1, 0, s1, 0).leased(0),
+			tl(sec, 5, 1).is(1, 0, s1, 0).leased(1),
+		},
+	}, {
 		name: "clock steps back",
 		p:    algo.Params{Kind: algo.SlidingLog, Limit: 4, Period: s1},
 		steps: []step{
@@ -459,14 +524,16 @@ func scaledTimeline(p algo.Params) []step {
 	P, C := p.PeriodMicros(), p.Capacity()
 	fill := max(C-1, 1)
 	return []step{
-		tk(0, 1),
+		tl(0, 1, 1),
 		pk(0, C),
+		tl(0, 0, 1),
 		tk(0, fill, 1, 1),
 		tk(0, 1),
 		tk(0, C+1),
 		pk(P/10, 1),
 		tk(P/10, 1, 1),
 		ls(P/4, C),
+		tl(P/4, C, 1),
 		ls(P/4, 1),
 		rf(P/4, 1, P/4),
 		rf(P/4, 2, 0),
@@ -475,7 +542,9 @@ func scaledTimeline(p algo.Params) []step {
 		tk(P, 2),
 		tk(P, C),
 		tk(P+1, 1, 1, C+1),
+		tl(P+1, C, 1, C+1),
 		ls(3*P/2, 2),
+		tl(3*P/2, 1, 1, 1),
 		rf(3*P/2, 5, P),
 		tk(3*P/2, 2, 2, 2),
 		tk(2*P-1, 1),
@@ -483,18 +552,21 @@ func scaledTimeline(p algo.Params) []step {
 		pk(2*P, 1),
 		tk(2*P-P/3, 1), // the clock steps back
 		rf(2*P-P/3, 1, 2*P),
+		tl(5*P, C, C),
 		tk(5*P, C),
+		tl(5*P+P/7, 2, 1),
 		ls(5*P+P/7, C),
 		rf(5*P+P/7, C, 5*P+P/7),
 		rf(5*P+P/7, 1, 5*P),
-		tk(20*P, 1),
-		rf(20*P, 1, 20*P),
+		tl(20*P, C, 1),
+		rf(20*P, C, 20*P),
+		tl(21*P, C+5, 1, 1),
 	}
 }
 
 // TestRandomDifferential runs seeded random timelines: random parameters
 // (some with L×P or C×P near 2^53), time steps (some backwards), batches,
-// peeks, leases and refunds.
+// peeks, leases, batches with a lease (takelease) and refunds.
 func TestRandomDifferential(t *testing.T) {
 	e := newEnv(t)
 	seeds, ops := 20, 100
@@ -575,7 +647,16 @@ func randomTimeline(r *runner, rng *rand.Rand, ops int) {
 		case 13:
 			now = max(now-rng.Int64N(per/2+1), 1) // the clock steps back
 		}
-		switch rng.IntN(10) {
+		switch rng.IntN(12) {
+		case 10, 11:
+			costs := make([]int64, 2+rng.IntN(3))
+			costs[0] = rng.Int64N(capacity + 2) // want
+			for i := 1; i < len(costs); i++ {
+				costs[i] = cost()
+			}
+			if got := r.apply(takelease, now, costs, 0); got[0] > 0 {
+				takes = append(takes, now)
+			}
 		case 0, 1, 2, 3, 4:
 			costs := make([]int64, 1+rng.IntN(4))
 			for i := range costs {
@@ -637,6 +718,7 @@ func TestTTL(t *testing.T) {
 			e.c.do("DEL", key)
 			call("peek", "1")
 			call("take", itoa(tt.p.Capacity()+1))
+			call("takelease", "5", itoa(tt.p.Capacity()+1))
 			call("refund", "1", now)
 			if exists() {
 				t.Fatal("a peek, a denial or a refund on a missing key created it")
@@ -696,13 +778,16 @@ func TestOnlyKeys1(t *testing.T) {
 			{"refund", "3", "1000000", "0", itoa(t0 + 600_000), "1", itoa(t0 + 500_000)},
 			{"take", "3", "1000000", "0", "0", "1"},
 			{"lease", "3", "1000000", "0", "0", "2"},
+			{"takelease", "3", "1000000", "0", itoa(t0 + 5_000_000), "1", "1"},
+			{"takelease", "3", "1000000", "0", "0", "2", "1"},
 		} {
 			calls = append(calls, call{key, args})
 		}
 	}
+	perKind := len(calls) / len(kinds)
 	for i, c := range calls {
 		e.c.do("ECHO", fmt.Sprintf("rld-call-%d", i))
-		all := append([]string{"EVALSHA", e.shas[kinds[i/8]], "1", c.key}, c.args...)
+		all := append([]string{"EVALSHA", e.shas[kinds[i/perKind]], "1", c.key}, c.args...)
 		if _, err := ints(e.c.do(all...)); err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}
@@ -784,6 +869,10 @@ func TestErrors(t *testing.T) {
 		{"peek", "10", "1000000", "0", "0"},
 		{"refund", "10", "1000000", "0", "0", "1"},
 		{"drain", "10", "1000000", "0", "0", "1"},
+		{"takelease", "10", "1000000", "0", "0", "1"},
+		{"takelease", "10", "1000000", "0", "0", "-1", "1"},
+		{"takelease", "10", "1000000", "0", "0", "x", "1"},
+		{"takelease", "10", "1000000", "0", "0", "1", "1.5"},
 	} {
 		all := append([]string{"EVALSHA", sha, "1", "{err}k"}, args...)
 		if v, ok := e.c.do(all...).(redisError); !ok || !strings.Contains(string(v), "rld") {
@@ -834,4 +923,56 @@ func clone(s algo.State) algo.State {
 
 func equal(a, b algo.State) bool {
 	return a.A == b.A && a.B == b.B && a.C == b.C && slices.Equal(a.Log, b.Log)
+}
+
+// TestHeartbeatScript checks the registry of live daemons; redisx tests
+// the expiry in time.
+func TestHeartbeatScript(t *testing.T) {
+	e := newEnv(t)
+	src := lua.HeartbeatSource()
+	sha, ok := e.c.do("SCRIPT", "LOAD", src).(string)
+	if !ok {
+		t.Fatalf("SCRIPT LOAD: %v", sha)
+	}
+	const key = "{hb}daemons"
+	call := func(args ...string) any {
+		t.Helper()
+		return e.c.do(append([]string{"EVALSHA", sha, "1", key}, args...)...)
+	}
+	// A member whose deadline has passed, as a daemon that died leaves.
+	e.c.do("ZADD", key, "1", "dead")
+	for i, tt := range []struct {
+		args []string
+		want int64
+	}{
+		{[]string{"beat", "a", "60000"}, 1}, // "dead" is gone
+		{[]string{"beat", "b", "60000"}, 2},
+		{[]string{"beat", "a", "1000"}, 2},
+		{[]string{"beat", "c", "120000"}, 3},
+		{[]string{"leave", "b"}, 1},
+		{[]string{"leave", "b"}, 0},
+		{[]string{"beat", "a", "60000"}, 2},
+	} {
+		if got := call(tt.args...); got != tt.want {
+			t.Errorf("call %d %v: %v, want %d", i, tt.args, got, tt.want)
+		}
+	}
+	if got := e.c.do("ZSCORE", key, "dead"); got != nil {
+		t.Errorf("the stale member is still there: %v", got)
+	}
+	// The key lives as long as the longest ttl given (c's 120 s).
+	if pttl := e.c.do("PTTL", key).(int64); pttl <= 60_000 || pttl > 120_000 {
+		t.Errorf("PTTL %d, want in (60000, 120000]", pttl)
+	}
+	for _, args := range [][]string{
+		{"beat", "", "1000"},
+		{"beat", "a"},
+		{"beat", "a", "0"},
+		{"beat", "a", "1.5"},
+		{"stop", "a", "1000"},
+	} {
+		if v, ok := call(args...).(redisError); !ok || !strings.Contains(string(v), "rld") {
+			t.Errorf("%q: reply %v, want an rld error", args, v)
+		}
+	}
 }

@@ -112,14 +112,15 @@ func readValue(r *bufio.Reader) (any, error) {
 	return nil, fmt.Errorf("unexpected reply %q", line)
 }
 
-// ints converts a script's reply to its five integers.
+// ints converts a script's reply to its integers: five, or six for
+// takelease.
 func ints(v any) ([]int64, error) {
 	if err, ok := v.(redisError); ok {
 		return nil, err
 	}
 	vs, ok := v.([]any)
-	if !ok || len(vs) != 5 {
-		return nil, fmt.Errorf("reply %#v, want 5 integers", v)
+	if !ok || len(vs) != 5 && len(vs) != 6 { // 6: takelease
+		return nil, fmt.Errorf("reply %#v, want 5 or 6 integers", v)
 	}
 	out := make([]int64, len(vs))
 	for i, x := range vs {

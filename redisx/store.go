@@ -67,7 +67,8 @@ func AppendKey(dst []byte, prefix string, key []byte, k algo.Kind) []byte {
 // keys disappear on their own and expiry never changes a decision.
 //
 // Every call lasts at most the Client's Timeout, or until the deadline of
-// its ctx if that comes first; the cancellation of ctx is not followed
+// its ctx if that comes first (Do, the batch of many ops, until ctx's
+// deadline when it has one); the cancellation of ctx is not followed
 // (see Client). Calls are never retried: a call that timed out may have
 // been applied, and an admission must not be applied twice.
 type Store struct {
@@ -143,6 +144,43 @@ func (s *Store) Lease(ctx context.Context, key []byte, p algo.Params, want int64
 	return v[0], result(p, v, v[0] > 0), nil
 }
 
+// TakeLease takes costs[0], costs[1], … from key's limit as TakeBatch
+// does and, when every cost was admitted and want > 0, then leases up to
+// want units as Lease does, in the same call (the scripts' takelease op,
+// algo.TakeLease): a coalesced batch of checks that also refills the
+// cache's lease costs one round trip. It returns how many costs were
+// admitted, how many units were leased (0 when a cost was denied, want is
+// 0 or less, or nothing more fits) and the Result: the lease's when units
+// were leased, else TakeBatch's. Costs of 0 or less count as 1.
+//
+// With no costs, TakeLease is Lease when want > 0 (its Result is then a
+// denial, with the RetryAfter of a take of 1, when nothing was granted),
+// and admits nothing and returns an allowing Result otherwise.
+func (s *Store) TakeLease(ctx context.Context, key []byte, p algo.Params, costs []int64, want int64) (admitted int, leased int64, r algo.Result, err error) {
+	want = max(want, 0)
+	if len(costs) == 0 {
+		if want == 0 {
+			return 0, 0, algo.Result{Allowed: true, Limit: p.Capacity()}, nil
+		}
+		leased, r, err = s.Lease(ctx, key, p, want)
+		return 0, leased, r, err
+	}
+	args := make([]int64, 0, 1+len(costs))
+	args = append(args, want)
+	for _, c := range costs {
+		args = append(args, max(c, 1))
+	}
+	v, err := s.script(ctx, opBatch, "takelease", "takelease", 6, key, p, time.Time{}, args...)
+	if err != nil {
+		return 0, 0, algo.Result{}, err
+	}
+	n := int(v[0])
+	if v[5] > 0 {
+		return n, v[5], result(p, v, true), nil
+	}
+	return n, 0, result(p, v, n == len(costs)), nil
+}
+
 // Refund gives back cost units that Take admitted for key at takenAt
 // (the take's Result.At); see algo.Refund. A cost of 0 or less counts
 // as 1.
@@ -155,25 +193,28 @@ func (s *Store) Refund(ctx context.Context, key []byte, p algo.Params, cost int6
 // arguments (ARGV[6] on), and returns the script's five integers: admitted,
 // remaining, reset µs, retry-after µs (−1: never), now µs.
 func (s *Store) call(ctx context.Context, o op, key []byte, p algo.Params, now time.Time, opArgs ...int64) ([]int64, error) {
+	return s.script(ctx, o, o.String(), scriptOp[o], 5, key, p, now, opArgs...)
+}
+
+// script runs the script of p.Kind on key with the script op sop (ARGV[1])
+// and its arguments (ARGV[6] on), and returns the script's reply, which
+// must be n integers. o is the call's op in metrics, name in errors.
+func (s *Store) script(ctx context.Context, o op, name, sop string, n int, key []byte, p algo.Params, now time.Time, opArgs ...int64) ([]int64, error) {
 	rkey := string(AppendKey(make([]byte, 0, len(s.prefix)+len(key)+8), s.prefix, key, p.Kind))
 	if err := checkParams(p); err != nil {
-		return nil, fmt.Errorf("redisx: %s %q: %w", o, rkey, err)
+		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
 	}
 	rc, err := s.c.client()
 	if err != nil {
 		o.record(time.Now(), err)
-		return nil, fmt.Errorf("redisx: %s %q: %w", o, rkey, err)
+		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
 	}
 	clock := "0" // the script reads Redis TIME
 	if s.callerClock && !now.IsZero() {
 		clock = strconv.FormatInt(now.UnixMicro(), 10)
 	}
-	args := make([]string, 5, 5+len(opArgs))
-	args[0] = scriptOp[o]
-	args[1] = strconv.FormatInt(p.Limit, 10)
-	args[2] = strconv.FormatInt(p.PeriodMicros(), 10)
-	args[3] = strconv.FormatInt(p.Burst, 10)
-	args[4] = clock
+	args := make([]string, 0, 5+len(opArgs))
+	args = appendParams(args, sop, p, clock)
 	for _, a := range opArgs {
 		args = append(args, strconv.FormatInt(a, 10))
 	}
@@ -182,14 +223,24 @@ func (s *Store) call(ctx context.Context, o op, key []byte, p algo.Params, now t
 	cctx, cancel := s.c.callCtx(ctx)
 	v, err := scripts[p.Kind].Exec(cctx, rc, []string{rkey}, args).AsIntSlice()
 	cancel()
-	if err == nil && len(v) != 5 {
-		err = fmt.Errorf("script replied %d integers, want 5", len(v))
+	if err == nil && len(v) != n {
+		err = fmt.Errorf("script replied %d integers, want %d", len(v), n)
 	}
 	o.record(start, err)
 	if err != nil {
-		return nil, fmt.Errorf("redisx: %s %q: %w", o, rkey, err)
+		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
 	}
 	return v, nil
+}
+
+// appendParams appends ARGV[1..5] of a script call to args: the op sop,
+// p's limit, period (µs) and burst, and the clock ("0": Redis TIME).
+func appendParams(args []string, sop string, p algo.Params, clock string) []string {
+	return append(args, sop,
+		strconv.FormatInt(p.Limit, 10),
+		strconv.FormatInt(p.PeriodMicros(), 10),
+		strconv.FormatInt(p.Burst, 10),
+		clock)
 }
 
 // result maps a script's reply to an algo.Result.

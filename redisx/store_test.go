@@ -379,3 +379,73 @@ func TestPausedRedisFailsFast(t *testing.T) {
 	srv.Resume()
 	redistest.WaitFor(t, "calls to succeed after resume", func() bool { return take() == nil })
 }
+
+func TestTakeLease(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
+	ctx := context.Background()
+	for _, k := range kinds {
+		t.Run(k.String(), func(t *testing.T) {
+			// An hour: nothing refills during the test.
+			p := algo.Params{Kind: k, Limit: 10, Period: time.Hour}
+			key := []byte("takelease\x00\x01" + k.String())
+			check := func(costs []int64, want int64, wantN int, wantL, wantRemaining int64, allowed bool) algo.Result {
+				t.Helper()
+				n, l, r, err := rs.TakeLease(ctx, key, p, costs, want)
+				require.NoError(t, err)
+				assert.Equal(t, wantN, n, "admitted of %v, want %d", costs, want)
+				assert.Equal(t, wantL, l, "leased of %v, want %d", costs, want)
+				assert.Equal(t, wantRemaining, r.Remaining, "remaining of %v, want %d", costs, want)
+				assert.Equal(t, allowed, r.Allowed, "allowed of %v, want %d", costs, want)
+				assert.Equal(t, p.Limit, r.Limit)
+				return r
+			}
+			check([]int64{2}, 0, 1, 0, 8, true)           // want 0: no lease
+			check([]int64{2}, -5, 1, 0, 6, true)          // below 0 counts as 0
+			r := check([]int64{2, 11}, 5, 1, 0, 4, false) // a denial: no lease
+			assert.Equal(t, algo.Never, r.RetryAfter)
+			r = check([]int64{0, 1}, 1, 2, 1, 1, true) // a cost of 0 counts as 1
+			assert.Zero(t, r.RetryAfter)
+			check([]int64{1}, 100, 1, 0, 0, true) // the take empties it: nothing left to lease
+			r = check([]int64{1}, 100, 0, 0, 0, false)
+			assert.Positive(t, r.RetryAfter)
+
+			// A denial on a fresh key writes nothing.
+			fresh := []byte("takelease-fresh\x00" + k.String())
+			n, l, _, err := rs.TakeLease(ctx, fresh, p, []int64{11}, 3)
+			require.NoError(t, err)
+			assert.Equal(t, 0, n)
+			assert.Zero(t, l)
+			exists, err := redistest.Do(srv.Addr, "EXISTS", string(redisx.AppendKey(nil, "t:", fresh, k)))
+			require.NoError(t, err)
+			assert.Equal(t, "0", exists)
+
+			// No costs: a lease, or nothing.
+			n, l, r, err = rs.TakeLease(ctx, fresh, p, nil, 0)
+			require.NoError(t, err)
+			assert.True(t, r.Allowed)
+			assert.Equal(t, 0, n)
+			assert.Zero(t, l)
+			n, l, r, err = rs.TakeLease(ctx, fresh, p, nil, 3)
+			require.NoError(t, err)
+			assert.Equal(t, 0, n)
+			assert.Equal(t, int64(3), l)
+			assert.Equal(t, int64(7), r.Remaining)
+
+			// Three costs and a lease in one call against the same
+			// sequence in algo.
+			p2 := algo.Params{Kind: k, Limit: 20, Period: time.Hour, Burst: 25}
+			key2 := []byte("takelease-algo\x00" + k.String())
+			var st algo.State
+			for i, c := range [][]int64{{3, 4, 5}, {2}, {9, 9}, {1, 1, 1}} {
+				n, l, r, err := rs.TakeLease(ctx, key2, p2, c, 4)
+				require.NoError(t, err)
+				wn, wl, wr := algo.TakeLease(p2, &st, r.At, c, 4)
+				assert.Equal(t, wn, n, "call %d", i)
+				assert.Equal(t, wl, l, "call %d", i)
+				assert.Equal(t, wr.Allowed, r.Allowed, "call %d", i)
+				assert.Equal(t, wr.Remaining, r.Remaining, "call %d", i)
+			}
+		})
+	}
+}

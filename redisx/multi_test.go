@@ -1,0 +1,394 @@
+package redisx_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/redisx"
+)
+
+// infoInt returns the integer field of INFO section at addr.
+func infoInt(t *testing.T, addr, section, field string) int64 {
+	t.Helper()
+	info, err := redistest.Do(addr, "INFO", section)
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err, line)
+			return n
+		}
+	}
+	return 0
+}
+
+// cmdCalls returns how many times addr ran command since its stats were
+// reset (INFO commandstats).
+func cmdCalls(t *testing.T, addr, command string) int64 {
+	t.Helper()
+	info, err := redistest.Do(addr, "INFO", "commandstats")
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+command+":calls="); ok {
+			n, err := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
+			require.NoError(t, err, line)
+			return n
+		}
+	}
+	return 0
+}
+
+// cmdUsec returns how many µs addr spent running command since its stats
+// were reset (INFO commandstats).
+func cmdUsec(t *testing.T, addr, command string) int64 {
+	t.Helper()
+	info, err := redistest.Do(addr, "INFO", "commandstats")
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+command+":"); ok {
+			for f := range strings.SplitSeq(v, ",") {
+				if u, ok := strings.CutPrefix(f, "usec="); ok {
+					n, err := strconv.ParseInt(u, 10, 64)
+					require.NoError(t, err, line)
+					return n
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestDo: leases, peeks and returns of every algorithm in batches, with
+// invalid ops among them, against what the single calls do.
+func TestDo(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
+	ctx := context.Background()
+
+	var ops []redisx.Op
+	for _, k := range kinds {
+		p := algo.Params{Kind: k, Limit: 10, Period: time.Hour}
+		key := []byte("do\x00" + k.String())
+		ops = append(ops,
+			redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 4},
+			// The same key, later in the same pipeline: after the lease.
+			redisx.Op{Kind: redisx.OpPeek, Key: key, Params: p, N: 6},
+			redisx.Op{Kind: redisx.OpPeek, Key: key, Params: p, N: 7},
+			redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 100},
+			redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 1},
+		)
+	}
+	ops = append(ops,
+		redisx.Op{Kind: redisx.OpPeek, Key: []byte("bad"), Params: algo.Params{Limit: 0, Period: time.Second}, N: 1},
+		redisx.Op{Kind: 7, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 1},
+		redisx.Op{Kind: redisx.OpReturn, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 0},
+	)
+	require.NoError(t, rs.Do(ctx, ops))
+	for i, k := range kinds {
+		o := ops[5*i : 5*i+5]
+		for j := range o {
+			require.NoError(t, o[j].Err, "%s op %d", k, j)
+			assert.Equal(t, int64(10), o[j].Result.Limit)
+			assert.Positive(t, o[j].Result.At)
+		}
+		assert.Equal(t, int64(4), o[0].Granted, k.String())
+		assert.True(t, o[0].Result.Allowed, k.String())
+		assert.Equal(t, int64(6), o[0].Result.Remaining, k.String())
+		assert.True(t, o[1].Result.Allowed, "%s: 6 of 6 left fit", k)
+		assert.Zero(t, o[1].Granted)
+		assert.False(t, o[2].Result.Allowed, "%s: 7 of 6 left do not", k)
+		assert.Equal(t, int64(6), o[3].Granted, "%s: a lease grants what is left", k)
+		assert.Equal(t, int64(0), o[3].Result.Remaining, k.String())
+		assert.Zero(t, o[4].Granted, k.String())
+		assert.False(t, o[4].Result.Allowed, k.String())
+		assert.Positive(t, o[4].Result.RetryAfter, k.String())
+	}
+	bad := ops[len(ops)-3:]
+	for _, o := range bad {
+		require.Error(t, o.Err)
+		assert.Contains(t, o.Err.Error(), `"t:{bad}:tb"`)
+	}
+
+	// Return the units of the first lease of each key, then peek.
+	var back []redisx.Op
+	for i := range kinds {
+		lease := ops[5*i]
+		back = append(back,
+			redisx.Op{Kind: redisx.OpReturn, Key: lease.Key, Params: lease.Params, N: 3, TakenAt: lease.Result.At},
+			redisx.Op{Kind: redisx.OpPeek, Key: lease.Key, Params: lease.Params, N: 3},
+		)
+	}
+	require.NoError(t, rs.Do(ctx, back))
+	for i := 0; i < len(back); i += 2 {
+		k := back[i].Params.Kind
+		require.NoError(t, back[i].Err, k.String())
+		require.NoError(t, back[i+1].Err, k.String())
+		assert.Equal(t, int64(2), back[i].Result.Remaining, "%s: a peek of 1 after 3 came back", k)
+		assert.False(t, back[i].Result.Allowed, "%s: a return decides nothing", k)
+		assert.True(t, back[i+1].Result.Allowed, "%s: 3 units came back", k)
+	}
+
+	// Outputs are reset on reuse.
+	require.NoError(t, rs.Do(ctx, bad))
+	assert.Error(t, bad[0].Err)
+	require.NoError(t, rs.Do(ctx, nil))
+}
+
+// TestDoOneRoundTrip: a Do of 200 ops is 200 commands and a handful of
+// reads by Redis (one pipeline), where 200 single calls are 200 reads.
+func TestDoOneRoundTrip(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
+	ctx := context.Background()
+	const n = 200
+	ops := make([]redisx.Op, n)
+	for i := range ops {
+		ops[i] = redisx.Op{Kind: redisx.OpKind(i % 3), Key: []byte(fmt.Sprintf("rt-%d", i%50)),
+			Params: algo.Params{Kind: kinds[i%len(kinds)], Limit: 1000, Period: time.Minute}, N: 2, TakenAt: time.Now().UnixMicro()}
+	}
+	require.NoError(t, rs.Do(ctx, ops)) // warm: connections up, scripts loaded
+	for i := range ops {
+		require.NoError(t, ops[i].Err, "op %d", i)
+	}
+
+	_, err := redistest.Do(srv.Addr, "CONFIG", "RESETSTAT")
+	require.NoError(t, err)
+	reads := infoInt(t, srv.Addr, "stats", "total_reads_processed")
+	start := time.Now()
+	require.NoError(t, rs.Do(ctx, ops))
+	doTime := time.Since(start)
+	doReads := infoInt(t, srv.Addr, "stats", "total_reads_processed") - reads - 1 // the INFO's read
+	for i := range ops {
+		require.NoError(t, ops[i].Err, "op %d", i)
+	}
+	assert.Equal(t, int64(n), cmdCalls(t, srv.Addr, "evalsha"), "one EVALSHA per op, nothing else")
+	assert.Zero(t, cmdCalls(t, srv.Addr, "script"))
+	assert.Less(t, doReads, int64(20), "Redis read the batch in a few reads, not one per op")
+
+	reads = infoInt(t, srv.Addr, "stats", "total_reads_processed")
+	start = time.Now()
+	for i := range n {
+		o := ops[i]
+		_, _, err := rs.Lease(ctx, o.Key, o.Params, o.N)
+		require.NoError(t, err)
+	}
+	seqTime := time.Since(start)
+	seqReads := infoInt(t, srv.Addr, "stats", "total_reads_processed") - reads - 1
+	assert.GreaterOrEqual(t, seqReads, int64(n))
+	t.Logf("%d ops: one Do took %s and %d reads by Redis; %d sequential calls took %s and %d reads",
+		n, doTime, doReads, n, seqTime, seqReads)
+
+	// A client whose Timeout is far too short for big batches: ctx's
+	// deadline bounds a Do instead.
+	rsBig := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}, Timeout: time.Millisecond}))
+	bigCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for _, size := range []int{1000, 2000, 5000} {
+		big := make([]redisx.Op, size)
+		for i := range big {
+			big[i] = redisx.Op{Kind: redisx.OpKind(i % 2), Key: []byte(fmt.Sprintf("big-%d", i)),
+				Params: algo.Params{Kind: kinds[i%len(kinds)], Limit: 1000, Period: time.Minute}, N: 1}
+		}
+		require.NoError(t, rsBig.Do(bigCtx, big))
+		_, err := redistest.Do(srv.Addr, "CONFIG", "RESETSTAT")
+		require.NoError(t, err)
+		var best time.Duration
+		for range 3 {
+			start := time.Now()
+			require.NoError(t, rsBig.Do(bigCtx, big))
+			if d := time.Since(start); best == 0 || d < best {
+				best = d
+			}
+		}
+		for i := range big {
+			require.NoError(t, big[i].Err, "%d ops: op %d", size, i)
+		}
+		t.Logf("a Do of %d ops took %s (best of 3); Redis ran the scripts in %s per Do",
+			size, best, time.Duration(cmdUsec(t, srv.Addr, "evalsha")/3)*time.Microsecond)
+	}
+	// Without a deadline in ctx, the Timeout of 1ms bounds the Do.
+	big := make([]redisx.Op, 2000)
+	for i := range big {
+		big[i] = redisx.Op{Kind: redisx.OpPeek, Key: []byte(fmt.Sprintf("big-%d", i)), Params: algo.Params{Limit: 10, Period: time.Minute}, N: 1}
+	}
+	start = time.Now()
+	require.NoError(t, rsBig.Do(ctx, big))
+	assert.ErrorIs(t, big[len(big)-1].Err, context.DeadlineExceeded)
+	t.Logf("a Do of %d ops under a 1ms Timeout gave up after %s", len(big), time.Since(start))
+}
+
+// TestDoScriptLoss: after SCRIPT FLUSH, a Do loads the scripts on the
+// node and sends the ops again; with SCRIPT unavailable, it falls back to
+// EVAL. Each op is applied once.
+func TestDoScriptLoss(t *testing.T) {
+	for _, renamed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("script-renamed=%v", renamed), func(t *testing.T) {
+			script := "SCRIPT"
+			var srv *redistest.Server
+			if renamed {
+				// SCRIPT LOAD fails: the last resort, EVAL, must run.
+				script = "SCRIPTX"
+				srv = redistest.Standalone(t, "--rename-command", "SCRIPT", script)
+			} else {
+				srv = redistest.Standalone(t)
+			}
+			rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
+			ctx := context.Background()
+			lease := func(round int) {
+				t.Helper()
+				var ops []redisx.Op
+				for _, k := range kinds {
+					ops = append(ops, redisx.Op{Kind: redisx.OpLease, Key: []byte("flush"),
+						Params: algo.Params{Kind: k, Limit: 10, Period: time.Hour}, N: 2})
+				}
+				require.NoError(t, rs.Do(ctx, ops))
+				for _, o := range ops {
+					require.NoError(t, o.Err, "round %d: %s", round, o.Params.Kind)
+					assert.Equal(t, int64(2), o.Granted, "round %d: %s", round, o.Params.Kind)
+					assert.Equal(t, 10-2*int64(round+1), o.Result.Remaining, "round %d: %s: applied once", round, o.Params.Kind)
+				}
+			}
+			lease(0) // the scripts are unknown to a new server
+			_, err := redistest.Do(srv.Addr, script, "FLUSH")
+			require.NoError(t, err)
+			lease(1)
+			lease(2)
+			evals := cmdCalls(t, srv.Addr, "eval")
+			if renamed {
+				assert.Equal(t, int64(2*len(kinds)), evals, "EVAL after each loss")
+			} else {
+				assert.Zero(t, evals, "SCRIPT LOAD, then EVALSHA")
+			}
+		})
+	}
+}
+
+// TestDoCluster: one Do carries ops for keys on all three primaries; each
+// key is decided on its primary; after SCRIPT FLUSH on every node a Do
+// still works. Heartbeats from two Stores share one registry.
+func TestDoCluster(t *testing.T) {
+	c := redistest.StartCluster(t)
+	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: c.Addrs()[:2], Mode: redisx.Cluster}))
+	ctx := context.Background()
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
+
+	perPrimary := map[string][]string{}
+	var ops []redisx.Op
+	for i := 0; len(ops) < 60; i++ {
+		key := []byte(fmt.Sprintf("multi-%d", i))
+		rkey := string(redisx.AppendKey(nil, "t:", key, p.Kind))
+		addr := c.PrimaryFor(rkey).Addr
+		if len(perPrimary[addr]) == 20 {
+			continue
+		}
+		perPrimary[addr] = append(perPrimary[addr], rkey)
+		ops = append(ops, redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 3})
+	}
+	require.Len(t, perPrimary, 3)
+	for _, primary := range c.Primaries() {
+		_, err := redistest.Do(primary.Addr, "CONFIG", "RESETSTAT")
+		require.NoError(t, err)
+	}
+	require.NoError(t, rs.Do(ctx, ops))
+	for i, o := range ops {
+		require.NoError(t, o.Err, "op %d", i)
+		assert.Equal(t, int64(3), o.Granted)
+		assert.Equal(t, int64(7), o.Result.Remaining)
+	}
+	for addr, keys := range perPrimary {
+		for _, rkey := range keys {
+			n, err := redistest.Do(addr, "EXISTS", rkey)
+			require.NoError(t, err)
+			assert.Equal(t, "1", n, "%q on %s", rkey, addr)
+		}
+		// The first Do met NOSCRIPT: 20 EVALSHA, SCRIPT LOAD, 20 again.
+		assert.Equal(t, int64(2*len(keys)), cmdCalls(t, addr, "evalsha"), addr)
+	}
+
+	for _, node := range c.Nodes() {
+		_, err := redistest.Do(node.Addr, "SCRIPT", "FLUSH")
+		require.NoError(t, err)
+	}
+	for i := range ops {
+		ops[i].Kind, ops[i].N, ops[i].TakenAt = redisx.OpReturn, 3, ops[i].Result.At
+	}
+	require.NoError(t, rs.Do(ctx, ops))
+	for i := range ops {
+		require.NoError(t, ops[i].Err, "op %d", i)
+		assert.Equal(t, int64(9), ops[i].Result.Remaining, "op %d: 3 back, a peek of 1", i)
+	}
+
+	rs2 := redisx.NewStore(newClient(t, redisx.Options{Addrs: c.Addrs()[2:], Mode: redisx.Cluster}))
+	live, err := rs.Heartbeat(ctx, "d1", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, 1, live)
+	live, err = rs2.Heartbeat(ctx, "d2", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, 2, live)
+}
+
+// TestDoNotConnected: with no connection, Do fails as a whole and each op
+// carries the error.
+func TestDoNotConnected(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}})
+	c.Close()
+	ops := []redisx.Op{{Kind: redisx.OpPeek, Key: []byte("k"), Params: algo.Params{Limit: 1, Period: time.Second}}}
+	err := redisx.NewStore(c).Do(context.Background(), ops)
+	require.ErrorIs(t, err, redisx.ErrClosed)
+	assert.ErrorIs(t, ops[0].Err, redisx.ErrClosed)
+}
+
+// TestDoPausedRedis: a Do against a frozen Redis ends within about the
+// timeout, every op with an error.
+func TestDoPausedRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const timeout = 20 * time.Millisecond
+	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}, Timeout: timeout}))
+	ops := make([]redisx.Op, 50)
+	for i := range ops {
+		ops[i] = redisx.Op{Kind: redisx.OpLease, Key: []byte(fmt.Sprint(i)), Params: algo.Params{Limit: 1_000_000, Period: time.Second}, N: 1}
+	}
+	redistest.WaitFor(t, "a Do within the timeout", func() bool {
+		return rs.Do(context.Background(), ops) == nil && ops[0].Err == nil
+	})
+	srv.Pause()
+	defer srv.Resume()
+	start := time.Now()
+	require.NoError(t, rs.Do(context.Background(), ops), "something was sent")
+	assert.Less(t, time.Since(start), timeout+200*time.Millisecond)
+	for i := range ops {
+		assert.ErrorIs(t, ops[i].Err, context.DeadlineExceeded, "op %d", i)
+	}
+	srv.Resume()
+	redistest.WaitFor(t, "a Do to succeed after resume", func() bool {
+		return rs.Do(context.Background(), ops) == nil && ops[0].Err == nil
+	})
+}
+
+func BenchmarkDo(b *testing.B) {
+	srv := redistest.Standalone(b)
+	rs := redisx.NewStore(newClient(b, redisx.Options{Addrs: []string{srv.Addr}, Timeout: 5 * time.Second}))
+	ops := make([]redisx.Op, 500)
+	for i := range ops {
+		ops[i] = redisx.Op{Kind: redisx.OpKind(i % 2), Key: []byte(fmt.Sprintf("bench-%d", i)),
+			Params: algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000_000, Period: time.Second}, N: 1}
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := rs.Do(ctx, ops); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/float64(len(ops)), "µs/op-in-batch")
+}
