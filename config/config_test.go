@@ -122,6 +122,8 @@ func TestInvalid(t *testing.T) {
 	}{
 		{"unknown algorithm", "[[rule]]\nname = \"login\"\nby = [\"ip\"]\nlimit = 5\nperiod = \"1m\"\nalgorithm = \"leaky\"\n",
 			[]string{`x.toml: rule[0] "login": algorithm = "leaky": unknown algorithm "leaky"`}},
+		{"cached sliding log", "[[rule]]\nname = \"log\"\nby = [\"ip\"]\nlimit = 10\nperiod = \"1m\"\nalgorithm = \"sliding_log\"\nmode = \"cached\"\n",
+			[]string{`rule[0] "log": mode = "cached": sliding_log is always strict (a lease would let its log forget admissions early)`}},
 		{"sliding log too large", "[[rule]]\nname = \"log\"\nby = [\"ip\"]\nlimit = 1000000\nperiod = \"1h\"\nalgorithm = \"sliding_log\"\n",
 			[]string{`rule[0] "log": limit = 1000000: sliding_log keeps one entry per admission, so its limit is at most 10000`}},
 		{"index and name", rule + rule + strings.Replace(rule, `"r"`, `"login"`, 1) + "algorithm = \"leaky\"\n",

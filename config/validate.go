@@ -185,7 +185,11 @@ func (r *Rule) validate(p *problems, i int) {
 		}
 	}
 	switch r.Mode {
-	case ModeCached, ModeStrict:
+	case ModeCached:
+		if r.Algorithm == algo.SlidingLog.String() {
+			p.add("%s: mode = \"cached\": sliding_log is always strict (a lease would let its log forget admissions early)", at)
+		}
+	case ModeStrict:
 	default:
 		p.add("%s: mode = %q: want cached or strict", at, r.Mode)
 	}

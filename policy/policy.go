@@ -31,11 +31,11 @@ var ErrCostTooLarge = errors.New("cost exceeds the limit's capacity")
 // Policy decides requests against one configuration. It is immutable once
 // built and safe for concurrent use; a reload builds a new Policy.
 type Policy struct {
-	store Store
-	deny  []selector
-	allow []selector
-	rules []rule
-	infos []RuleInfo
+	stores Stores
+	deny   []selector
+	allow  []selector
+	rules  []rule
+	infos  []RuleInfo
 
 	denyM, allowM, noneM *counters
 }
@@ -72,6 +72,7 @@ type rule struct {
 	shadow bool
 	mode   config.Mode
 	fail   config.Fail
+	store  Store // where the rule's counters live: by its mode
 	m      *counters
 }
 
@@ -114,14 +115,31 @@ type taken struct {
 	shadow     bool // a shadow rule's take: refunded, never reported
 }
 
+// Stores says where a Policy keeps its counters.
+type Stores struct {
+	// Cached holds the counters of rules with mode = "cached".
+	Cached Store
+	// Strict holds those of rules with mode = "strict"; nil means Cached.
+	Strict Store
+}
+
 // New compiles cfg, which Load or Parse has validated, into a Policy that
-// keeps its counters in st.
+// keeps all its counters in st.
 func New(cfg *config.Config, st Store) (*Policy, error) {
-	if cfg == nil || st == nil {
+	return NewStores(cfg, Stores{Cached: st})
+}
+
+// NewStores compiles cfg, which Load or Parse has validated, into a Policy
+// that keeps each rule's counters in the store of its mode.
+func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
+	if cfg == nil || st.Cached == nil {
 		return nil, errors.New("policy: nil config or store")
 	}
+	if st.Strict == nil {
+		st.Strict = st.Cached
+	}
 	p := &Policy{
-		store:  st,
+		stores: st,
 		denyM:  newCounters(RuleDeny, decBlocked),
 		allowM: newCounters(RuleAllow, decAllowed),
 		noneM:  newCounters("none", decAllowed),
@@ -139,6 +157,10 @@ func New(cfg *config.Config, st Store) (*Policy, error) {
 		cr := &cfg.Rules[i]
 		if err := compileRule(&p.rules[i], cr); err != nil {
 			return nil, fmt.Errorf("policy: rule[%d] %q: %w", i, cr.Name, err)
+		}
+		p.rules[i].store = st.Cached
+		if cr.Mode == config.ModeStrict {
+			p.rules[i].store = st.Strict
 		}
 		p.infos[i] = RuleInfo{Name: cr.Name, Summary: cr.Summary()}
 	}
@@ -254,7 +276,7 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 		ti := r.tier(descs)
 		params := r.paramsAt(ti)
 		key := sc.keys[start:]
-		res, err := p.store.Take(ctx, key, *params, cost, now, peek)
+		res, err := r.store.Take(ctx, key, *params, cost, now, peek)
 		switch {
 		case r.shadow:
 			if err != nil {
@@ -321,7 +343,7 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 			continue
 		}
 		op := o.paramsAt(o.tier(descs))
-		ores, err := p.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
+		ores, err := o.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
 		if err == nil && !ores.Allowed && ores.RetryAfter != algo.Never && ores.RetryAfter > res.RetryAfter {
 			r, res, params = o, ores, op
 		}
@@ -353,12 +375,13 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek boo
 	}
 	for i := range sc.taken {
 		t := &sc.taken[i]
-		params := p.rules[t.rule].paramsAt(int(t.tier))
+		r := &p.rules[t.rule]
+		params := r.paramsAt(int(t.tier))
 		takenAt := now
 		if t.res.At != 0 { // a store that does not say when it decided: now
 			takenAt = time.UnixMicro(t.res.At)
 		}
-		if err := p.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, takenAt, now); err != nil {
+		if err := r.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, takenAt, now); err != nil {
 			refundErrors.Inc()
 		}
 	}

@@ -1,7 +1,48 @@
 // Package shardcache is rld's sharded, lock-striped hot-key cache: it holds
-// per-key leases of Redis quota so most decisions are made on the host, and
-// a sync loop that returns, renews and refreshes them.
+// per-key leases of the shared store's quota, so that most decisions are
+// made on the host, and a sync loop that returns, renews and refreshes
+// them.
 //
-// The hot-path issue fills this package; the embedded store (memstore) and
-// the policy engine do not depend on it.
+// # Leases
+//
+// A lease is quota taken from the shared store (Redis) exactly as if that
+// many requests had been admitted there; the cache then admits requests
+// from it with no network call. So the fleet never admits more than the
+// limit: every unit admitted anywhere was first taken in Redis. What a
+// lease costs is the other direction: units a daemon holds are not
+// available to the others until it uses or returns them, which the sync
+// loop does every Options.SyncInterval.
+//
+// For a check of a cached rule, Cache.Take:
+//
+//   - admits locally when the key's lease covers the cost;
+//   - denies locally while the key is denied-until a time the store gave,
+//     with the exact retry-after;
+//   - otherwise asks the store, through a coalesce.Group, so that at most
+//     one call per key is in flight and the checks that arrive meanwhile
+//     go as one batch: the call decides the batch's costs in arrival order
+//     and leases about one sync interval of the key's local traffic,
+//     capped at the key's last known remaining quota divided among the
+//     live daemons (twice over), so that near the limit the lease is 0 and
+//     every check is decided by the store.
+//
+// A lease of a windowed algorithm (fixed window, sliding counter) holds
+// slots of the window it was taken in and is valid only while that window
+// is current, less a margin for the call's duration; the store's clock
+// decides where windows end. A sliding-log rule is never cached (a lease
+// would let its log forget admissions early): the configuration makes it
+// strict.
+//
+// # Sync
+//
+// Every interval the sync loop, in one pipelined call per store node
+// (Backend.Sync), returns the leases of keys that saw no traffic and the
+// leases that expired, tops up the leases of keys that are still hot,
+// refreshes the remaining quota of the others that are hot, and drops
+// entries idle for two intervals. Close returns every lease.
+//
+// # Strict rules
+//
+// Cache.Strict gives the Store of strict rules: every decision is made by
+// the store, coalesced per key, and nothing is leased.
 package shardcache

@@ -1,0 +1,490 @@
+package shardcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/coalesce"
+)
+
+// Defaults of Options.
+const (
+	DefaultSyncInterval = 100 * time.Millisecond
+	DefaultMaxEntries   = 100_000
+	DefaultShards       = 64
+	DefaultTimeout      = 5 * time.Millisecond
+)
+
+// Options configures a Cache. The zero value of each field means its
+// default.
+type Options struct {
+	// SyncInterval is how often the sync loop runs (DefaultSyncInterval).
+	// A lease is sized to about one interval of a key's local traffic.
+	SyncInterval time.Duration
+	// MaxEntries bounds the keys held (DefaultMaxEntries). A new key in a
+	// full cache evicts another, whose lease is returned at the next sync.
+	MaxEntries int
+	// Shards is the number of lock stripes, rounded up to a power of two
+	// (DefaultShards).
+	Shards int
+	// Timeout is the longest a check waits for the store, queueing
+	// included (DefaultTimeout): the store's own timeout.
+	Timeout time.Duration
+	// Peers returns how many daemons share the store, this one included;
+	// leases are capped at the key's remaining quota over twice that. Nil,
+	// or a result below 1, means 1.
+	Peers func() int
+}
+
+func (o Options) withDefaults() Options {
+	if o.SyncInterval <= 0 {
+		o.SyncInterval = DefaultSyncInterval
+	}
+	if o.MaxEntries <= 0 {
+		o.MaxEntries = DefaultMaxEntries
+	}
+	if o.Shards <= 0 {
+		o.Shards = DefaultShards
+	}
+	o.Shards = 1 << bits.Len(uint(o.Shards-1))
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	return o
+}
+
+// Cache is the hot-key cache of cached rules; it implements policy.Store.
+// Create it with New; it is safe for concurrent use. Run its sync loop
+// with Run and return its leases with Close.
+type Cache struct {
+	b       Backend
+	o       Options
+	shards  []shard
+	mask    uint64
+	entries atomic.Int64
+	miss    *coalesce.Group[missReq, missResp]
+	strict  *coalesce.Group[missReq, missResp]
+
+	// orphans are leases of entries that were evicted or replaced: the
+	// next sync returns them.
+	orphanMu sync.Mutex
+	orphans  []Op
+
+	closed atomic.Bool
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	_  [40]byte // keeps the next shard's lock off this one's cache line
+}
+
+// entry is what the cache knows of one key. All times are local unix ns
+// except leaseAt, which is the store's clock in µs.
+type entry struct {
+	p algo.Params
+
+	lease      int64 // leased units not yet admitted
+	leaseAt    int64 // store µs when the lease was taken (Result.At)
+	leaseUntil int64 // the lease may be used before this time
+
+	deniedUntil int64 // deny costs ≥ deniedCost until this time
+	deniedCost  int64
+
+	remaining int64 // the store's remaining quota at the last answer
+	answerAt  int64 // when that answer was asked for (0: never)
+	resetAt   int64 // when the store's limit fully resets
+	windowEnd int64 // windowed algorithms: when the answer's window ends
+	lastUse   int64 // the time of the last check of the key
+
+	used      int64 // units admitted since the last sync
+	rate      int64 // units admitted per sync interval, smoothed
+	denials   int64 // checks denied since the last sync
+	denyRate  int64 // checks denied per sync interval, smoothed
+	idleSyncs int   // syncs in a row that saw no check
+	seen      bool  // a check came since the last sync
+}
+
+// New returns a Cache in front of b.
+func New(b Backend, o Options) *Cache {
+	o = o.withDefaults()
+	c := &Cache{b: b, o: o, shards: make([]shard, o.Shards), mask: uint64(o.Shards - 1)}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]*entry)
+	}
+	c.miss = coalesce.New(c.runMiss, coalesce.Options{})
+	c.strict = coalesce.New(c.runStrict, coalesce.Options{})
+	return c
+}
+
+func (c *Cache) shard(key []byte) *shard {
+	return &c.shards[xxhash.Sum64(key)&c.mask]
+}
+
+// Len returns the number of keys the cache holds.
+func (c *Cache) Len() int { return int(c.entries.Load()) }
+
+// ErrClosed is returned by checks on a closed Cache.
+var ErrClosed = errors.New("shardcache: closed")
+
+// Take decides cost units of p for key, locally when the key's lease or
+// denial covers the check and through the store otherwise; see the
+// package doc. A cost below 1 counts as 1. It implements policy.Store.
+func (c *Cache) Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
+	cost = max(cost, 1)
+	ns := now.UnixNano()
+	sh := c.shard(key)
+	sh.mu.Lock()
+	if e := sh.m[string(key)]; e != nil && e.p == p {
+		e.seen, e.lastUse = true, max(e.lastUse, ns)
+		if r, ok := e.local(ns, cost, peek); ok {
+			sh.mu.Unlock()
+			if r.Allowed {
+				localAllowed.Inc()
+			} else {
+				localDenied.Inc()
+			}
+			return r, nil
+		}
+	}
+	sh.mu.Unlock()
+	if c.closed.Load() {
+		return algo.Result{}, ErrClosed
+	}
+	if peek {
+		storeDecided.Inc()
+		return c.b.Take(ctx, key, p, cost, now, true)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	res, err := c.miss.Do(ctx, key, missReq{p: p, cost: cost, ns: ns})
+	cancel()
+	if err != nil {
+		return algo.Result{}, fmt.Errorf("shardcache: %w", err)
+	}
+	return res.r, nil
+}
+
+// local answers a check from e when it can: from the lease, or from a
+// denial still in force.
+func (e *entry) local(ns, cost int64, peek bool) (algo.Result, bool) {
+	capacity := e.p.Capacity()
+	if cost >= e.deniedCost && ns < e.deniedUntil {
+		e.denials++
+		return algo.Result{
+			Limit: capacity, Reset: untilNs(e.resetAt, ns),
+			RetryAfter: time.Duration(e.deniedUntil - ns), At: 0,
+		}, true
+	}
+	if e.lease >= cost && ns < e.leaseUntil {
+		if !peek {
+			e.lease -= cost
+			e.used += cost
+		}
+		return algo.Result{
+			Allowed: true, Limit: capacity,
+			Remaining: min(e.remaining+e.lease, capacity),
+			Reset:     untilNs(e.resetAt, ns), At: e.leaseAt,
+		}, true
+	}
+	return algo.Result{}, false
+}
+
+// untilNs returns the time from ns to t, or 0 when t has passed.
+func untilNs(t, ns int64) time.Duration {
+	return time.Duration(max(t-ns, 0))
+}
+
+// Refund gives back cost units admitted at takenAt. Units that came from
+// this daemon's current lease go back to it, with no call; others go to
+// the store. It implements policy.Store.
+func (c *Cache) Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
+	cost = max(cost, 1)
+	ns := now.UnixNano()
+	sh := c.shard(key)
+	sh.mu.Lock()
+	if e := sh.m[string(key)]; e != nil && e.p == p && takenAt.UnixMicro() == e.leaseAt && ns < e.leaseUntil {
+		e.lease += cost
+		e.used = max(e.used-cost, 0)
+		sh.mu.Unlock()
+		return nil
+	}
+	sh.mu.Unlock()
+	return c.b.Refund(ctx, key, p, cost, takenAt, now)
+}
+
+// missReq is one check that the cache could not answer locally.
+type missReq struct {
+	p    algo.Params
+	cost int64
+	ns   int64 // the check's time, local unix ns
+}
+
+type missResp struct {
+	r algo.Result
+}
+
+// runMiss decides one coalesced batch of checks of key: first from the
+// lease the flight before may have brought, then by one store call that
+// also leases for the key's coming traffic.
+func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
+	p := reqs[0].p
+	sh := c.shard([]byte(key))
+	sh.mu.Lock()
+	e := c.entry(sh, key, p)
+	e.seen, e.lastUse = true, max(e.lastUse, reqs[len(reqs)-1].ns)
+	i := 0
+	for ; i < len(reqs) && reqs[i].p == p; i++ {
+		r, ok := e.local(reqs[i].ns, reqs[i].cost, false)
+		if !ok {
+			break
+		}
+		out[i].r = r
+		if r.Allowed {
+			localAllowed.Inc()
+		} else {
+			localDenied.Inc()
+		}
+	}
+	j := i
+	var need int64
+	for ; j < len(reqs) && reqs[j].p == p; j++ {
+		need += reqs[j].cost
+	}
+	want := c.leaseWant(e, need, reqs[0].ns)
+	sh.mu.Unlock()
+
+	if i < j {
+		costs := make([]int64, j-i)
+		for k := range costs {
+			costs[k] = reqs[i+k].cost
+		}
+		sent := time.Now().UnixNano()
+		admitted, leased, r, err := c.b.TakeLease(context.Background(), []byte(key), p, costs, want)
+		storeCalls.Inc()
+		batchSize.Update(float64(len(costs)))
+		if err != nil {
+			return err
+		}
+		storeDecided.Add(len(costs))
+		leasesGranted.Add(int(leased))
+		sh.mu.Lock()
+		e = c.entry(sh, key, p)
+		c.applyLease(e, leased, r, sent)
+		c.learn(e, r, sent)
+		for k := range admitted {
+			e.used += costs[k]
+		}
+		var denied algo.Result
+		if admitted < len(costs) {
+			e.denials += int64(len(costs) - admitted)
+			denied = algo.Result{Limit: p.Capacity(), Remaining: r.Remaining, Reset: r.Reset, RetryAfter: r.RetryAfter, At: r.At}
+			if r.RetryAfter != algo.Never {
+				denied.RetryAfter = c.denialFor(e, r.RetryAfter)
+				e.deniedUntil = sent + int64(denied.RetryAfter)
+				e.deniedCost = costs[admitted]
+			}
+		}
+		allowed := algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: min(r.Remaining+e.lease, p.Capacity()), Reset: r.Reset, At: r.At}
+		sh.mu.Unlock()
+		for k := range costs {
+			if k < admitted {
+				out[i+k].r = allowed
+			} else {
+				out[i+k].r = denied
+			}
+		}
+	}
+	// Checks of the same key under other limits (a tier or a reload
+	// changed them mid-flight) are decided one by one.
+	for k := j; k < len(reqs); k++ {
+		r, err := c.b.Take(context.Background(), []byte(key), reqs[k].p, reqs[k].cost, time.Unix(0, reqs[k].ns), false)
+		storeCalls.Inc()
+		if err != nil {
+			return err
+		}
+		out[k].r = r
+	}
+	return nil
+}
+
+// entry returns key's entry in sh, whose lock the caller holds, creating
+// it (and evicting another when the cache is full) or resetting it when
+// its limit changed.
+func (c *Cache) entry(sh *shard, key string, p algo.Params) *entry {
+	e := sh.m[key]
+	if e != nil {
+		if e.p != p {
+			c.orphan(key, e)
+			*e = entry{p: p}
+		}
+		return e
+	}
+	if c.entries.Load() >= int64(c.o.MaxEntries) {
+		// The bound holds per shard: a full cache may overshoot it by
+		// a key for each shard that holds none.
+		c.evictOne(sh)
+	}
+	e = &entry{p: p}
+	sh.m[key] = e
+	c.entries.Add(1)
+	liveEntries.Add(1)
+	return e
+}
+
+// evictOne drops one entry of sh, whose lock the caller holds: one
+// without a lease if the first few looked at have none, else the first.
+func (c *Cache) evictOne(sh *shard) {
+	n := 0
+	var victim string
+	var ve *entry
+	for k, e := range sh.m {
+		if ve == nil || (ve.lease > 0 && e.lease == 0) {
+			victim, ve = k, e
+		}
+		if n++; n >= 8 || ve.lease == 0 {
+			break
+		}
+	}
+	if ve == nil {
+		return
+	}
+	c.orphan(victim, ve)
+	delete(sh.m, victim)
+	c.entries.Add(-1)
+	liveEntries.Add(-1)
+	evictions.Inc()
+}
+
+// orphan queues the return of e's lease for the next sync.
+func (c *Cache) orphan(key string, e *entry) {
+	if e.lease <= 0 {
+		return
+	}
+	c.orphanMu.Lock()
+	c.orphans = append(c.orphans, Op{Kind: OpReturn, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
+	c.orphanMu.Unlock()
+	e.lease = 0
+}
+
+// applyLease adds leased units, taken at the store's time r.At by a call
+// sent at local time sent, to e's lease. A lease of a windowed algorithm
+// holds slots of the window of r.At and lapses with it; any lease lapses
+// two sync intervals after it was taken unless renewed.
+func (c *Cache) applyLease(e *entry, leased int64, r algo.Result, sent int64) {
+	if leased <= 0 {
+		return
+	}
+	until := sent + 2*int64(c.o.SyncInterval)
+	if windowed(e.p.Kind) {
+		per := e.p.PeriodMicros()
+		end := r.At - r.At%per + per // the window's end, store µs
+		// The call ran at or after sent: mapping the store's time to
+		// the local clock through sent errs on the early side.
+		until = min(until, sent+(end-r.At)*1000-int64(c.o.Timeout))
+	}
+	if e.lease > 0 && (windowed(e.p.Kind) && e.leaseAt-e.leaseAt%e.p.PeriodMicros() != r.At-r.At%e.p.PeriodMicros()) {
+		// The old units belong to a window that has ended.
+		leasesLost.Add(int(e.lease))
+		e.lease = 0
+	}
+	e.lease += leased
+	e.leaseAt = r.At
+	e.leaseUntil = until
+}
+
+// windowed reports whether k's leases are tied to a window.
+func windowed(k algo.Kind) bool {
+	return k == algo.FixedWindow || k == algo.SlidingCounter
+}
+
+// leaseWant returns how many units to lease for e beyond need, the cost
+// of the checks at hand: about one sync interval of the key's traffic
+// (the smoothed rate, or what the key used since the last sync when that
+// is more: a key that just became hot doubles its lease each time),
+// capped so that all daemons' leases fit in the key's remaining quota
+// twice over, and 0 near the limit. A key far over its limit takes its
+// whole share of what remains: it will be denied anyway, and it then
+// costs the store one call to learn so.
+func (c *Cache) leaseWant(e *entry, need, ns int64) int64 {
+	if windowed(e.p.Kind) && e.windowEnd > ns && e.windowEnd-ns <= int64(c.o.Timeout) {
+		return 0 // the lease would lapse before it could be used
+	}
+	want := max(e.rate, e.used, need)
+	if windowed(e.p.Kind) && e.windowEnd > ns {
+		// Units still leased when the window ends are lost to it: lease
+		// only what the time left will use.
+		left := e.windowEnd - ns - int64(c.o.Timeout)
+		want = max(min(want, int64(float64(want)*float64(left)/float64(c.o.SyncInterval))), need)
+	}
+	peers := c.peers()
+	limit := c.remaining(e, ns)
+	if c.hammered(e) {
+		return max((limit-need)/peers, 0)
+	}
+	return max(min(want, (limit-need)/(2*peers)), 0)
+}
+
+// learn records the store's answer r to a call sent at sent.
+func (c *Cache) learn(e *entry, r algo.Result, sent int64) {
+	e.remaining = r.Remaining
+	e.answerAt = sent
+	e.resetAt = sent + int64(r.Reset)
+	if windowed(e.p.Kind) && r.At > 0 {
+		per := e.p.PeriodMicros()
+		e.windowEnd = sent + (r.At-r.At%per+per-r.At)*1000
+	}
+}
+
+// remaining estimates e's remaining quota at the store at ns from the
+// last answer: a full limit for a key never asked or whose window has
+// ended since, the answer plus the refill since for a bucket.
+func (c *Cache) remaining(e *entry, ns int64) int64 {
+	capacity := e.p.Capacity()
+	switch {
+	case e.answerAt == 0:
+		return capacity
+	case windowed(e.p.Kind):
+		if ns >= e.windowEnd {
+			return capacity
+		}
+		return e.remaining
+	}
+	refill := float64(max(ns-e.answerAt, 0)) * float64(e.p.Limit) / float64(e.p.Period)
+	return int64(min(float64(e.remaining)+refill, float64(capacity)))
+}
+
+// peers returns the number of live daemons, at least 1.
+func (c *Cache) peers() int64 {
+	if c.o.Peers == nil {
+		return 1
+	}
+	return int64(max(c.o.Peers(), 1))
+}
+
+// hammered reports whether e is far over its limit: denied more times per
+// sync interval than its limit admits in one.
+func (c *Cache) hammered(e *entry) bool {
+	perInterval := max(float64(e.p.Limit)*float64(c.o.SyncInterval)/float64(e.p.Period), 1)
+	return float64(max(e.denyRate, e.denials)) > perInterval
+}
+
+// denialFor returns how long to deny e locally after the store denied it
+// with retry-after d; the client is told the same. A key far over its
+// limit waits out d exactly: it costs the store one call per retry-after.
+// Any other waits at most one sync interval: the denial may be for quota
+// that other daemons hold in leases and return at their next sync, and a
+// client within its limit must get it then.
+func (c *Cache) denialFor(e *entry, d time.Duration) time.Duration {
+	if c.hammered(e) {
+		return d
+	}
+	return min(d, c.o.SyncInterval)
+}

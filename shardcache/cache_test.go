@@ -1,0 +1,396 @@
+package shardcache_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/shardcache"
+)
+
+var ctx = context.Background()
+
+// cachedKinds are the algorithms a cached rule may use.
+var cachedKinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.FixedWindow, algo.SlidingCounter}
+
+// TestHotKeyIsLocal: a key well under its limit is decided on the host;
+// the store sees at most 0.02 calls per check, syncs included.
+func TestHotKeyIsLocal(t *testing.T) {
+	for _, k := range cachedKinds {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			c := shardcache.New(b, shardcache.Options{})
+			// An hour: no window ends during the test (near its end a
+			// window's checks go to the store, by design).
+			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Hour}
+			const checks = 20_000
+			for i := range checks {
+				r, err := c.Take(ctx, []byte("hot"), p, 1, time.Now(), false)
+				require.NoError(t, err)
+				require.True(t, r.Allowed, "check %d: %+v", i, r)
+				if i%1000 == 999 { // a sync interval's worth of traffic
+					c.Sync(time.Now())
+				}
+			}
+			calls := b.calls.Load() + b.syncOps.Load()
+			t.Logf("%s: %d checks, %d store calls + %d sync ops", k, checks, b.calls.Load(), b.syncOps.Load())
+			assert.LessOrEqual(t, float64(calls)/checks, 0.02)
+		})
+	}
+}
+
+// bound is the most a limit can admit over [from, to] (store µs): the
+// capacity and the refill for the buckets, the limit per window touched
+// for the windows.
+func bound(p algo.Params, from, to int64) int64 {
+	per := p.PeriodMicros()
+	switch p.Kind {
+	case algo.TokenBucket, algo.GCRA:
+		return p.Capacity() + (to-from)*p.Limit/per
+	default:
+		return p.Limit * (to/per - from/per + 1)
+	}
+}
+
+// hammer runs workers goroutines per cache, each checking key as fast as
+// it can until stop is closed, and returns the admissions.
+func hammer(caches []*shardcache.Cache, workers int, key string, p algo.Params, stop <-chan struct{}) (admitted, denied int64) {
+	var a, d atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range caches {
+		for range workers {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					r, err := c.Take(ctx, []byte(key), p, 1, time.Now(), false)
+					switch {
+					case err != nil:
+					case r.Allowed:
+						a.Add(1)
+					default:
+						d.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return a.Load(), d.Load()
+}
+
+// TestNeverOverLimit: three caches on one store, each with its sync loop,
+// hammer one key far over its limit; the fleet admits at most the
+// algorithm's exact bound. One cache then stops dead with its leases,
+// as a SIGKILLed daemon would: still at most the bound.
+func TestNeverOverLimit(t *testing.T) {
+	for _, k := range cachedKinds {
+		t.Run(k.String(), func(t *testing.T) {
+			t.Parallel()
+			b := newAlgoBackend()
+			runCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			var caches []*shardcache.Cache
+			for range 3 {
+				c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Peers: func() int { return 3 }})
+				go c.Run(runCtx)
+				caches = append(caches, c)
+			}
+			p := algo.Params{Kind: k, Limit: 200, Period: 100 * time.Millisecond}
+			from := time.Now().UnixMicro()
+			stop := make(chan struct{})
+			time.AfterFunc(400*time.Millisecond, func() { close(stop) })
+			admitted, denied := hammer(caches, 4, "k", p, stop)
+			// The second half: one cache is dead, its leases never returned.
+			stop2 := make(chan struct{})
+			time.AfterFunc(300*time.Millisecond, func() { close(stop2) })
+			a2, d2 := hammer(caches[1:], 4, "k", p, stop2)
+			to := time.Now().UnixMicro()
+			admitted += a2
+			denied += d2
+			max := bound(p, from, to)
+			t.Logf("%s: admitted %d of bound %d (%.2f), denied %d", k, admitted, max, float64(admitted)/float64(max), denied)
+			assert.LessOrEqual(t, admitted, max)
+			assert.Greater(t, denied, admitted, "the key was hammered")
+		})
+	}
+}
+
+// TestWindowLeaseStaysInItsWindow: with a fixed window, no window admits
+// more than the limit, though leases are taken close to its end.
+func TestWindowLeaseStaysInItsWindow(t *testing.T) {
+	b := newAlgoBackend()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p := algo.Params{Kind: algo.FixedWindow, Limit: 100, Period: 50 * time.Millisecond}
+	per := p.PeriodMicros()
+	var caches []*shardcache.Cache
+	for range 3 {
+		c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Peers: func() int { return 3 }})
+		go c.Run(runCtx)
+		caches = append(caches, c)
+	}
+	var mu sync.Mutex
+	perWindow := map[int64]int64{} // admissions known to lie in the window
+	ambiguous := 0                 // admissions whose call spanned a window's end
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for _, c := range caches {
+		for range 3 {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					before := time.Now()
+					r, err := c.Take(ctx, []byte("w"), p, 1, before, false)
+					after := time.Now().UnixMicro()
+					if err != nil || !r.Allowed {
+						continue
+					}
+					mu.Lock()
+					if w := before.UnixMicro() / per; w == after/per {
+						perWindow[w]++
+					} else {
+						ambiguous++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for w, n := range perWindow {
+		assert.LessOrEqual(t, n, p.Limit, "window %d", w)
+	}
+	t.Logf("admitted per window: %v (%d across a boundary)", perWindow, ambiguous)
+}
+
+// TestNotUnderLimit: a client at 80%% of its limit, spread evenly over
+// three caches, is never refused.
+func TestNotUnderLimit(t *testing.T) {
+	for _, k := range cachedKinds {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			runCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			var caches []*shardcache.Cache
+			for range 3 {
+				c := shardcache.New(b, shardcache.Options{SyncInterval: 20 * time.Millisecond, Peers: func() int { return 3 }})
+				go c.Run(runCtx)
+				caches = append(caches, c)
+			}
+			// 10,000 checks at 80% of 20,000/s, at least 1/16,000 s apart:
+			// a check that comes late does not make the next come early,
+			// so no stretch of time sees more than 80% (a sliding
+			// counter refuses a catch-up burst with or without a cache).
+			p := algo.Params{Kind: k, Limit: 2_000, Period: 100 * time.Millisecond}
+			const checks = 10_000
+			interval := time.Duration(float64(p.Period) / float64(p.Limit) / 0.8)
+			start := time.Now()
+			next := start
+			refused := 0
+			for i := range checks {
+				for time.Now().Before(next) {
+					runtime.Gosched()
+				}
+				next = time.Now().Add(interval)
+				r, err := caches[i%3].Take(ctx, []byte("steady"), p, 1, time.Now(), false)
+				require.NoError(t, err)
+				if !r.Allowed {
+					refused++
+				}
+			}
+			t.Logf("%s: %d checks in %v, %d refused, %d store calls, %d sync ops", k, checks, time.Since(start).Round(time.Millisecond), refused, b.calls.Load(), b.syncOps.Load())
+			assert.Zero(t, refused)
+		})
+	}
+}
+
+// TestMovingClientGetsQuota: a client that used one daemon, then moves to
+// another, gets the first one's unused lease within about one sync
+// interval.
+func TestMovingClientGetsQuota(t *testing.T) {
+	b := newAlgoBackend()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	o := shardcache.Options{SyncInterval: 50 * time.Millisecond, Peers: func() int { return 2 }}
+	a, other := shardcache.New(b, o), shardcache.New(b, o)
+	go a.Run(runCtx)
+	go other.Run(runCtx)
+	p := algo.Params{Kind: algo.FixedWindow, Limit: 100, Period: time.Hour}
+	var wg sync.WaitGroup
+	var onA atomic.Int64
+	for range 20 { // concurrent checks, so that a leases ahead
+		wg.Go(func() {
+			for range 3 {
+				if r, err := a.Take(ctx, []byte("mover"), p, 1, time.Now(), false); err == nil && r.Allowed {
+					onA.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(60), onA.Load())
+	t.Logf("after 60 checks on a, the store has %d left: a holds the rest of 40", b.remaining("mover", p))
+
+	// The client moves, and keeps asking until it has the whole limit.
+	movedAt := time.Now()
+	onOther := int64(0)
+	for onA.Load()+onOther < p.Limit {
+		require.Less(t, time.Since(movedAt), 2*o.SyncInterval, "other got %d of the 40 left", onOther)
+		r, err := other.Take(ctx, []byte("mover"), p, 1, time.Now(), false)
+		require.NoError(t, err)
+		if r.Allowed {
+			onOther++
+			continue
+		}
+		require.LessOrEqual(t, r.RetryAfter, o.SyncInterval, "a denial that may be a's lease lasts one sync interval at most")
+		runtime.Gosched()
+	}
+	t.Logf("other got the remaining %d within %v (sync interval %v)", onOther, time.Since(movedAt).Round(time.Millisecond), o.SyncInterval)
+}
+
+// TestHammeredKeyCostsOneCallPerRetry: a key checked at far more than its
+// limit costs the store about one call per retry-after, however many
+// checks arrive.
+func TestHammeredKeyCostsOneCallPerRetry(t *testing.T) {
+	b := newAlgoBackend()
+	c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond})
+	p := algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: 200 * time.Millisecond}
+	stop := make(chan struct{})
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go c.Run(runCtx)
+	from := time.Now()
+	time.AfterFunc(time.Second, func() { close(stop) })
+	admitted, denied := hammer([]*shardcache.Cache{c}, 4, "abuser", p, stop)
+	windows := time.Since(from)/p.Period + 1
+	t.Logf("%d admitted, %d denied over %d windows: %d store calls, %d sync ops", admitted, denied, windows, b.calls.Load(), b.syncOps.Load())
+	assert.Greater(t, denied, 100*admitted/10, "hammered")
+	// Per window: the call that takes the lease (or the limit), the one
+	// that learns the denial, and a slack of two for the boundary.
+	assert.LessOrEqual(t, b.calls.Load(), int64(windows)*4)
+}
+
+// TestStrictCoalesces: strict checks of one key never use a lease, and
+// concurrent ones share store calls.
+func TestStrictCoalesces(t *testing.T) {
+	b := newAlgoBackend()
+	slow := &slowBackend{algoBackend: b, delay: 200 * time.Microsecond}
+	s := shardcache.New(slow, shardcache.Options{Timeout: time.Second}).Strict()
+	p := algo.Params{Kind: algo.SlidingLog, Limit: 1000, Period: time.Hour}
+	var wg sync.WaitGroup
+	var admitted atomic.Int64
+	const workers, each = 32, 50
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				r, err := s.Take(ctx, []byte("strict"), p, 1, time.Now(), false)
+				if err == nil && r.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	calls := b.calls.Load()
+	t.Logf("%d strict checks, %d store calls: %.1f checks per call", workers*each, calls, float64(workers*each)/float64(calls))
+	assert.Equal(t, p.Limit, admitted.Load(), "exactly the limit")
+	assert.Less(t, calls, int64(workers*each/2))
+	assert.Zero(t, b.syncOps.Load())
+}
+
+// slowBackend adds a delay to every call, as a network would.
+type slowBackend struct {
+	*algoBackend
+	delay time.Duration
+}
+
+func (s *slowBackend) TakeLease(ctx context.Context, key []byte, p algo.Params, costs []int64, want int64) (int, int64, algo.Result, error) {
+	time.Sleep(s.delay)
+	return s.algoBackend.TakeLease(ctx, key, p, costs, want)
+}
+
+// TestCloseReturnsLeases: Close gives every unused unit back.
+func TestCloseReturnsLeases(t *testing.T) {
+	b := newAlgoBackend()
+	c := shardcache.New(b, shardcache.Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 10 {
+				_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	require.Less(t, b.remaining("k", p), int64(1000-80), "leased ahead")
+	require.NoError(t, c.Close(ctx))
+	assert.Equal(t, int64(1000-80), b.remaining("k", p), "only what was admitted is gone")
+	_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	assert.ErrorIs(t, err, shardcache.ErrClosed)
+}
+
+// TestRefundGoesToLease: a refund of a locally admitted unit goes back to
+// the lease, with no store call.
+func TestRefundGoesToLease(t *testing.T) {
+	b := newAlgoBackend()
+	c := shardcache.New(b, shardcache.Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
+	for range 4 {
+		_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+		require.NoError(t, err)
+	}
+	r, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	require.NoError(t, err)
+	calls := b.calls.Load()
+	require.NoError(t, c.Refund(ctx, []byte("k"), p, 1, time.UnixMicro(r.At), time.Now()))
+	assert.Equal(t, calls, b.calls.Load(), "refunded locally")
+	require.NoError(t, c.Close(ctx))
+	assert.Equal(t, int64(1000-4), b.remaining("k", p))
+}
+
+// TestSyncEvictsIdle: entries idle for two syncs go, and their leases
+// with them; MaxEntries bounds the cache.
+func TestSyncEvictsIdle(t *testing.T) {
+	b := newAlgoBackend()
+	c := shardcache.New(b, shardcache.Options{MaxEntries: 100})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
+	for i := range 1000 {
+		_, err := c.Take(ctx, fmt.Appendf(nil, "k%d", i), p, 1, time.Now(), false)
+		require.NoError(t, err)
+	}
+	assert.LessOrEqual(t, c.Len(), 100+shardcache.DefaultShards)
+	for range 3 {
+		c.Sync(time.Now())
+	}
+	assert.Zero(t, c.Len())
+	for i := range 1000 {
+		assert.Equal(t, int64(999), b.remaining(fmt.Sprintf("k%d", i), p), "key %d: every lease came back", i)
+	}
+}
+
+// TestStoreErrorIsReturned: a failing store call fails the checks that
+// needed it, and the next call works.
+func TestStoreErrorIsReturned(t *testing.T) {
+	b := newAlgoBackend()
+	c := shardcache.New(b, shardcache.Options{})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
+	b.failNext.Store(true)
+	_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	require.Error(t, err)
+	r, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	require.NoError(t, err)
+	assert.True(t, r.Allowed)
+}

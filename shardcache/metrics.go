@@ -1,0 +1,28 @@
+package shardcache
+
+import (
+	"sync/atomic"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// The cache's metrics. Decisions are counted by where they were made.
+var (
+	localAllowed  = metrics.NewCounter(`rld_cache_decisions_total{path="local"}`)
+	localDenied   = metrics.NewCounter(`rld_cache_decisions_total{path="denied_locally"}`)
+	storeDecided  = metrics.NewCounter(`rld_cache_decisions_total{path="redis"}`)
+	storeCalls    = metrics.NewCounter(`rld_cache_store_calls_total`)
+	batchSize     = metrics.NewHistogram(`rld_coalesce_batch_size`)
+	leasesGranted = metrics.NewCounter(`rld_cache_lease_units_total{event="granted"}`)
+	leasesReturn  = metrics.NewCounter(`rld_cache_lease_units_total{event="returned"}`)
+	leasesLost    = metrics.NewCounter(`rld_cache_lease_units_total{event="lost"}`)
+	evictions     = metrics.NewCounter(`rld_cache_evictions_total`)
+	syncs         = metrics.NewCounter(`rld_cache_syncs_total`)
+	syncOps       = metrics.NewCounter(`rld_cache_sync_ops_total`)
+	syncErrors    = metrics.NewCounter(`rld_cache_sync_errors_total`)
+	syncDuration  = metrics.NewHistogram(`rld_cache_sync_duration_seconds`)
+	_             = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })
+)
+
+// liveEntries is the number of keys held by all Caches.
+var liveEntries atomic.Int64

@@ -1,0 +1,82 @@
+package shardcache
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/rld/rld/algo"
+)
+
+// Strict is the Store of strict rules: every decision is made by the
+// store, and the checks of one key that arrive while its call is in
+// flight go together in the next call. Nothing is leased or cached.
+type Strict struct{ c *Cache }
+
+// Strict returns the Store of strict rules, which shares c's store,
+// timeout and coalescing.
+func (c *Cache) Strict() *Strict { return &Strict{c: c} }
+
+// Take decides cost units of p for key at the store; see Strict. It
+// implements policy.Store.
+func (s *Strict) Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
+	cost = max(cost, 1)
+	if s.c.closed.Load() {
+		return algo.Result{}, ErrClosed
+	}
+	if peek {
+		storeDecided.Inc()
+		return s.c.b.Take(ctx, key, p, cost, now, true)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.c.o.Timeout)
+	res, err := s.c.strict.Do(ctx, key, missReq{p: p, cost: cost, ns: now.UnixNano()})
+	cancel()
+	if err != nil {
+		return algo.Result{}, fmt.Errorf("shardcache: strict: %w", err)
+	}
+	return res.r, nil
+}
+
+// Refund gives back cost units admitted at takenAt, at the store. It
+// implements policy.Store.
+func (s *Strict) Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
+	return s.c.b.Refund(ctx, key, p, cost, takenAt, now)
+}
+
+// runStrict decides one coalesced batch of strict checks of key in one
+// store call: the costs in arrival order, the longest prefix that fits
+// admitted.
+func (c *Cache) runStrict(key string, reqs []missReq, out []missResp) error {
+	p := reqs[0].p
+	j := 0
+	for j < len(reqs) && reqs[j].p == p {
+		j++
+	}
+	costs := make([]int64, j)
+	for k := range costs {
+		costs[k] = reqs[k].cost
+	}
+	admitted, _, r, err := c.b.TakeLease(context.Background(), []byte(key), p, costs, 0)
+	storeCalls.Inc()
+	batchSize.Update(float64(len(costs)))
+	if err != nil {
+		return err
+	}
+	storeDecided.Add(len(costs))
+	for k := range costs {
+		if k < admitted {
+			out[k].r = algo.Result{Allowed: true, Limit: r.Limit, Remaining: r.Remaining, Reset: r.Reset, At: r.At}
+		} else {
+			out[k].r = r
+		}
+	}
+	for k := j; k < len(reqs); k++ {
+		r, err := c.b.Take(context.Background(), []byte(key), reqs[k].p, reqs[k].cost, time.Unix(0, reqs[k].ns), false)
+		storeCalls.Inc()
+		if err != nil {
+			return err
+		}
+		out[k].r = r
+	}
+	return nil
+}

@@ -1,0 +1,246 @@
+package shardcache
+
+import (
+	"context"
+	"time"
+)
+
+// Run runs the sync loop until ctx ends: Sync every Options.SyncInterval
+// and, halfway between, ReturnIdle, so that a lease whose key went idle
+// is back at the store within one interval.
+func (c *Cache) Run(ctx context.Context) {
+	t := time.NewTicker(c.o.SyncInterval / 2)
+	defer t.Stop()
+	for tick := 0; ; tick++ {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if tick%2 == 0 {
+				c.ReturnIdle(now)
+			} else {
+				c.Sync(now)
+			}
+		}
+	}
+}
+
+// syncRef ties an op of a sync to the entry it was built from.
+type syncRef struct {
+	sh  *shard
+	key string
+	e   *entry // nil for an orphan's return
+}
+
+// Sync runs one sync at now: it returns the leases of keys that saw no
+// traffic since the last sync and the leases that lapsed, renews the
+// leases of keys still hot, refreshes the remaining quota of the other
+// hot keys, and drops entries idle for two syncs, in one Backend.Sync. It
+// reports how many ops it sent. Run calls it every interval.
+func (c *Cache) Sync(now time.Time) int {
+	if c.closed.Load() {
+		return 0
+	}
+	start := time.Now()
+	ns := now.UnixNano()
+	peers := c.peers()
+	var ops []Op
+	var refs []syncRef
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for key, e := range sh.m {
+			if op, ok := c.plan(e, ns, peers); ok {
+				op.Key = []byte(key)
+				ops = append(ops, op)
+				refs = append(refs, syncRef{sh: sh, key: key, e: e})
+			}
+			if e.idleSyncs >= 2 && e.lease == 0 && ns >= e.deniedUntil {
+				delete(sh.m, key)
+				c.entries.Add(-1)
+				liveEntries.Add(-1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	c.orphanMu.Lock()
+	for _, op := range c.orphans {
+		ops = append(ops, op)
+		refs = append(refs, syncRef{})
+	}
+	c.orphans = c.orphans[:0]
+	c.orphanMu.Unlock()
+	if len(ops) == 0 {
+		return 0
+	}
+
+	sent := time.Now().UnixNano()
+	if err := c.b.Sync(context.Background(), ops); err != nil {
+		for i := range ops {
+			ops[i].Err = err
+		}
+	}
+	for i := range ops {
+		c.apply(&ops[i], refs[i], sent)
+	}
+	syncs.Inc()
+	syncOps.Add(len(ops))
+	syncDuration.UpdateDuration(start)
+	return len(ops)
+}
+
+// plan updates e's rates for the interval that ended at ns and returns
+// the op e needs, if any. The caller holds e's shard lock.
+func (c *Cache) plan(e *entry, ns, peers int64) (Op, bool) {
+	e.rate = (e.rate + e.used + 1) / 2
+	e.denyRate = (e.denyRate + e.denials + 1) / 2
+	if e.seen {
+		e.idleSyncs = 0
+	} else {
+		e.idleSyncs++
+	}
+	hot := e.used > 0
+	e.used, e.denials, e.seen = 0, 0, false
+
+	switch {
+	case e.lease > 0 && (!hot || c.returnable(e, ns)):
+		// Nobody used it, or it lapsed: give it back.
+		op := Op{Kind: OpReturn, Params: e.p, N: e.lease, TakenAt: e.leaseAt}
+		e.lease = 0
+		return op, true
+	case !hot:
+		return Op{}, false
+	case e.lease > 2*e.rate:
+		op := Op{Kind: OpReturn, Params: e.p, N: e.lease - e.rate, TakenAt: e.leaseAt}
+		e.lease = e.rate
+		return op, true
+	}
+	if want := min(e.rate-e.lease, c.remaining(e, ns)/(2*peers)); want > 0 {
+		return Op{Kind: OpLease, Params: e.p, N: want}, true
+	}
+	return Op{Kind: OpPeek, Params: e.p, N: 1}, true
+}
+
+// apply records the outcome of one sync op sent at local time sent.
+func (c *Cache) apply(op *Op, ref syncRef, sent int64) {
+	if op.Err != nil {
+		syncErrors.Inc()
+		if op.Kind == OpReturn {
+			// The units may or may not be back: counted as lost, never
+			// as admitted.
+			leasesLost.Add(int(op.N))
+		}
+		return
+	}
+	if op.Kind == OpReturn {
+		leasesReturn.Add(int(op.N))
+	}
+	if op.Kind == OpLease {
+		leasesGranted.Add(int(op.Granted))
+	}
+	if ref.sh == nil {
+		return
+	}
+	ref.sh.mu.Lock()
+	defer ref.sh.mu.Unlock()
+	e := ref.sh.m[ref.key]
+	if e != ref.e || e.p != op.Params {
+		// Evicted or replaced meanwhile: a lease goes back next time.
+		if op.Kind == OpLease && op.Granted > 0 {
+			c.orphanMu.Lock()
+			c.orphans = append(c.orphans, Op{Kind: OpReturn, Key: op.Key, Params: op.Params, N: op.Granted, TakenAt: op.Result.At})
+			c.orphanMu.Unlock()
+		}
+		return
+	}
+	if op.Kind == OpLease {
+		c.applyLease(e, op.Granted, op.Result, sent)
+	}
+	c.learn(e, op.Result, sent)
+}
+
+// returnable reports whether e's lease should go back now: the key saw
+// no check for half a sync interval, the lease lapsed, or it will lapse
+// with its window before the next tick (returned while its window is
+// current, the units count again; lapsed, they are lost to the window).
+func (c *Cache) returnable(e *entry, ns int64) bool {
+	return c.idle(e, ns) || ns >= e.leaseUntil ||
+		(windowed(e.p.Kind) && e.leaseUntil-ns < int64(c.o.SyncInterval)/2)
+}
+
+// idle reports whether e saw no check in the last half sync interval.
+func (c *Cache) idle(e *entry, ns int64) bool {
+	return e.lastUse < ns-int64(c.o.SyncInterval)/2
+}
+
+// ReturnIdle returns, in one Backend.Sync, the leases of the keys that saw
+// no check in the last half sync interval. Run calls it between syncs.
+func (c *Cache) ReturnIdle(now time.Time) int {
+	if c.closed.Load() {
+		return 0
+	}
+	ns := now.UnixNano()
+	var ops []Op
+	var refs []syncRef
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for key, e := range sh.m {
+			if e.lease > 0 && c.returnable(e, ns) {
+				ops = append(ops, Op{Kind: OpReturn, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
+				refs = append(refs, syncRef{sh: sh, key: key, e: e})
+				e.lease = 0
+			}
+		}
+		sh.mu.Unlock()
+	}
+	if len(ops) == 0 {
+		return 0
+	}
+	sent := time.Now().UnixNano()
+	if err := c.b.Sync(context.Background(), ops); err != nil {
+		for i := range ops {
+			ops[i].Err = err
+		}
+	}
+	for i := range ops {
+		c.apply(&ops[i], refs[i], sent)
+	}
+	syncOps.Add(len(ops))
+	return len(ops)
+}
+
+// Close stops the cache taking checks and returns every lease it holds,
+// in one Backend.Sync bounded by ctx. Checks after Close fail with
+// ErrClosed.
+func (c *Cache) Close(ctx context.Context) error {
+	c.closed.Store(true)
+	var ops []Op
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for key, e := range sh.m {
+			if e.lease > 0 {
+				ops = append(ops, Op{Kind: OpReturn, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
+				e.lease = 0
+			}
+		}
+		sh.mu.Unlock()
+	}
+	c.orphanMu.Lock()
+	ops = append(ops, c.orphans...)
+	c.orphans = nil
+	c.orphanMu.Unlock()
+	if len(ops) == 0 {
+		return nil
+	}
+	err := c.b.Sync(ctx, ops)
+	for i := range ops {
+		if err == nil && ops[i].Err == nil {
+			leasesReturn.Add(int(ops[i].N))
+		} else {
+			leasesLost.Add(int(ops[i].N))
+		}
+	}
+	return err
+}
