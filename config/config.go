@@ -39,6 +39,7 @@ const (
 	DefaultRedisMode    = RedisStandalone
 	DefaultKeyPrefix    = "rld:"
 	DefaultRedisTimeout = 5 * time.Millisecond
+	DefaultSyncInterval = 100 * time.Millisecond
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.
@@ -177,6 +178,10 @@ type Store struct {
 	// Timeout bounds every Redis call: a check never waits longer on
 	// Redis.
 	Timeout Duration `toml:"timeout"`
+	// SyncInterval is how often the hot-key cache returns, renews and
+	// refreshes its leases (Redis only). A lease holds about one
+	// interval of a key's local traffic.
+	SyncInterval Duration `toml:"sync_interval"`
 }
 
 // UsesRedis reports whether the store is Redis rather than the embedded
@@ -247,6 +252,7 @@ func Default() *Config {
 			Mode:          DefaultRedisMode,
 			KeyPrefix:     DefaultKeyPrefix,
 			Timeout:       Duration(DefaultRedisTimeout),
+			SyncInterval:  Duration(DefaultSyncInterval),
 		},
 	}
 }

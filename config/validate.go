@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 
@@ -136,6 +137,9 @@ func (s *Store) validate(p *problems) {
 	}
 	if len(s.KeyPrefix) > MaxKeyPrefix {
 		p.add("store.key_prefix = %q: longer than %d bytes", s.KeyPrefix, MaxKeyPrefix)
+	}
+	if s.SyncInterval < Duration(10*time.Millisecond) || s.SyncInterval > Duration(10*time.Second) {
+		p.add("store.sync_interval = %q: want 10ms to 10s", s.SyncInterval)
 	}
 	if s.Timeout <= 0 {
 		p.add("store.timeout = %q: must be positive", s.Timeout)

@@ -44,11 +44,12 @@ type Options struct {
 
 // Daemon is one rld process's server. Create it with New, then call Run.
 type Daemon struct {
-	opts  Options
-	log   *slog.Logger
-	store policy.Store
-	mem   *memstore.Store // the embedded store; nil with Redis
-	redis *redisx.Client  // nil without Redis
+	opts   Options
+	log    *slog.Logger
+	stores policy.Stores
+	mem    *memstore.Store // the embedded store; nil with Redis
+	redis  *redisx.Client  // nil without Redis
+	fleet  *fleet          // the cache and heartbeats on Redis; nil without
 
 	conf   atomic.Pointer[config.Config]
 	policy atomic.Pointer[policy.Policy]
@@ -97,7 +98,7 @@ func New(opts Options) (*Daemon, error) {
 	if err := d.openStore(&cfg.Store); err != nil {
 		return nil, err
 	}
-	p, err := policy.New(cfg, d.store)
+	p, err := policy.NewStores(cfg, d.stores)
 	if err != nil {
 		d.closeStore()
 		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
@@ -123,7 +124,7 @@ const redisStartTimeout = time.Second
 func (d *Daemon) openStore(sc *config.Store) error {
 	if !sc.UsesRedis() {
 		d.mem = memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
-		d.store = d.mem
+		d.stores = policy.Stores{Cached: d.mem}
 		return nil
 	}
 	password, err := sc.RedisPassword()
@@ -153,7 +154,8 @@ func (d *Daemon) openStore(sc *config.Store) error {
 		d.log.Info("using redis", slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)))
 	}
 	d.redis = c
-	d.store = redisx.NewStore(c)
+	d.fleet = newFleet(redisx.NewStore(c), sc)
+	d.stores = policy.Stores{Cached: d.fleet.cache, Strict: d.fleet.cache.Strict()}
 	return nil
 }
 
@@ -241,7 +243,7 @@ func (d *Daemon) Reload() error {
 	}
 	if err == nil {
 		applyOverrides(cfg, d.opts)
-		p, err = policy.New(cfg, d.store)
+		p, err = policy.NewStores(cfg, d.stores)
 	}
 	if err != nil {
 		reloadsFailed.Inc()
@@ -304,6 +306,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer stopSweep()
 	if d.mem != nil {
 		go d.mem.Run(sweepCtx, time.Duration(d.cfg().Store.SweepInterval))
+	}
+	if d.fleet != nil {
+		d.fleet.start(d.log)
 	}
 
 	// Checks run on connCtx, which outlives ctx until the drain is done:
@@ -412,6 +417,10 @@ func (d *Daemon) shutdown(acceptDone <-chan struct{}) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg().Server.DrainTimeout))
 		_ = d.httpSrv.ShutdownWithContext(ctx)
 		cancel()
+	}
+	if d.fleet != nil {
+		// Every answer is out: give the leases back for the others.
+		d.fleet.close(d.log)
 	}
 	d.log.Info("stopped")
 }

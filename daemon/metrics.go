@@ -17,6 +17,7 @@ var (
 	reloadsOK     = metrics.NewCounter(`rld_config_reloads_total{result="success"}`)
 	reloadsFailed = metrics.NewCounter(`rld_config_reloads_total{result="failure"}`)
 	lastReloadOK  = metrics.NewCounter(`rld_config_last_reload_successful`)
+	livePeers     = metrics.NewCounter(`rld_fleet_daemons`)
 
 	// frameErrors counts rejected frames by error code.
 	frameErrors = func() (c [16]*metrics.Counter) {

@@ -146,7 +146,7 @@ mode = "strict"
 // round trip.
 func TestStrictCheckIsOneCall(t *testing.T) {
 	srv := redistest.Standalone(t)
-	d := start(t, fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10_000))
+	d := start(t, fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10_000, "strict"))
 	c := client.New(d.Socket)
 	defer c.Close()
 	check := func() {

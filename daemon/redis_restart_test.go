@@ -69,7 +69,7 @@ func hammer(ctx context.Context, socket string, n int, log *answerLog) *sync.Wai
 // reach a client are those of checks made during the outage.
 func TestRedisRestart(t *testing.T) {
 	srv := redistest.Standalone(t)
-	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10_000))
+	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10_000, "strict"))
 	require.NoError(t, err)
 	t.Cleanup(d.Close)
 
@@ -116,7 +116,7 @@ func TestRedisRestart(t *testing.T) {
 func TestRedisDownAtStart(t *testing.T) {
 	srv := redistest.Standalone(t)
 	srv.Kill()
-	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10))
+	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 10, "strict"))
 	require.NoError(t, err, "starts while redis is down")
 	t.Cleanup(d.Close)
 	c := client.New(d.Socket)
@@ -141,12 +141,12 @@ func TestRedisRefusesDaemon(t *testing.T) {
 	srv := redistest.Standalone(t)
 	_, err := redistest.Do(srv.Addr, "CONFIG", "SET", "requirepass", "secret")
 	require.NoError(t, err)
-	_, err = daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\npassword = \"wrong\"", srv.Addr), 10))
+	_, err = daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\npassword = \"wrong\"", srv.Addr), 10, "strict"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "cannot use store.redis")
 	assert.Contains(t, err.Error(), "WRONGPASS")
 
-	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\npassword = \"secret\"", srv.Addr), 10))
+	d, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\npassword = \"secret\"", srv.Addr), 10, "strict"))
 	require.NoError(t, err)
 	defer d.Close()
 	r, err := client.New(d.Socket).Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "k"}, {Name: "alg", Value: "fixed_window"}}, 1)

@@ -183,7 +183,9 @@ func (e *entry) local(ns, cost int64, peek bool) (algo.Result, bool) {
 			RetryAfter: time.Duration(e.deniedUntil - ns), At: 0,
 		}, true
 	}
-	if e.lease >= cost && ns < e.leaseUntil {
+	// A windowed lease is checked against the clock itself, not just the
+	// batch's time: its units belong to a window that ends at leaseUntil.
+	if e.lease >= cost && ns < e.leaseUntil && (!windowed(e.p.Kind) || time.Now().UnixNano() < e.leaseUntil) {
 		if !peek {
 			e.lease -= cost
 			e.used += cost
@@ -388,7 +390,7 @@ func (c *Cache) applyLease(e *entry, leased int64, r algo.Result, sent int64) {
 		end := r.At - r.At%per + per // the window's end, store µs
 		// The call ran at or after sent: mapping the store's time to
 		// the local clock through sent errs on the early side.
-		until = min(until, sent+(end-r.At)*1000-int64(c.o.Timeout))
+		until = min(until, sent+(end-r.At)*1000-windowMargin)
 	}
 	if e.lease > 0 && (windowed(e.p.Kind) && e.leaseAt-e.leaseAt%e.p.PeriodMicros() != r.At-r.At%e.p.PeriodMicros()) {
 		// The old units belong to a window that has ended.
@@ -399,6 +401,11 @@ func (c *Cache) applyLease(e *entry, leased int64, r algo.Result, sent int64) {
 	e.leaseAt = r.At
 	e.leaseUntil = until
 }
+
+// windowMargin is how long before its window's end (as mapped to the
+// local clock, early) a windowed lease stops being used: a margin for the
+// clock's granularity.
+const windowMargin = int64(time.Millisecond)
 
 // windowed reports whether k's leases are tied to a window.
 func windowed(k algo.Kind) bool {
@@ -414,14 +421,14 @@ func windowed(k algo.Kind) bool {
 // whole share of what remains: it will be denied anyway, and it then
 // costs the store one call to learn so.
 func (c *Cache) leaseWant(e *entry, need, ns int64) int64 {
-	if windowed(e.p.Kind) && e.windowEnd > ns && e.windowEnd-ns <= int64(c.o.Timeout) {
+	if windowed(e.p.Kind) && e.windowEnd > ns && e.windowEnd-ns <= windowMargin {
 		return 0 // the lease would lapse before it could be used
 	}
 	want := max(e.rate, e.used, need)
 	if windowed(e.p.Kind) && e.windowEnd > ns {
 		// Units still leased when the window ends are lost to it: lease
 		// only what the time left will use.
-		left := e.windowEnd - ns - int64(c.o.Timeout)
+		left := e.windowEnd - ns - windowMargin
 		want = max(min(want, int64(float64(want)*float64(left)/float64(c.o.SyncInterval))), need)
 	}
 	peers := c.peers()

@@ -1,0 +1,143 @@
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/shardcache"
+)
+
+// Heartbeats: every daemon on a Redis says it is live every
+// heartbeatEvery; one that has not for heartbeatTTL no longer counts.
+const (
+	heartbeatEvery = time.Second
+	heartbeatTTL   = 3 * time.Second
+)
+
+// syncTimeout bounds one sync's pipelined call: it carries an op per hot
+// key, which Redis runs at some µs each, so it gets longer than a check.
+const syncTimeout = 200 * time.Millisecond
+
+// fleet is the daemon's part in a fleet sharing one Redis: the Redis
+// store, the hot-key cache in front of it, and the heartbeats that count
+// the live daemons.
+type fleet struct {
+	rs    *redisx.Store
+	cache *shardcache.Cache
+	id    string
+	peers atomic.Int64 // live daemons at the last heartbeat (1 until known)
+	stop  context.CancelFunc
+	done  sync.WaitGroup
+}
+
+// newFleet builds the cache on the Redis store rs as sc configures it.
+func newFleet(rs *redisx.Store, sc *config.Store) *fleet {
+	f := &fleet{rs: rs, id: daemonID()}
+	f.peers.Store(1)
+	f.cache = shardcache.New(redisBackend{rs}, shardcache.Options{
+		SyncInterval: time.Duration(sc.SyncInterval),
+		MaxEntries:   sc.MaxKeys,
+		Timeout:      time.Duration(sc.Timeout),
+		Peers:        func() int { return int(f.peers.Load()) },
+	})
+	return f
+}
+
+// daemonID names this daemon in the heartbeats: host, pid and a random
+// suffix, so that a restarted daemon is a new member.
+func daemonID() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// start runs the sync loop and the heartbeats until close.
+func (f *fleet) start(log *slog.Logger) {
+	ctx, cancel := context.WithCancel(context.Background())
+	f.stop = cancel
+	f.done.Add(2)
+	go func() {
+		defer f.done.Done()
+		f.cache.Run(ctx)
+	}()
+	go func() {
+		defer f.done.Done()
+		f.heartbeat(ctx, log)
+	}()
+}
+
+// heartbeat writes this daemon's heartbeat every heartbeatEvery and keeps
+// the count of live daemons; while Redis fails, the last count stands.
+func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
+	t := time.NewTicker(heartbeatEvery)
+	defer t.Stop()
+	for {
+		hctx, cancel := context.WithTimeout(ctx, syncTimeout)
+		n, err := f.rs.Heartbeat(hctx, f.id, heartbeatTTL)
+		cancel()
+		if err == nil && n > 0 {
+			if old := f.peers.Swap(int64(n)); old != int64(n) {
+				log.Info("live daemons on redis", slog.Int("daemons", n))
+			}
+			livePeers.Set(uint64(n))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// close stops the loops, returns every lease and leaves the heartbeats.
+func (f *fleet) close(log *slog.Logger) {
+	if f.stop != nil {
+		f.stop()
+		f.done.Wait()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+	defer cancel()
+	if err := f.cache.Close(ctx); err != nil {
+		log.Warn("could not return every lease", slog.Any("error", err))
+	}
+	_ = f.rs.Leave(ctx, f.id)
+}
+
+// redisBackend adapts the Redis store to the cache's Backend.
+type redisBackend struct{ *redisx.Store }
+
+// opKinds maps the cache's op kinds to the store's.
+var opKinds = [...]redisx.OpKind{
+	shardcache.OpPeek:   redisx.OpPeek,
+	shardcache.OpLease:  redisx.OpLease,
+	shardcache.OpReturn: redisx.OpReturn,
+}
+
+// Sync runs the cache's ops as one Store.Do.
+func (b redisBackend) Sync(ctx context.Context, ops []shardcache.Op) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, syncTimeout)
+		defer cancel()
+	}
+	rops := make([]redisx.Op, len(ops))
+	for i := range ops {
+		o := &ops[i]
+		rops[i] = redisx.Op{Kind: opKinds[o.Kind], Key: o.Key, Params: o.Params, N: o.N, TakenAt: o.TakenAt}
+	}
+	err := b.Do(ctx, rops)
+	for i := range ops {
+		ops[i].Granted, ops[i].Result, ops[i].Err = rops[i].Granted, rops[i].Result, rops[i].Err
+	}
+	return err
+}
