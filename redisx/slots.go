@@ -1,0 +1,251 @@
+package redisx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/redis/rueidis"
+)
+
+// SlotCount is the number of Redis Cluster hash slots.
+const SlotCount = 16384
+
+// Slot returns the Cluster hash slot of key, as Redis computes it: the
+// CRC16 (XMODEM) of the key modulo 16384, where a key with a non-empty
+// hash tag (the part between its first '{' and the next '}') hashes only
+// the tag.
+func Slot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^key[i]]
+	}
+	return crc % SlotCount
+}
+
+// crc16Table is the byte-wise table of CRC-16/XMODEM (polynomial 0x1021,
+// initial value 0).
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
+
+// slotMap maps the slots of a Redis Cluster to the addresses of their
+// primaries, named as rueidis names its nodes (rueidis.Client.Nodes), so
+// that a per-node breaker can be picked for a key before the call. It is
+// refreshed from CLUSTER SHARDS (or CLUSTER SLOTS, before Redis 7). It
+// is safe for concurrent use; the zero value knows no slot.
+type slotMap struct {
+	t atomic.Pointer[slotTable]
+}
+
+// slotTable is one refresh's view: owner[slot] is 1 + the index in addrs
+// of the slot's primary, 0 when no primary serves it.
+type slotTable struct {
+	owner [SlotCount]uint16
+	addrs []string
+}
+
+// node returns the address of the primary that serves slot, or "" when
+// it is unknown.
+func (m *slotMap) node(slot uint16) string {
+	t := m.t.Load()
+	if t == nil || slot >= SlotCount {
+		return ""
+	}
+	if i := t.owner[slot]; i > 0 {
+		return t.addrs[i-1]
+	}
+	return ""
+}
+
+// nodes returns the addresses of the primaries that serve slots.
+func (m *slotMap) nodes() []string {
+	if t := m.t.Load(); t != nil {
+		return append([]string(nil), t.addrs...)
+	}
+	return nil
+}
+
+// refresh asks the nodes of c, one after another until one answers, for
+// the cluster's shards, and replaces the map with the answer. It stops
+// at ctx's deadline; on failure the map is left as it was.
+func (m *slotMap) refresh(ctx context.Context, c rueidis.Client) error {
+	var errs []error
+	for addr, node := range c.Nodes() { // in random order
+		t, err := fetchSlots(ctx, node, addr)
+		if err == nil {
+			m.t.Store(t)
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(errs) == 0 {
+		return errors.New("redisx: refresh slot map: no cluster node known")
+	}
+	return fmt.Errorf("redisx: refresh slot map: %w", errors.Join(errs...))
+}
+
+// fetchSlots asks node, whose address is addr, for CLUSTER SHARDS and,
+// when it does not know the command, CLUSTER SLOTS.
+func fetchSlots(ctx context.Context, node rueidis.Client, addr string) (*slotTable, error) {
+	shards, err := node.Do(ctx, node.B().ClusterShards().Build()).ToArray()
+	if err == nil {
+		return parseShards(shards, addr)
+	}
+	if re, ok := rueidis.IsRedisErr(err); !ok || !strings.HasPrefix(re.Error(), "ERR unknown") {
+		return nil, fmt.Errorf("CLUSTER SHARDS: %w", err)
+	}
+	slots, err := node.Do(ctx, node.B().ClusterSlots().Build()).ToArray()
+	if err != nil {
+		return nil, fmt.Errorf("CLUSTER SLOTS: %w", err)
+	}
+	return parseSlots(slots, addr)
+}
+
+// tableBuilder assembles a slotTable.
+type tableBuilder struct {
+	t     slotTable
+	index map[string]uint16
+}
+
+// add records that primary serves first to last.
+func (b *tableBuilder) add(first, last int64, primary string) error {
+	if first < 0 || last >= SlotCount || first > last {
+		return fmt.Errorf("bad slot range %d-%d", first, last)
+	}
+	if b.index == nil {
+		b.index = make(map[string]uint16)
+	}
+	i, ok := b.index[primary]
+	if !ok {
+		b.t.addrs = append(b.t.addrs, primary)
+		i = uint16(len(b.t.addrs))
+		b.index[primary] = i
+	}
+	for s := first; s <= last; s++ {
+		b.t.owner[s] = i
+	}
+	return nil
+}
+
+// parseShards reads a CLUSTER SHARDS reply from the node at addr. A
+// shard's primary is its node with role "master" and health "online"; a
+// shard without one (its primary failed, no replica promoted yet) leaves
+// its slots unknown.
+func parseShards(shards []rueidis.RedisMessage, addr string) (*slotTable, error) {
+	var b tableBuilder
+	for _, sv := range shards {
+		shard, err := sv.AsMap()
+		if err != nil {
+			return nil, fmt.Errorf("shard: %w", err)
+		}
+		nodesMsg, slotsMsg := shard["nodes"], shard["slots"]
+		nodes, err := nodesMsg.ToArray()
+		if err != nil {
+			return nil, fmt.Errorf("shard nodes: %w", err)
+		}
+		primary := ""
+		for _, nv := range nodes {
+			n, err := nv.AsMap()
+			if err != nil {
+				return nil, fmt.Errorf("shard node: %w", err)
+			}
+			str := func(field string) string {
+				v := n[field]
+				s, _ := v.ToString()
+				return s
+			}
+			role, health := str("role"), str("health")
+			if role != "master" || health != "online" {
+				continue
+			}
+			portMsg, tlsPortMsg := n["port"], n["tls-port"]
+			port, err := portMsg.AsInt64()
+			if err != nil { // a TLS-only node
+				port, err = tlsPortMsg.AsInt64()
+			}
+			if err != nil {
+				return nil, fmt.Errorf("node %s: no port: %w", str("id"), err)
+			}
+			primary = nodeAddr(addr, str("endpoint"), port)
+		}
+		if primary == "" {
+			continue
+		}
+		slots, err := slotsMsg.AsIntSlice()
+		if err != nil || len(slots)%2 != 0 {
+			return nil, fmt.Errorf("shard slots %v: %v", slots, err)
+		}
+		for i := 0; i < len(slots); i += 2 {
+			if err := b.add(slots[i], slots[i+1], primary); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &b.t, nil
+}
+
+// parseSlots reads a CLUSTER SLOTS reply from the node at addr: entries
+// of first slot, last slot, primary [endpoint, port, id, …], replicas….
+func parseSlots(ranges []rueidis.RedisMessage, addr string) (*slotTable, error) {
+	var b tableBuilder
+	for _, rv := range ranges {
+		r, err := rv.ToArray()
+		if err != nil || len(r) < 3 {
+			return nil, fmt.Errorf("slot range %v: %v", r, err)
+		}
+		first, err1 := r[0].AsInt64()
+		last, err2 := r[1].AsInt64()
+		p, err3 := r[2].ToArray()
+		if err := errors.Join(err1, err2, err3); err != nil || len(p) < 2 {
+			return nil, fmt.Errorf("slot range %v: %v", r, err)
+		}
+		endpoint, _ := p[0].ToString()
+		port, err := p[1].AsInt64()
+		if err != nil {
+			return nil, fmt.Errorf("slot range %d-%d port: %w", first, last, err)
+		}
+		if primary := nodeAddr(addr, endpoint, port); primary != "" {
+			if err := b.add(first, last, primary); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return &b.t, nil
+}
+
+// nodeAddr returns the address of a node that the node at addr reports
+// with endpoint and port, as rueidis computes it: "" or an endpoint
+// unknown to the node means addr's host; "?" means no address.
+func nodeAddr(addr, endpoint string, port int64) string {
+	switch endpoint {
+	case "?":
+		return ""
+	case "":
+		endpoint, _, _ = net.SplitHostPort(addr)
+	}
+	return net.JoinHostPort(endpoint, strconv.FormatInt(port, 10))
+}

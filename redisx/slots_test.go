@@ -1,0 +1,152 @@
+package redisx
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/redistest"
+)
+
+func TestSlot(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		want uint16
+	}{
+		{"123456789", 0x31c3}, // the CRC-16/XMODEM check value
+		{"", 0},
+		{"foo", 12182},
+		{"bar", 5061},
+		{"{user1000}.following", Slot("user1000")},
+		{"{user1000}.followers", Slot("user1000")},
+		{"foo{}{bar}", Slot("foo{}{bar}")}, // an empty tag: the whole key
+		{"foo{{bar}}zap", Slot("{bar")},
+		{"foo{bar}{zap}", Slot("bar")},
+		{"rl:{tenant-7}:tb", Slot("tenant-7")},
+	} {
+		assert.Equal(t, tc.want, Slot(tc.key), "Slot(%q)", tc.key)
+	}
+	assert.Equal(t, Slot("{user1000}.following"), Slot("{user1000}.followers"))
+
+	// The table-driven CRC agrees with redistest's bit by bit one.
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 10000 {
+		b := make([]byte, r.IntN(24))
+		for i := range b {
+			b[i] = "{}ab\x00\xff"[r.IntN(6)]
+			if r.IntN(2) == 0 {
+				b[i] = byte(r.Uint32())
+			}
+		}
+		key := string(b)
+		require.Equal(t, redistest.Slot(key), int(Slot(key)), "Slot(%q)", key)
+	}
+}
+
+// TestSlotMap checks Slot against CLUSTER KEYSLOT and the slot map against
+// the cluster's own view, through CLUSTER SHARDS and CLUSTER SLOTS, and
+// after a failover.
+func TestSlotMap(t *testing.T) {
+	c := redistest.StartCluster(t, redistest.AllowPartialCoverage())
+	ctx := context.Background()
+	for _, key := range []string{"foo", "{user1000}.following", "{}", "{}{a}", "a{b}c{d}", "}{x}", "\xff\x00",
+		string(AppendKey(nil, "rld:", []byte("api_key=abc|endpoint=/x"), algo.GCRA))} {
+		got, err := redistest.Do(c.Addrs()[0], "CLUSTER", "KEYSLOT", key)
+		require.NoError(t, err)
+		assert.Equal(t, got, fmt.Sprint(Slot(key)), "CLUSTER KEYSLOT %q", key)
+	}
+
+	o, err := Options{Addrs: c.Addrs()[:1], Mode: Cluster, DialTimeout: time.Second}.withDefaults()
+	require.NoError(t, err)
+	rc, err := rueidis.NewClient(o.rueidisOption())
+	require.NoError(t, err)
+	t.Cleanup(rc.Close)
+
+	var m slotMap
+	assert.Equal(t, "", m.node(0), "before the first refresh")
+	require.NoError(t, m.refresh(ctx, rc))
+	checkSlotMap(t, &m, c, rc)
+
+	// CLUSTER SLOTS, for Redis before 7, gives the same map.
+	for addr, node := range rc.Nodes() {
+		reply, err := node.Do(ctx, node.B().ClusterSlots().Build()).ToArray()
+		require.NoError(t, err)
+		tab, err := parseSlots(reply, addr)
+		require.NoError(t, err)
+		var fromSlots slotMap
+		fromSlots.t.Store(tab)
+		for s := range uint16(SlotCount) {
+			require.Equal(t, m.node(s), fromSlots.node(s), "slot %d from CLUSTER SLOTS of %s", s, addr)
+		}
+	}
+
+	// After a failover, refresh names the promoted replica.
+	const key = "{tenant-1}:tb"
+	killed := c.PrimaryFor(key)
+	require.Equal(t, killed.Addr, m.node(Slot(key)))
+	killed.Kill()
+	promoted := c.WaitFailover(t, killed)
+	var lastErr error
+	redistest.WaitFor(t, "refresh to name the promoted replica", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		lastErr = m.refresh(cctx, rc) // some tries ask the killed node first, and fail over to another
+		return lastErr == nil && m.node(Slot(key)) == promoted.Addr
+	})
+	checkSlotMap(t, &m, c, nil) // rueidis learns of the promotion lazily
+
+	// A refresh that reaches no node fails and keeps the map.
+	dead, err := Options{Addrs: []string{killed.Addr}}.withDefaults()
+	require.NoError(t, err)
+	dc, _ := rueidis.NewClient(dead.rueidisOption()) // a client even when the dial fails
+	require.NotNil(t, dc)
+	defer dc.Close()
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err = m.refresh(cctx, dc)
+	assert.ErrorContains(t, err, "redisx: refresh slot map: "+killed.Addr)
+	assert.Equal(t, promoted.Addr, m.node(Slot(key)))
+}
+
+// checkSlotMap requires every slot of m to be the cluster's view, and,
+// when rc is not nil, every node m names to be one of rc's.
+func checkSlotMap(t *testing.T, m *slotMap, c *redistest.Cluster, rc rueidis.Client) {
+	t.Helper()
+	for s := range uint16(SlotCount) {
+		require.Equal(t, c.PrimaryForSlot(int(s)).Addr, m.node(s), "slot %d", s)
+	}
+	assert.Equal(t, "", m.node(SlotCount), "out of range")
+	nodes := m.nodes()
+	assert.Len(t, nodes, 3)
+	if rc == nil {
+		return
+	}
+	known := rc.Nodes()
+	for _, n := range nodes {
+		assert.Contains(t, known, n, "rueidis names the node %s the same", n)
+	}
+}
+
+func BenchmarkSlot(b *testing.B) {
+	key := string(AppendKey(nil, "rld:", []byte("api_key=0123456789abcdef|endpoint=/v1/search"), algo.TokenBucket))
+	var m slotMap
+	var tab slotTable
+	tab.addrs = []string{"127.0.0.1:7000"}
+	for s := range tab.owner {
+		tab.owner[s] = 1
+	}
+	m.t.Store(&tab)
+	b.ReportAllocs()
+	for b.Loop() {
+		if m.node(Slot(key)) == "" {
+			b.Fatal("no node")
+		}
+	}
+}
