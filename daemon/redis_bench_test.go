@@ -179,16 +179,21 @@ func TestStrictCheckIsOneCall(t *testing.T) {
 		calls[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.Atoi(num)
 	}
 	t.Logf("redis commands for %d strict checks: %v", n, calls)
-	if calls["evalsha"] != n {
-		t.Errorf("%d EVALSHA for %d checks", calls["evalsha"], n)
+	// The daemon's heartbeat (one script call a second, which ZADDs once)
+	// may fall in the measurement: its calls are not the checks'.
+	beats := calls["zadd"]
+	if calls["evalsha"]+calls["eval"] != n+beats {
+		t.Errorf("%d EVALSHA and %d EVAL for %d checks and %d heartbeats", calls["evalsha"], calls["eval"], n, beats)
 	}
-	// The others are the script's own (commandstats counts them too):
-	// the sliding counter reads Redis TIME, HMGET, HSET and PEXPIRE; and
-	// the set-up of a connection rueidis opens lazily.
+	// The others are the scripts' own (commandstats counts them too):
+	// the sliding counter reads Redis TIME, HMGET, HSET and PEXPIRE, the
+	// heartbeat updates its sorted set; and the set-up of a connection
+	// rueidis opens lazily.
 	for name, k := range calls {
 		switch {
 		case name == "evalsha", name == "time", name == "hmget", name == "hset", name == "pexpire",
 			name == "config|resetstat", name == "ping", name == "hello", strings.HasPrefix(name, "client|"):
+		case beats > 0 && (name == "eval" || name == "zadd" || name == "zremrangebyscore" || name == "zcard" || name == "pttl"):
 		default:
 			t.Errorf("%d calls of %s", k, name)
 		}
