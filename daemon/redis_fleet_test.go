@@ -319,24 +319,30 @@ func TestFleetCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	primaries := cl.Primaries()
 	require.Len(t, primaries, 3)
+	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
 	var keys []*fleetKey
-	for _, kind := range fleetKinds {
-		// One api_key per primary: the first whose Redis key's slot
-		// the primary serves.
-		for _, primary := range primaries {
-			for i := 0; ; i++ {
-				require.Less(t, i, 1000, "no key found for %s", primary.Addr)
-				v := fmt.Sprintf("sk_%d", i)
-				rkey := redisx.AppendKey(nil, "rld:", counterKey(kind.String(), v), kind)
-				if cl.PrimaryFor(string(rkey)) == primary {
-					keys = append(keys, &fleetKey{kind: kind, apiKey: v})
-					break
+	var fleet []string
+	for _, mode := range []string{"cached", "strict"} {
+		keys = nil
+		for _, kind := range fleetKinds {
+			// One api_key per primary: the first whose Redis key's slot
+			// the primary serves.
+			for _, primary := range primaries {
+				for i := 0; ; i++ {
+					require.Less(t, i, 1000, "no key found for %s", primary.Addr)
+					v := fmt.Sprintf("sk_%s_%d", mode, i)
+					rkey := redisx.AppendKey(nil, "rld:", counterKey(kind.String(), v), kind)
+					if cl.PrimaryFor(string(rkey)) == primary {
+						keys = append(keys, &fleetKey{kind: kind, apiKey: v})
+						break
+					}
 				}
 			}
 		}
+		t.Run(mode, func(t *testing.T) {
+			fleet = runFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, keys, fleetOptions{mode: mode})
+		})
 	}
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
-	fleet := runFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, keys, fleetOptions{mode: "cached"})
 
 	// The keys are where the slot helper says: the daemons built the
 	// keys the test computed, and the three shards shared the work.

@@ -394,3 +394,43 @@ func TestStoreErrorIsReturned(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, r.Allowed)
 }
+
+// TestBytesPerEntry measures the memory an entry costs: 100,000 keys of
+// 24 bytes, each with a lease, against a store that keeps nothing.
+func TestBytesPerEntry(t *testing.T) {
+	const n = 100_000
+	c := shardcache.New(grantAll{}, shardcache.Options{MaxEntries: n})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
+	keys := make([][]byte, n)
+	for i := range keys {
+		keys[i] = fmt.Appendf(nil, "api_key:%015d", i)
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for _, k := range keys {
+		_, err := c.Take(ctx, k, p, 1, time.Now(), false)
+		require.NoError(t, err)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	require.Equal(t, n, c.Len())
+	perEntry := float64(after.HeapAlloc-before.HeapAlloc) / n
+	t.Logf("%.0f bytes per entry (key of %d bytes included)", perEntry, len(keys[0]))
+	assert.Less(t, perEntry, 400.0)
+	runtime.KeepAlive(keys)
+}
+
+// grantAll is a store that admits everything and keeps no state.
+type grantAll struct{}
+
+func (grantAll) Take(context.Context, []byte, algo.Params, int64, time.Time, bool) (algo.Result, error) {
+	return algo.Result{Allowed: true}, nil
+}
+func (grantAll) Refund(context.Context, []byte, algo.Params, int64, time.Time, time.Time) error {
+	return nil
+}
+func (grantAll) TakeLease(_ context.Context, _ []byte, p algo.Params, costs []int64, want int64) (int, int64, algo.Result, error) {
+	return len(costs), want, algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), At: time.Now().UnixMicro()}, nil
+}
+func (grantAll) Sync(context.Context, []shardcache.Op) error { return nil }

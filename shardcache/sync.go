@@ -108,7 +108,9 @@ func (c *Cache) plan(e *entry, ns, peers int64) (Op, bool) {
 		op := Op{Kind: OpReturn, Params: e.p, N: e.lease, TakenAt: e.leaseAt}
 		e.lease = 0
 		return op, true
-	case !hot:
+	case !hot || ns < e.deniedUntil:
+		// Idle, or denied until a time the store gave: nothing to renew
+		// or refresh.
 		return Op{}, false
 	case e.lease > 2*e.rate:
 		op := Op{Kind: OpReturn, Params: e.p, N: e.lease - e.rate, TakenAt: e.leaseAt}
