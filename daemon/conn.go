@@ -67,7 +67,11 @@ func (cn *conn) serve(ctx context.Context) {
 		var deadline time.Time
 		switch {
 		case cn.d.draining.Load():
-			graceUntil = time.Now().Add(drainGrace)
+			// One grace from the moment the drain is seen: a client
+			// that keeps writing does not hold the shutdown up.
+			if graceUntil.IsZero() {
+				graceUntil = time.Now().Add(drainGrace)
+			}
 			deadline = graceUntil
 		case end > start && readTimeout > 0:
 			deadline = partialSince.Add(readTimeout)
