@@ -40,6 +40,10 @@ const (
 	DefaultKeyPrefix    = "rld:"
 	DefaultRedisTimeout = 5 * time.Millisecond
 	DefaultSyncInterval = 100 * time.Millisecond
+
+	DefaultBreakerFailures = 5
+	DefaultBreakerWindow   = time.Second
+	DefaultBreakerCooldown = 250 * time.Millisecond
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.
@@ -182,6 +186,16 @@ type Store struct {
 	// refreshes its leases (Redis only). A lease holds about one
 	// interval of a key's local traffic.
 	SyncInterval Duration `toml:"sync_interval"`
+	// BreakerFailures is how many failed Redis calls (timeouts,
+	// connection errors, CLUSTERDOWN and the like) within BreakerWindow
+	// open the circuit breaker of a Redis node.
+	BreakerFailures int `toml:"breaker_failures"`
+	// BreakerWindow is the sliding window BreakerFailures are counted
+	// in.
+	BreakerWindow Duration `toml:"breaker_window"`
+	// BreakerCooldown is how long an open breaker sends no call before
+	// it lets a probe go.
+	BreakerCooldown Duration `toml:"breaker_cooldown"`
 }
 
 // UsesRedis reports whether the store is Redis rather than the embedded
@@ -253,6 +267,10 @@ func Default() *Config {
 			KeyPrefix:     DefaultKeyPrefix,
 			Timeout:       Duration(DefaultRedisTimeout),
 			SyncInterval:  Duration(DefaultSyncInterval),
+
+			BreakerFailures: DefaultBreakerFailures,
+			BreakerWindow:   Duration(DefaultBreakerWindow),
+			BreakerCooldown: Duration(DefaultBreakerCooldown),
 		},
 	}
 }

@@ -144,7 +144,19 @@ func (s *Store) validate(p *problems) {
 	if s.Timeout <= 0 {
 		p.add("store.timeout = %q: must be positive", s.Timeout)
 	}
+	if s.BreakerFailures < 1 || s.BreakerFailures > MaxBreakerFailures {
+		p.add("store.breaker_failures = %d: want 1 to %d", s.BreakerFailures, MaxBreakerFailures)
+	}
+	if s.BreakerWindow < Duration(time.Millisecond) || s.BreakerWindow > Duration(time.Minute) {
+		p.add("store.breaker_window = %q: want 1ms to 1m", s.BreakerWindow)
+	}
+	if s.BreakerCooldown < Duration(time.Millisecond) || s.BreakerCooldown > Duration(time.Minute) {
+		p.add("store.breaker_cooldown = %q: want 1ms to 1m", s.BreakerCooldown)
+	}
 }
+
+// MaxBreakerFailures is the largest store.breaker_failures.
+const MaxBreakerFailures = 10_000
 
 func (r *Rule) validate(p *problems, i int) {
 	at := fmt.Sprintf("rule[%d]", i)

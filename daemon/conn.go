@@ -208,9 +208,14 @@ func (cn *conn) flush() bool {
 const writeTimeout = 10 * time.Second
 
 // fillResponse copies a policy decision into a wire response, reusing the
-// response's Rule and Message buffers.
+// response's Rule and Message buffers. A degraded decision (made by a
+// rule's fail mode while its store fails) carries FlagDegraded; its
+// status is allowed-degraded or limited.
 func fillResponse(res *wire.Response, dec *policy.Decision) {
 	res.Flags = 0
+	if dec.Degraded {
+		res.Flags = wire.FlagDegraded
+	}
 	res.Code = wire.CodeNone
 	res.Message = res.Message[:0]
 	res.Status = dec.Status

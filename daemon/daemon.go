@@ -116,10 +116,10 @@ const redisStartTimeout = time.Second
 // or the Redis store when store.redis lists addresses.
 //
 // A Redis that cannot be reached does not stop the daemon from starting:
-// it starts, logs a warning, answers checks as its store failure policy
-// says while Redis is down, and uses Redis as soon as it answers. A daemon
-// that refused to start would leave its host's clients with no answers
-// at all, for an outage that may be over in seconds. A configuration that
+// it starts, logs a warning, answers checks as each rule's fail mode says
+// while Redis is down (see policy.Fallback), and uses Redis as soon as it
+// answers. A daemon that refused to start would leave its host's clients
+// with no answers at all, for an outage that may be over in seconds. A configuration that
 // Redis rejects (a wrong password) does stop it: waiting will not help.
 func (d *Daemon) openStore(sc *config.Store) error {
 	if !sc.UsesRedis() {
@@ -133,29 +133,21 @@ func (d *Daemon) openStore(sc *config.Store) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), redisStartTimeout)
 	defer cancel()
-	c, err := redisx.New(ctx, redisx.Options{
-		Addrs:     sc.Redis,
-		Mode:      redisx.Mode(sc.Mode),
-		MasterSet: sc.MasterSet,
-		Username:  sc.Username,
-		Password:  password,
-		KeyPrefix: sc.KeyPrefix,
-		Timeout:   time.Duration(sc.Timeout),
-	})
+	c, err := redisx.New(ctx, redisOptions(sc, password))
 	if err != nil {
 		return fmt.Errorf("cannot use store.redis: %w", err)
 	}
 	// Ping until the start-up timeout, not just once: a first
 	// connection can take longer than one call may.
 	if err := pingUntil(ctx, c); err != nil {
-		d.log.Warn("redis does not answer; starting anyway: checks that need it fail until it does",
+		d.log.Warn("redis does not answer; starting anyway: checks that need it follow their rules' fail modes until it does",
 			slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)), slog.Any("error", err))
 	} else {
 		d.log.Info("using redis", slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)))
 	}
 	d.redis = c
-	d.fleet = newFleet(redisx.NewStore(c), sc)
-	d.stores = policy.Stores{Cached: d.fleet.cache, Strict: d.fleet.cache.Strict()}
+	d.fleet = newFleet(c, sc)
+	d.stores = d.fleet.stores()
 	return nil
 }
 

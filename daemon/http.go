@@ -12,6 +12,7 @@ import (
 
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
+	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/wire"
 )
 
@@ -57,10 +58,66 @@ func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 			ctx.SetBodyString(`{"status":"draining"}` + "\n")
 			return
 		}
-		ctx.SetBodyString(`{"status":"ok"}` + "\n")
+		ctx.SetBody(d.health())
 	default:
 		httpError(ctx, fasthttp.StatusNotFound, "NOT_FOUND", "no such endpoint; try /v1/check, /metrics or /healthz")
 	}
+}
+
+// Health is the body of /healthz (HTTP 200): Status is "ok", or
+// "degraded" while a circuit breaker of the Redis store is not closed
+// (calls to a node are refused or only probing, and the rules follow
+// their fail modes), when checks still get answers. Redis is set only
+// with the Redis store.
+type Health struct {
+	// Status is "ok" or "degraded".
+	Status string `json:"status"`
+	// Redis describes the Redis store; nil with the embedded store.
+	Redis *RedisHealth `json:"redis,omitempty"`
+}
+
+// RedisHealth is the Redis part of Health.
+type RedisHealth struct {
+	// Daemons is the number of live daemons on the Redis at the last
+	// heartbeat that reached it: the divisor of the fair share of
+	// fail-open rules during an outage.
+	Daemons int `json:"daemons"`
+	// Breakers is the state of each circuit breaker, by node.
+	Breakers []BreakerHealth `json:"breakers"`
+	// Fallback is true while fail-open rules hold local state: some
+	// check was decided locally within the last second.
+	Fallback bool `json:"fallback"`
+}
+
+// BreakerHealth is the state of one circuit breaker of the Redis store.
+type BreakerHealth struct {
+	// Node is the Redis node (host:port, "sentinel:<master set>", or
+	// "cluster:unmapped-slots").
+	Node string `json:"node"`
+	// State is "closed", "open" or "half-open".
+	State string `json:"state"`
+	// RetryAt is when an open breaker lets its next probe go.
+	RetryAt *time.Time `json:"retry_at,omitempty"`
+}
+
+// health returns the body of /healthz.
+func (d *Daemon) health() []byte {
+	h := Health{Status: "ok"}
+	if f := d.fleet; f != nil {
+		rh := &RedisHealth{Daemons: f.Peers(), Fallback: f.fallback.Active(), Breakers: []BreakerHealth{}}
+		for _, b := range f.c.Breakers() {
+			bh := BreakerHealth{Node: b.Node, State: b.State.String()}
+			if b.State != redisx.BreakerClosed {
+				h.Status = "degraded"
+				at := b.RetryAt
+				bh.RetryAt = &at
+			}
+			rh.Breakers = append(rh.Breakers, bh)
+		}
+		h.Redis = rh
+	}
+	b, _ := json.Marshal(h) // plain data always marshals
+	return append(b, '\n')
 }
 
 // serveCheck answers GET /v1/check?name=value&…&cost=N&peek=1. Every query
@@ -126,6 +183,10 @@ func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now tim
 		ctx.Response.Header.SetBytesV(f.Name, f.Value)
 	}
 	ctx.Response.Header.Set("X-RateLimit-Decision", dec.Status.String())
+	if dec.Degraded {
+		// Decided by the rule's fail mode: the shared store failed.
+		ctx.Response.Header.Set("X-RateLimit-Policy", "degraded")
+	}
 	switch dec.Status {
 	case wire.StatusAllowed, wire.StatusAllowedDegraded:
 		ctx.SetStatusCode(fasthttp.StatusOK)

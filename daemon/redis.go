@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/shardcache"
 )
@@ -28,22 +29,50 @@ const (
 const syncTimeout = 200 * time.Millisecond
 
 // fleet is the daemon's part in a fleet sharing one Redis: the Redis
-// store, the hot-key cache in front of it, and the heartbeats that count
-// the live daemons.
+// store, the hot-key cache in front of it, the heartbeats that count the
+// live daemons, and the local fallback of the rules whose Redis calls
+// fail. It implements policy.Health.
 type fleet struct {
-	rs    *redisx.Store
-	cache *shardcache.Cache
-	id    string
-	peers atomic.Int64 // live daemons at the last heartbeat (1 until known)
-	stop  context.CancelFunc
-	done  sync.WaitGroup
+	c        *redisx.Client
+	rs       *redisx.Store
+	cache    *shardcache.Cache
+	fallback *policy.Fallback
+	id       string
+	peers    atomic.Int64 // live daemons at the last heartbeat (1 until known)
+	stop     context.CancelFunc
+	done     sync.WaitGroup
 }
 
-// newFleet builds the cache on the Redis store rs as sc configures it.
-func newFleet(rs *redisx.Store, sc *config.Store) *fleet {
-	f := &fleet{rs: rs, id: daemonID()}
+// redisOptions returns the options of the Redis client that sc
+// describes, authenticating with password.
+func redisOptions(sc *config.Store, password string) redisx.Options {
+	return redisx.Options{
+		Addrs:     sc.Redis,
+		Mode:      redisx.Mode(sc.Mode),
+		MasterSet: sc.MasterSet,
+		Username:  sc.Username,
+		Password:  password,
+		KeyPrefix: sc.KeyPrefix,
+		Timeout:   time.Duration(sc.Timeout),
+		Breaker: redisx.BreakerOptions{
+			Failures: sc.BreakerFailures,
+			Window:   time.Duration(sc.BreakerWindow),
+			Cooldown: time.Duration(sc.BreakerCooldown),
+		},
+	}
+}
+
+// newFleet builds the store, the cache and the fallback on the Redis
+// client c as sc configures them.
+func newFleet(c *redisx.Client, sc *config.Store) *fleet {
+	f := &fleet{c: c, rs: redisx.NewStore(c), id: daemonID()}
 	f.peers.Store(1)
-	f.cache = shardcache.New(redisBackend{rs}, shardcache.Options{
+	f.fallback = policy.NewFallback(policy.FallbackOptions{
+		Health:  f,
+		MaxKeys: sc.MaxKeys,
+		Timeout: time.Duration(sc.Timeout),
+	})
+	f.cache = shardcache.New(redisBackend{f.rs}, shardcache.Options{
 		SyncInterval: time.Duration(sc.SyncInterval),
 		MaxEntries:   sc.MaxKeys,
 		Timeout:      time.Duration(sc.Timeout),
@@ -51,6 +80,21 @@ func newFleet(rs *redisx.Store, sc *config.Store) *fleet {
 	})
 	return f
 }
+
+// stores returns the policy's stores on the fleet: the cache for cached
+// rules, its strict side for strict rules, and the fallback for the
+// rules whose Redis calls fail.
+func (f *fleet) stores() policy.Stores {
+	return policy.Stores{Cached: f.cache, Strict: f.cache.Strict(), Fallback: f.fallback}
+}
+
+// Peers returns the live daemons at the last heartbeat that reached
+// Redis (1 until one has). It implements policy.Health.
+func (f *fleet) Peers() int { return int(f.peers.Load()) }
+
+// RetryAt returns when the next probe of an open circuit breaker may go,
+// or the zero time when all are closed. It implements policy.Health.
+func (f *fleet) RetryAt() time.Time { return f.c.RetryAt() }
 
 // daemonID names this daemon in the heartbeats: host, pid and a random
 // suffix, so that a restarted daemon is a new member.
@@ -78,9 +122,12 @@ func (f *fleet) start(log *slog.Logger) {
 
 // heartbeat writes this daemon's heartbeat every heartbeatEvery and keeps
 // the count of live daemons; while Redis fails, the last count stands.
+// It also logs when Redis calls start and stop being refused (a circuit
+// breaker not closed), and drops the fallback's local state once unused.
 func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
+	degraded := false
 	for {
 		hctx, cancel := context.WithTimeout(ctx, syncTimeout)
 		n, err := f.rs.Heartbeat(hctx, f.id, heartbeatTTL)
@@ -91,12 +138,34 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 			}
 			livePeers.Set(uint64(n))
 		}
+		if now := f.c.Degraded(); now != degraded {
+			degraded = now
+			if now {
+				log.Warn("redis fails: circuit breaker open; rules follow their fail modes (open: local fair share, closed: deny)",
+					slog.Int("daemons", f.Peers()), slog.Any("breakers", f.openBreakers()))
+			} else {
+				log.Info("redis answers again: circuit breakers closed")
+			}
+		}
+		f.fallback.Sweep(time.Now())
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// openBreakers returns the nodes whose breaker is not closed, with its
+// state.
+func (f *fleet) openBreakers() []string {
+	var out []string
+	for _, b := range f.c.Breakers() {
+		if b.State != redisx.BreakerClosed {
+			out = append(out, b.Node+" "+b.State.String())
+		}
+	}
+	return out
 }
 
 // close stops the loops, returns every lease and leaves the heartbeats.

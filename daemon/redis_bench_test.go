@@ -157,6 +157,17 @@ func TestStrictCheckIsOneCall(t *testing.T) {
 		}
 	}
 	check() // the script is loaded (EVALSHA → NOSCRIPT → EVAL) once
+	// So is the heartbeat's, at the daemon's first heartbeat: wait for it.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		n, err := redistest.Do(srv.Addr, "ZCARD", "rld:daemons")
+		if err == nil && n != "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no heartbeat in 5s: %v %s", err, n)
+		}
+		time.Sleep(10 * time.Millisecond) // polling
+	}
 	_, err := redistest.Do(srv.Addr, "CONFIG", "RESETSTAT")
 	if err != nil {
 		t.Fatal(err)

@@ -321,7 +321,6 @@ func TestFleetCluster(t *testing.T) {
 	require.Len(t, primaries, 3)
 	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
 	var keys []*fleetKey
-	var fleet []string
 	for _, mode := range []string{"cached", "strict"} {
 		keys = nil
 		for _, kind := range fleetKinds {
@@ -340,7 +339,7 @@ func TestFleetCluster(t *testing.T) {
 			}
 		}
 		t.Run(mode, func(t *testing.T) {
-			fleet = runFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, keys, fleetOptions{mode: mode})
+			runFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, keys, fleetOptions{mode: mode})
 		})
 	}
 
@@ -366,7 +365,8 @@ func TestFleetCluster(t *testing.T) {
 			tenant = v
 		}
 	}
-	c := client.New(fleet[0])
+	d := start(t, fleetConfig(fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, "strict"))
+	c := client.New(d.Socket)
 	defer c.Close()
 	hier := func(tenant, tier string) []client.Descriptor {
 		return []client.Descriptor{{Name: "api_key", Value: apiKey}, {Name: "tenant", Value: tenant}, {Name: "tier", Value: tier}, {Name: "alg", Value: "hier"}}

@@ -107,7 +107,12 @@ period = "1h"
 	require.NoError(t, err)
 	left := r.Remaining + 1 // a peek's Remaining is after its cost of 1
 	t.Logf("Redis has %d left of %d after %d admitted", left, limit, allowed.Load())
-	assert.Equal(t, limit-allowed.Load(), left, "every lease was returned")
+	// Requests that ended in a connection error may have been admitted
+	// before their answer was lost: the client cannot know. Leases not
+	// returned would show as far more missing (a lease holds about one
+	// sync interval of the key's traffic: hundreds of units here).
+	assert.LessOrEqual(t, left, limit-allowed.Load(), "more left than admitted")
+	assert.GreaterOrEqual(t, left, limit-allowed.Load()-connErrs.Load(), "every lease was returned\n%s", p.Logs())
 }
 
 // isDialError reports whether err is the client's failure to connect to

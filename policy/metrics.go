@@ -15,10 +15,12 @@ const (
 	decBlocked
 	decError
 	decShadowLimited
+	decAllowedDegraded
+	decLimitedDegraded
 	numDecisions
 )
 
-var decisionNames = [numDecisions]string{"allowed", "limited", "blocked", "error", "shadow_limited"}
+var decisionNames = [numDecisions]string{"allowed", "limited", "blocked", "error", "shadow_limited", "allowed_degraded", "limited_degraded"}
 
 // counters holds the rld_checks_total series of one rule label, created
 // when a Policy is built so that Check formats no names. A reload gets the
@@ -29,7 +31,9 @@ type counters [numDecisions]*metrics.Counter
 // of rule for the decisions it can make; the others stay nil. Every check
 // counts one series: the rule that decided ("deny", "allow", "none" when
 // no rule applied, or a rule's name) with its decision; a shadow rule
-// that would have denied counts decision="shadow_limited" besides.
+// that would have denied counts decision="shadow_limited" besides. A
+// decision of a rule's fail mode while its store fails (see Fallback)
+// counts "allowed_degraded" or "limited_degraded".
 func newCounters(rule string, ds ...decision) *counters {
 	var c counters
 	for _, d := range ds {

@@ -31,11 +31,12 @@ var ErrCostTooLarge = errors.New("cost exceeds the limit's capacity")
 // Policy decides requests against one configuration. It is immutable once
 // built and safe for concurrent use; a reload builds a new Policy.
 type Policy struct {
-	stores Stores
-	deny   []selector
-	allow  []selector
-	rules  []rule
-	infos  []RuleInfo
+	stores   Stores
+	fallback *Fallback // stores.Fallback
+	deny     []selector
+	allow    []selector
+	rules    []rule
+	infos    []RuleInfo
 
 	denyM, allowM, noneM *counters
 }
@@ -83,8 +84,15 @@ type tier struct {
 
 // Decision is the answer to one check.
 type Decision struct {
-	// Status is StatusAllowed, StatusLimited, StatusBlocked or StatusError.
+	// Status is StatusAllowed, StatusAllowedDegraded (allowed, and a
+	// rule's store failed: see Fallback), StatusLimited, StatusBlocked
+	// or StatusError.
 	Status wire.Status
+	// Degraded is set when a rule whose store failed decided or took
+	// part in the decision by its fail mode (see Fallback): every
+	// StatusAllowedDegraded, and a StatusLimited made on local state
+	// (fail = "open") or by a fail-closed rule.
+	Degraded bool
 	// Code says what failed when Status is StatusError.
 	Code wire.Code
 	// Rule names the rule that decided: RuleDeny, RuleAllow, a rule of the
@@ -113,6 +121,7 @@ type taken struct {
 	start, end int32 // the key is keys[start:end]
 	res        algo.Result
 	shadow     bool // a shadow rule's take: refunded, never reported
+	local      bool // taken from the Fallback's local state, not the rule's store
 }
 
 // Stores says where a Policy keeps its counters.
@@ -121,6 +130,12 @@ type Stores struct {
 	Cached Store
 	// Strict holds those of rules with mode = "strict"; nil means Cached.
 	Strict Store
+	// Fallback, when set, decides the checks of rules whose store call
+	// failed, by each rule's fail mode (see Fallback); a check that
+	// met a timeout asks no store again for its other rules. Nil (the
+	// embedded store, which does not fail) answers a store error with a
+	// StatusError decision, code internal.
+	Fallback *Fallback
 }
 
 // New compiles cfg, which Load or Parse has validated, into a Policy that
@@ -139,10 +154,11 @@ func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
 		st.Strict = st.Cached
 	}
 	p := &Policy{
-		stores: st,
-		denyM:  newCounters(RuleDeny, decBlocked),
-		allowM: newCounters(RuleAllow, decAllowed),
-		noneM:  newCounters("none", decAllowed),
+		stores:   st,
+		fallback: st.Fallback,
+		denyM:    newCounters(RuleDeny, decBlocked),
+		allowM:   newCounters(RuleAllow, decAllowed),
+		noneM:    newCounters("none", decAllowed),
 	}
 	var err error
 	if p.deny, err = compileSelectors(cfg.Deny); err != nil {
@@ -202,7 +218,7 @@ func compileRule(r *rule, cr *config.Rule) error {
 		shadow: cr.Shadow,
 		mode:   cr.Mode,
 		fail:   cr.Fail,
-		m:      newCounters(cr.Name, decAllowed, decLimited, decError, decShadowLimited),
+		m:      newCounters(cr.Name, decAllowed, decLimited, decError, decShadowLimited, decAllowedDegraded, decLimitedDegraded),
 	}
 	for name, g := range cr.Match {
 		if err := config.CheckGlob(g); err != nil {
@@ -240,6 +256,11 @@ func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
 // denies, the units already taken from the rules before it are refunded
 // and that rule decides. When all allow, the rule with the least
 // remaining decides. Shadow rules are counted but never deny or decide.
+//
+// When a rule's store fails and the Policy has a Fallback, the rule's
+// fail mode decides for it (see Fallback): the check is then allowed
+// degraded, or limited and degraded; what the rules before it took from
+// their stores is refunded as usual when it denies.
 func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch) Decision {
 	if cost <= 0 {
 		cost = 1
@@ -262,6 +283,11 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 
 	sc.keys = sc.keys[:0]
 	sc.taken = sc.taken[:0]
+	// degraded: a rule was decided by its fail mode. slow: a store call
+	// timed out; with a Fallback, the other rules of this check are then
+	// decided by their fail modes at once, so that the check waits on
+	// the store for one timeout at most.
+	degraded, slow := false, false
 	for i := range p.rules {
 		r := &p.rules[i]
 		if !r.applies(descs) {
@@ -276,7 +302,13 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 		ti := r.tier(descs)
 		params := r.paramsAt(ti)
 		key := sc.keys[start:]
-		res, err := r.store.Take(ctx, key, *params, cost, now, peek)
+		var res algo.Result
+		var err error
+		if slow {
+			err = errSkipped
+		} else if res, err = r.store.Take(ctx, key, *params, cost, now, peek); err != nil && p.fallback != nil && isTimeout(err) {
+			slow = true
+		}
 		switch {
 		case r.shadow:
 			if err != nil {
@@ -289,19 +321,32 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 				sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res, shadow: true})
 			}
 			continue // never denies or decides
+		case err != nil && p.fallback != nil:
+			res, err = p.fallback.decide(r.fail, params, key, cost, now, peek, err)
+			if err != nil {
+				p.refund(ctx, now, cost, peek, slow, sc)
+				return p.storeFailed(r, params, err)
+			}
+			if !res.Allowed && res.RetryAfter == algo.Never {
+				p.refund(ctx, now, cost, peek, slow, sc)
+				return p.costTooLarge(r, params, res, cost)
+			}
+			if !res.Allowed {
+				p.refund(ctx, now, cost, peek, slow, sc)
+				r.m.inc(decLimitedDegraded)
+				return Decision{Status: wire.StatusLimited, Degraded: true, Rule: r.name, Result: res, Period: params.Period}
+			}
+			degraded = true
+			sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res, local: true})
+			continue
 		case err != nil:
-			p.refund(ctx, now, cost, peek, sc)
+			p.refund(ctx, now, cost, peek, slow, sc)
 			return p.storeFailed(r, params, err)
 		case !res.Allowed && res.RetryAfter == algo.Never:
-			p.refund(ctx, now, cost, peek, sc)
-			r.m.inc(decError)
-			return Decision{
-				Status: wire.StatusError, Code: wire.CodeCostTooLarge, Rule: r.name,
-				Result: res, Period: params.Period,
-				Err: fmt.Errorf("%w: cost %d, capacity %d of rule %q", ErrCostTooLarge, cost, params.Capacity(), r.name),
-			}
+			p.refund(ctx, now, cost, peek, slow, sc)
+			return p.costTooLarge(r, params, res, cost)
 		case !res.Allowed:
-			p.refund(ctx, now, cost, peek, sc)
+			p.refund(ctx, now, cost, peek, slow, sc)
 			r, res, params = p.longestDenial(ctx, now, descs, cost, i, r, res, params, sc)
 			r.m.inc(decLimited)
 			return Decision{Status: wire.StatusLimited, Rule: r.name, Result: res, Period: params.Period}
@@ -321,9 +366,17 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 		return Decision{Status: wire.StatusAllowed, Rule: RuleNone}
 	}
 	r := &p.rules[best.rule]
+	if degraded {
+		r.m.inc(decAllowedDegraded)
+		return Decision{Status: wire.StatusAllowedDegraded, Degraded: true, Rule: r.name, Result: best.res, Period: r.paramsAt(int(best.tier)).Period}
+	}
 	r.m.inc(decAllowed)
 	return Decision{Status: wire.StatusAllowed, Rule: r.name, Result: best.res, Period: r.paramsAt(int(best.tier)).Period}
 }
+
+// errSkipped is the store error of a rule whose store was not asked: an
+// earlier rule of the check timed out.
+var errSkipped = errors.New("store not asked: an earlier rule of the check timed out")
 
 // longestDenial returns the denial to report when rule index i (r, with
 // res and params) denied: the applicable non-shadow rule after it whose
@@ -344,6 +397,9 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 		}
 		op := o.paramsAt(o.tier(descs))
 		ores, err := o.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
+		if err != nil && isTimeout(err) {
+			break // the store is slow: answer with what is known
+		}
 		if err == nil && !ores.Allowed && ores.RetryAfter != algo.Never && ores.RetryAfter > res.RetryAfter {
 			r, res, params = o, ores, op
 		}
@@ -351,10 +407,21 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 	return r, res, params
 }
 
-// storeFailed is the one place that decides what a failing store means.
-// For now every rule answers an internal error; the failure modes
-// (rule.fail: open keeps limiting on local state, closed denies) belong
-// here.
+// costTooLarge is the answer to a check whose cost exceeds the capacity
+// of rule r's limit params (res: the store's answer).
+func (p *Policy) costTooLarge(r *rule, params *algo.Params, res algo.Result, cost int64) Decision {
+	r.m.inc(decError)
+	return Decision{
+		Status: wire.StatusError, Code: wire.CodeCostTooLarge, Rule: r.name,
+		Result: res, Period: params.Period,
+		Err: fmt.Errorf("%w: cost %d, capacity %d of rule %q", ErrCostTooLarge, cost, params.Capacity(), r.name),
+	}
+}
+
+// storeFailed is the answer to a check whose rule r's store failed with
+// err when there is no Fallback (or the Fallback itself failed): an
+// internal error. With a Fallback, the rule's fail mode decides (see
+// Fallback).
 func (p *Policy) storeFailed(r *rule, params *algo.Params, err error) Decision {
 	r.m.inc(decError)
 	return Decision{
@@ -365,8 +432,10 @@ func (p *Policy) storeFailed(r *rule, params *algo.Params, err error) Decision {
 
 // refund gives back the units of every take in sc, which a later rule
 // has made moot. A peek took nothing. Refunds outlive the caller's
-// cancellation: a lost refund is lost quota.
-func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek bool, sc *Scratch) {
+// cancellation: a lost refund is lost quota. Takes from the Fallback's
+// local state go back there; when slow (a store call of the check timed
+// out), the store's are not given back, lost rather than waited for.
+func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, slow bool, sc *Scratch) {
 	if peek || len(sc.taken) == 0 {
 		return
 	}
@@ -381,8 +450,15 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek boo
 		if t.res.At != 0 { // a store that does not say when it decided: now
 			takenAt = time.UnixMicro(t.res.At)
 		}
-		if err := r.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, takenAt, now); err != nil {
+		switch {
+		case t.local:
+			p.fallback.refund(sc.keys[t.start:t.end], params, cost, takenAt, now)
+		case slow:
 			refundErrors.Inc()
+		default:
+			if err := r.store.Refund(ctx, sc.keys[t.start:t.end], *params, cost, takenAt, now); err != nil {
+				refundErrors.Inc()
+			}
 		}
 	}
 }

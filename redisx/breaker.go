@@ -46,6 +46,11 @@ func (e *BreakerOpenError) Error() string {
 		e.Name, ErrBreakerOpen, e.RetryAt.Format(time.RFC3339Nano))
 }
 
+// NextTry returns RetryAt: when the store may next be tried. Package
+// policy reads it (through an interface, without importing redisx) to
+// tell a fail-closed rule's clients when to retry.
+func (e *BreakerOpenError) NextTry() time.Time { return e.RetryAt }
+
 // Unwrap returns ErrBreakerOpen.
 func (e *BreakerOpenError) Unwrap() error { return ErrBreakerOpen }
 
@@ -172,6 +177,7 @@ type Breaker struct {
 	successes int      // half-open: successful probes in a row
 
 	stateGauge *metrics.Gauge
+	gaugeName  string              // the name stateGauge is registered under
 	toState    [3]*metrics.Counter // by BreakerState
 }
 
@@ -189,12 +195,14 @@ const (
 func NewBreaker(name string, o BreakerOptions) *Breaker {
 	o = o.withDefaults()
 	node := `node="` + labelEscaper.Replace(name) + `"`
+	gauge := `rld_redis_breaker_state{` + node + `}`
 	b := &Breaker{
 		name:       name,
 		o:          o,
 		fails:      make([]int64, o.Failures),
 		probes:     make([]uint64, 0, o.Probes),
-		stateGauge: metrics.GetOrCreateGauge(`rld_redis_breaker_state{`+node+`}`, nil),
+		stateGauge: metrics.GetOrCreateGauge(gauge, nil),
+		gaugeName:  gauge,
 	}
 	for s, to := range [...]string{BreakerClosed: "closed", BreakerOpen: "open", BreakerHalfOpen: "half_open"} {
 		b.toState[s] = metrics.GetOrCreateCounter(`rld_redis_breaker_transitions_total{` + node + `,to="` + to + `"}`)
@@ -206,6 +214,9 @@ func NewBreaker(name string, o BreakerOptions) *Breaker {
 
 // labelEscaper escapes a Prometheus label value.
 var labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
+
+// stateGaugeName returns the name of b's rld_redis_breaker_state series.
+func (b *Breaker) stateGaugeName() string { return b.gaugeName }
 
 // Name returns the name the breaker was created with.
 func (b *Breaker) Name() string { return b.name }
@@ -219,6 +230,20 @@ func (b *Breaker) Allow(now time.Time) (BreakerTicket, error) {
 		return BreakerTicket{word: w}, nil // the common case: inlined
 	}
 	return b.allowSlow(now)
+}
+
+// Pass is Allow for a call that must not be a probe: it allows the call
+// only while the breaker is closed, and otherwise refuses it with the
+// *BreakerOpenError of the last opening, whose RetryAt says when the
+// next probe may go (in the past once it may, or while probes are being
+// made). Probes are made by the callers of Allow: a Client's prober, so
+// that no check waits on a node that may still be down. A call Pass
+// allows is reported to Done like any other.
+func (b *Breaker) Pass() (BreakerTicket, error) {
+	if w := b.word.Load(); w&stateMask == uint64(BreakerClosed) {
+		return BreakerTicket{word: w}, nil
+	}
+	return BreakerTicket{}, b.openErr.Load() // set: a breaker not closed has opened
 }
 
 // allowSlow is Allow when the breaker was not closed.

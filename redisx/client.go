@@ -91,6 +91,11 @@ type Options struct {
 	// gather more calls into the next one: less CPU, more latency. 0 (the
 	// default) writes at once.
 	MaxFlushDelay time.Duration
+	// Breaker configures the circuit breakers every call goes through:
+	// one for the deployment in Standalone and Sentinel mode, one per
+	// primary in Cluster mode (see Client). Its zero fields mean their
+	// defaults.
+	Breaker BreakerOptions
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -131,6 +136,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = DefaultWriteTimeout
 	}
+	o.Breaker = o.Breaker.withDefaults()
 	o.Addrs = append([]string(nil), o.Addrs...)
 	return o, nil
 }
@@ -171,14 +177,30 @@ func (o *Options) rueidisOption() rueidis.ClientOption {
 
 // Client is a connection to one Redis deployment. It is safe for
 // concurrent use. Create it with New; Close it when done.
+//
+// Every call of the Store goes through a circuit breaker (see Breaker):
+// in Standalone and Sentinel mode one breaker guards the deployment (the
+// server, or the primary the sentinels name); in Cluster mode each
+// primary has its own, picked by the key's slot in a slot map that the
+// Client refreshes every second and soon after a call fails, and the
+// slots no known primary serves share one more. While a key's breaker is
+// open its calls are not sent: they fail at once with a
+// *BreakerOpenError (wrapping ErrBreakerOpen) that says when the next
+// probe may go. Probes are PINGs that the Client sends in the background
+// once a breaker's cool-down has passed, never calls of the Store: no
+// check waits on a node that may still be down. Breakers and Degraded
+// report the breakers' states.
 type Client struct {
 	o  Options
 	rc atomic.Pointer[rueidisClient] // nil until the first connection
+	g  *guard
 
 	lastErr atomic.Pointer[error] // the last connection error, while rc is nil
 
 	stop      chan struct{} // closed by Close
 	loopDone  chan struct{} // closed when the connect loop has returned
+	topoDone  chan struct{} // closed when the topology loop has returned (Cluster)
+	probeDone chan struct{} // closed when the prober has returned
 	closeOnce sync.Once
 }
 
@@ -200,9 +222,14 @@ func New(ctx context.Context, o Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{o: o, stop: make(chan struct{}), loopDone: make(chan struct{})}
+	c := &Client{o: o, g: newGuard(o), stop: make(chan struct{}), loopDone: make(chan struct{}), probeDone: make(chan struct{})}
 	first := make(chan error, 1)
 	go c.connectLoop(first)
+	go c.probeLoop()
+	if o.Mode == Cluster {
+		c.topoDone = make(chan struct{})
+		go c.topologyLoop()
+	}
 	select {
 	case err := <-first:
 		if isRefusal(err) {
@@ -234,6 +261,7 @@ func (c *Client) connectLoop(first chan<- error) {
 			// client even when the dial failed; it dials again on the
 			// next call.
 			c.rc.Store(&rueidisClient{rc})
+			c.g.refreshSoon() // Cluster: map the slots at once
 		}
 		if err != nil {
 			c.lastErr.Store(&err)
@@ -315,6 +343,10 @@ func (c *Client) Close() {
 	c.closeOnce.Do(func() {
 		close(c.stop)
 		<-c.loopDone
+		if c.topoDone != nil {
+			<-c.topoDone
+		}
+		<-c.probeDone
 		if rc := c.rc.Load(); rc != nil {
 			rc.Close()
 		}

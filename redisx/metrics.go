@@ -30,8 +30,8 @@ func (o op) String() string { return opNames[o] }
 
 // opMetrics counts the calls of one op by result and times them.
 type opMetrics struct {
-	ok, timeout, failed *metrics.Counter
-	duration            *metrics.Histogram
+	ok, timeout, failed, refused *metrics.Counter
+	duration                     *metrics.Histogram
 }
 
 var (
@@ -44,6 +44,7 @@ var (
 				ok:       metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="ok"}`),
 				timeout:  metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="timeout"}`),
 				failed:   metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="error"}`),
+				refused:  metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="breaker_open"}`),
 				duration: metrics.NewHistogram(`rld_redis_call_duration_seconds{op="` + name + `"}`),
 			}
 		}
@@ -51,11 +52,19 @@ var (
 	}()
 	// connectErrors counts failed attempts to connect a Client.
 	connectErrors = metrics.NewCounter(`rld_redis_connect_errors_total`)
+	// slotRefreshErrors counts Cluster slot map refreshes that failed.
+	slotRefreshErrors = metrics.NewCounter(`rld_redis_slot_refresh_errors_total`)
 )
 
-// record counts one call of o that started at start and ended with err.
+// record counts one call of o that started at start and ended with err:
+// result "ok", "timeout", "error", or "breaker_open" for a call its
+// breaker refused (not sent, not timed).
 func (o op) record(start time.Time, err error) {
 	m := &callMetrics[o]
+	if err != nil && errors.Is(err, ErrBreakerOpen) {
+		m.refused.Inc()
+		return
+	}
 	m.duration.UpdateDuration(start)
 	switch {
 	case err == nil:

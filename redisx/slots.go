@@ -56,6 +56,10 @@ var crc16Table = func() (t [256]uint16) {
 // is safe for concurrent use; the zero value knows no slot.
 type slotMap struct {
 	t atomic.Pointer[slotTable]
+	// attach, when set, is called with every table a refresh fetched,
+	// before the table is used: the Client gives each primary its
+	// breaker there.
+	attach func(*slotTable)
 }
 
 // slotTable is one refresh's view: owner[slot] is 1 + the index in addrs
@@ -63,6 +67,7 @@ type slotMap struct {
 type slotTable struct {
 	owner [SlotCount]uint16
 	addrs []string
+	brk   []*Breaker // by index in addrs, when attach set them
 }
 
 // node returns the address of the primary that serves slot, or "" when
@@ -76,6 +81,19 @@ func (m *slotMap) node(slot uint16) string {
 		return t.addrs[i-1]
 	}
 	return ""
+}
+
+// breaker returns the breaker of the primary that serves slot, or nil
+// when the slot is unknown or no breaker was attached.
+func (m *slotMap) breaker(slot uint16) *Breaker {
+	t := m.t.Load()
+	if t == nil || slot >= SlotCount {
+		return nil
+	}
+	if i := t.owner[slot]; i > 0 && int(i) <= len(t.brk) {
+		return t.brk[i-1]
+	}
+	return nil
 }
 
 // nodes returns the addresses of the primaries that serve slots.
@@ -94,6 +112,9 @@ func (m *slotMap) refresh(ctx context.Context, c rueidis.Client) error {
 	for addr, node := range c.Nodes() { // in random order
 		t, err := fetchSlots(ctx, node, addr)
 		if err == nil {
+			if m.attach != nil {
+				m.attach(t)
+			}
 			m.t.Store(t)
 			return nil
 		}

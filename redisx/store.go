@@ -204,9 +204,18 @@ func (s *Store) script(ctx context.Context, o op, name, sop string, n int, key [
 	if err := checkParams(p); err != nil {
 		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
 	}
+	start := time.Now()
+	b := s.c.g.breaker(rkey)
+	ticket, err := b.Pass()
+	if err != nil {
+		o.record(start, err)
+		s.c.g.refreshSoon()
+		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
+	}
 	rc, err := s.c.client()
 	if err != nil {
-		o.record(time.Now(), err)
+		s.c.done(b, ticket, err)
+		o.record(start, err)
 		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
 	}
 	clock := "0" // the script reads Redis TIME
@@ -219,13 +228,13 @@ func (s *Store) script(ctx context.Context, o op, name, sop string, n int, key [
 		args = append(args, strconv.FormatInt(a, 10))
 	}
 
-	start := time.Now()
 	cctx, cancel := s.c.callCtx(ctx)
 	v, err := scripts[p.Kind].Exec(cctx, rc, []string{rkey}, args).AsIntSlice()
 	cancel()
 	if err == nil && len(v) != n {
 		err = fmt.Errorf("script replied %d integers, want %d", len(v), n)
 	}
+	s.c.done(b, ticket, err)
 	o.record(start, err)
 	if err != nil {
 		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)

@@ -78,7 +78,8 @@ type Cache struct {
 	orphanMu sync.Mutex
 	orphans  []Op
 
-	closed atomic.Bool
+	closed  atomic.Bool
+	running atomic.Int64 // runMiss calls in progress
 }
 
 type shard struct {
@@ -237,6 +238,13 @@ type missResp struct {
 // lease the flight before may have brought, then by one store call that
 // also leases for the key's coming traffic.
 func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
+	// Counted before closed is read, so that Close either waits for this
+	// run or this run sees it closed (and leases nothing after Close).
+	c.running.Add(1)
+	defer c.running.Add(-1)
+	if c.closed.Load() {
+		return ErrClosed
+	}
 	p := reqs[0].p
 	sh := c.shard([]byte(key))
 	sh.mu.Lock()
@@ -262,14 +270,19 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	}
 	want := c.leaseWant(e, need, reqs[0].ns)
 	sh.mu.Unlock()
-
+	// The run holds the key's coalescing flight, and with it every later
+	// check of the key: all its store calls together last at most the
+	// store's timeout, whatever the connection does. No shard lock is
+	// held across a call.
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+	defer cancel()
 	if i < j {
 		costs := make([]int64, j-i)
 		for k := range costs {
 			costs[k] = reqs[i+k].cost
 		}
 		sent := time.Now().UnixNano()
-		admitted, leased, r, err := c.b.TakeLease(context.Background(), []byte(key), p, costs, want)
+		admitted, leased, r, err := c.b.TakeLease(ctx, []byte(key), p, costs, want)
 		storeCalls.Inc()
 		batchSize.Update(float64(len(costs)))
 		if err != nil {
@@ -307,7 +320,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	// Checks of the same key under other limits (a tier or a reload
 	// changed them mid-flight) are decided one by one.
 	for k := j; k < len(reqs); k++ {
-		r, err := c.b.Take(context.Background(), []byte(key), reqs[k].p, reqs[k].cost, time.Unix(0, reqs[k].ns), false)
+		r, err := c.b.Take(ctx, []byte(key), reqs[k].p, reqs[k].cost, time.Unix(0, reqs[k].ns), false)
 		storeCalls.Inc()
 		if err != nil {
 			return err

@@ -27,7 +27,7 @@ func TestHotKeyIsLocal(t *testing.T) {
 	for _, k := range cachedKinds {
 		t.Run(k.String(), func(t *testing.T) {
 			b := newAlgoBackend()
-			c := shardcache.New(b, shardcache.Options{})
+			c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
 			// An hour: no window ends during the test (near its end a
 			// window's checks go to the store, by design).
 			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Hour}
@@ -103,7 +103,7 @@ func TestNeverOverLimit(t *testing.T) {
 			defer cancel()
 			var caches []*shardcache.Cache
 			for range 3 {
-				c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Peers: func() int { return 3 }})
+				c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }})
 				go c.Run(runCtx)
 				caches = append(caches, c)
 			}
@@ -137,7 +137,7 @@ func TestWindowLeaseStaysInItsWindow(t *testing.T) {
 	per := p.PeriodMicros()
 	var caches []*shardcache.Cache
 	for range 3 {
-		c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Peers: func() int { return 3 }})
+		c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }})
 		go c.Run(runCtx)
 		caches = append(caches, c)
 	}
@@ -184,7 +184,7 @@ func TestNotUnderLimit(t *testing.T) {
 			defer cancel()
 			var caches []*shardcache.Cache
 			for range 3 {
-				c := shardcache.New(b, shardcache.Options{SyncInterval: 20 * time.Millisecond, Peers: func() int { return 3 }})
+				c := shardcache.New(b, shardcache.Options{SyncInterval: 20 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }})
 				go c.Run(runCtx)
 				caches = append(caches, c)
 			}
@@ -222,7 +222,7 @@ func TestMovingClientGetsQuota(t *testing.T) {
 	b := newAlgoBackend()
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	o := shardcache.Options{SyncInterval: 50 * time.Millisecond, Peers: func() int { return 2 }}
+	o := shardcache.Options{SyncInterval: 50 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 2 }}
 	a, other := shardcache.New(b, o), shardcache.New(b, o)
 	go a.Run(runCtx)
 	go other.Run(runCtx)
@@ -264,7 +264,7 @@ func TestMovingClientGetsQuota(t *testing.T) {
 // checks arrive.
 func TestHammeredKeyCostsOneCallPerRetry(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond})
+	c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second})
 	p := algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: 200 * time.Millisecond}
 	stop := make(chan struct{})
 	runCtx, cancel := context.WithCancel(ctx)
@@ -323,7 +323,7 @@ func (s *slowBackend) TakeLease(ctx context.Context, key []byte, p algo.Params, 
 // TestCloseReturnsLeases: Close gives every unused unit back.
 func TestCloseReturnsLeases(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{})
+	c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
 	var wg sync.WaitGroup
 	for range 8 {
@@ -346,7 +346,7 @@ func TestCloseReturnsLeases(t *testing.T) {
 // the lease, with no store call.
 func TestRefundGoesToLease(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{})
+	c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
 	for range 4 {
 		_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
@@ -365,7 +365,7 @@ func TestRefundGoesToLease(t *testing.T) {
 // with them; MaxEntries bounds the cache.
 func TestSyncEvictsIdle(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{MaxEntries: 100})
+	c := shardcache.New(b, shardcache.Options{MaxEntries: 100, Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
 	for i := range 1000 {
 		_, err := c.Take(ctx, fmt.Appendf(nil, "k%d", i), p, 1, time.Now(), false)
@@ -385,7 +385,7 @@ func TestSyncEvictsIdle(t *testing.T) {
 // needed it, and the next call works.
 func TestStoreErrorIsReturned(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{})
+	c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
 	b.failNext.Store(true)
 	_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
@@ -399,7 +399,7 @@ func TestStoreErrorIsReturned(t *testing.T) {
 // 24 bytes, each with a lease, against a store that keeps nothing.
 func TestBytesPerEntry(t *testing.T) {
 	const n = 100_000
-	c := shardcache.New(grantAll{}, shardcache.Options{MaxEntries: n})
+	c := shardcache.New(grantAll{}, shardcache.Options{MaxEntries: n, Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
 	keys := make([][]byte, n)
 	for i := range keys {

@@ -56,7 +56,11 @@ func (c *Cache) runStrict(key string, reqs []missReq, out []missResp) error {
 	for k := range costs {
 		costs[k] = reqs[k].cost
 	}
-	admitted, _, r, err := c.b.TakeLease(context.Background(), []byte(key), p, costs, 0)
+	// All the run's calls together last at most the store's timeout: the
+	// run holds the key's coalescing flight.
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+	defer cancel()
+	admitted, _, r, err := c.b.TakeLease(ctx, []byte(key), p, costs, 0)
 	storeCalls.Inc()
 	batchSize.Update(float64(len(costs)))
 	if err != nil {
@@ -71,7 +75,7 @@ func (c *Cache) runStrict(key string, reqs []missReq, out []missResp) error {
 		}
 	}
 	for k := j; k < len(reqs); k++ {
-		r, err := c.b.Take(context.Background(), []byte(key), reqs[k].p, reqs[k].cost, time.Unix(0, reqs[k].ns), false)
+		r, err := c.b.Take(ctx, []byte(key), reqs[k].p, reqs[k].cost, time.Unix(0, reqs[k].ns), false)
 		storeCalls.Inc()
 		if err != nil {
 			return err

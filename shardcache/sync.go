@@ -217,6 +217,11 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 // ErrClosed.
 func (c *Cache) Close(ctx context.Context) error {
 	c.closed.Store(true)
+	// A store call still running (its caller may have stopped waiting)
+	// may bring a lease: let it land before collecting.
+	for c.running.Load() > 0 && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
 	var ops []Op
 	for i := range c.shards {
 		sh := &c.shards[i]

@@ -1,0 +1,234 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/memstore"
+)
+
+// Health is what a Policy learns of the shared store's fleet and circuit
+// breakers, without depending on them: the daemon's Redis fleet
+// implements it. Its methods are called only when a store call failed,
+// and must be safe for concurrent use.
+type Health interface {
+	// Peers returns how many daemons share the store, this one included:
+	// the count of the last heartbeat that reached the store (so the
+	// last one known during an outage), 1 when never known.
+	Peers() int
+	// RetryAt returns when the store may next be tried: the earliest
+	// next probe of a circuit breaker that is not closed (in the past
+	// while one is half-open), or the zero time when none says.
+	RetryAt() time.Time
+}
+
+// Defaults of FallbackOptions.
+const (
+	// DefaultFallbackForget is how long the local state of fail-open
+	// rules outlives its last use.
+	DefaultFallbackForget = time.Second
+	// DefaultClosedRetry is the retry-after of a fail-closed denial when
+	// neither the error, the Health nor a Timeout says when to retry.
+	DefaultClosedRetry = time.Second
+)
+
+// FallbackOptions configures a Fallback. The zero value of each field
+// means its default.
+type FallbackOptions struct {
+	// Health gives the live daemons and the breakers' next probe. Nil
+	// means one daemon and no breaker.
+	Health Health
+	// MaxKeys bounds the keys of local state (memstore.DefaultMaxKeys).
+	MaxKeys int
+	// Timeout is the store's call timeout: the retry-after of a
+	// fail-closed denial when no breaker says when to retry
+	// (DefaultClosedRetry when 0).
+	Timeout time.Duration
+	// Forget is how long the local state outlives its last use
+	// (DefaultFallbackForget): once no check has needed it for that
+	// long, the store has answered every check meanwhile, and the next
+	// outage starts from fresh local state.
+	Forget time.Duration
+}
+
+// Fallback decides the checks of rules whose store failed (an error, a
+// timeout, an open circuit breaker), as each rule's fail mode says:
+//
+//   - fail = "open": on local state alone, in an embedded store (package
+//     memstore) private to this daemon, at this daemon's fair share of
+//     the limit: Limit and Burst divided by Health.Peers(), each at least
+//     1. The fleet as a whole then admits about the limit, not the limit
+//     times the number of daemons. Answers are allowed-degraded, or
+//     limited and degraded.
+//   - fail = "closed": denied and degraded, with a retry-after of the
+//     time until the store's next probe (at least 1 ms).
+//
+// Nothing the local state admits is ever charged to the store: when the
+// store answers again, the rule is decided there at once, and the local
+// state, no longer used, is dropped after FallbackOptions.Forget (at the
+// next use after that, or by Sweep). The Policies of one daemon share its
+// Fallback, so that a reload during an outage keeps the local state.
+//
+// Create a Fallback with NewFallback; it is safe for concurrent use.
+type Fallback struct {
+	o       FallbackOptions
+	mu      sync.Mutex // serialises replacing mem
+	mem     atomic.Pointer[memstore.Store]
+	lastUse atomic.Int64 // unix ns of the last use of mem
+}
+
+// NewFallback returns a Fallback with options o.
+func NewFallback(o FallbackOptions) *Fallback {
+	if o.Forget <= 0 {
+		o.Forget = DefaultFallbackForget
+	}
+	return &Fallback{o: o}
+}
+
+// local returns the local store, a fresh one when the last one has not
+// been used for Forget (its state is from an earlier outage).
+func (f *Fallback) local() *memstore.Store {
+	ns := time.Now().UnixNano()
+	m := f.mem.Load()
+	if m == nil || ns-f.lastUse.Load() > int64(f.o.Forget) {
+		f.mu.Lock()
+		if m = f.mem.Load(); m == nil || ns-f.lastUse.Load() > int64(f.o.Forget) {
+			old := m
+			m = memstore.New(memstore.Options{MaxKeys: f.o.MaxKeys})
+			f.mem.Store(m)
+			drop(old)
+		}
+		f.lastUse.Store(ns)
+		f.mu.Unlock()
+	}
+	if last := f.lastUse.Load(); ns > last {
+		f.lastUse.CompareAndSwap(last, ns) // a lost race is a use as recent
+	}
+	return m
+}
+
+// forever is a time after every key's state is idle: sweeping a store at
+// it empties the store.
+var forever = time.Unix(1<<40, 0)
+
+// drop empties m, if not nil, so that the gauge of keys held counts its
+// keys out.
+func drop(m *memstore.Store) {
+	if m != nil {
+		m.Sweep(forever)
+	}
+}
+
+// Sweep drops the local state when no check has used it for Forget, and
+// reports whether it did. The daemon calls it now and then, so that the
+// memory of an outage is given back when it is over.
+func (f *Fallback) Sweep(now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.mem.Load()
+	if m == nil || now.UnixNano()-f.lastUse.Load() <= int64(f.o.Forget) {
+		return false
+	}
+	f.mem.Store(nil)
+	drop(m)
+	return true
+}
+
+// Active reports whether the Fallback holds local state: some check used
+// it within Forget.
+func (f *Fallback) Active() bool {
+	return f.mem.Load() != nil && time.Now().UnixNano()-f.lastUse.Load() <= int64(f.o.Forget)
+}
+
+// Peers returns the live daemons as the Health says, at least 1.
+func (f *Fallback) Peers() int {
+	if f.o.Health == nil {
+		return 1
+	}
+	return max(f.o.Health.Peers(), 1)
+}
+
+// decide answers a check of a rule with fail mode fail (limit p, counter
+// key key) whose store failed with err. A cost above p's capacity gets
+// RetryAfter algo.Never, as from a store.
+func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int64, now time.Time, peek bool, err error) (algo.Result, error) {
+	if cost > p.Capacity() {
+		// Never admitted, whatever the store says: answered as usual.
+		return algo.Result{Limit: p.Capacity(), RetryAfter: algo.Never}, nil
+	}
+	if fail == config.FailClosed {
+		return algo.Result{Limit: p.Capacity(), RetryAfter: f.retryAfter(err, now)}, nil
+	}
+	share := fairShare(*p, f.Peers())
+	res, lerr := f.local().Take(context.Background(), key, share, cost, now, peek)
+	if lerr != nil {
+		return algo.Result{}, lerr
+	}
+	if !res.Allowed && res.RetryAfter == algo.Never {
+		// The cost fits the limit but not this daemon's share of it:
+		// denied while the store is out, not for ever.
+		res.RetryAfter = p.Period
+	}
+	return res, nil
+}
+
+// refund gives back to the local state cost units it admitted for key.
+func (f *Fallback) refund(key []byte, p *algo.Params, cost int64, takenAt, now time.Time) {
+	if m := f.mem.Load(); m != nil {
+		_ = m.Refund(context.Background(), key, fairShare(*p, f.Peers()), cost, takenAt, now)
+	}
+}
+
+// nextTrier is implemented by store errors that say when the store may
+// next be tried: redisx's *BreakerOpenError.
+type nextTrier interface{ NextTry() time.Time }
+
+// retryAfter returns the retry-after of a fail-closed denial at now for a
+// store that failed with err: until the next probe of the breaker that
+// refused the call, or of any breaker that is open, else the store's
+// timeout, else DefaultClosedRetry; at least 1 ms.
+func (f *Fallback) retryAfter(err error, now time.Time) time.Duration {
+	var at time.Time
+	var nt nextTrier
+	if errors.As(err, &nt) {
+		at = nt.NextTry()
+	} else if f.o.Health != nil {
+		at = f.o.Health.RetryAt()
+	}
+	d := DefaultClosedRetry
+	switch {
+	case !at.IsZero():
+		d = at.Sub(now)
+	case f.o.Timeout > 0:
+		d = f.o.Timeout
+	}
+	return max(d, time.Millisecond)
+}
+
+// fairShare returns p with Limit and Burst divided among peers daemons,
+// each at least 1 (so a limit below the number of daemons is exceeded by
+// the fleet, at one unit per daemon).
+func fairShare(p algo.Params, peers int) algo.Params {
+	if peers <= 1 {
+		return p
+	}
+	n := int64(peers)
+	p.Limit = max(p.Limit/n, 1)
+	if p.Burst > 0 {
+		p.Burst = max(p.Burst/n, 1)
+	}
+	return p
+}
+
+// isTimeout reports whether err is a deadline that passed: the store is
+// slow or unreachable, and asking it again within the same check would
+// only add another timeout.
+func isTimeout(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded)
+}

@@ -1,0 +1,333 @@
+package redisx
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/redis/rueidis"
+)
+
+// Cluster topology: the slot map that picks a key's breaker is refreshed
+// every slotRefreshEvery, and soon (at most every slotRefreshGap) after a
+// call fails or is refused, so that a failover is followed within about
+// one gap of the cluster naming the new primary.
+const (
+	slotRefreshEvery   = time.Second
+	slotRefreshGap     = 100 * time.Millisecond
+	slotRefreshTimeout = 250 * time.Millisecond
+)
+
+// unmappedBreaker names the breaker of the Cluster slots that no known
+// primary serves (before the first refresh, or while a shard has none).
+const unmappedBreaker = "cluster:unmapped-slots"
+
+// guard holds the circuit breakers of a Client: one for the whole
+// deployment in Standalone and Sentinel mode; in Cluster mode one per
+// primary, picked by the slot map, and one for the slots the map does not
+// place.
+type guard struct {
+	o    BreakerOptions
+	mode Mode
+	// one is the only breaker (Standalone, Sentinel) or that of the
+	// unmapped slots (Cluster).
+	one *Breaker
+
+	slots slotMap // Cluster only
+
+	mu    sync.Mutex                          // serialises changes of nodes
+	nodes atomic.Pointer[map[string]*Breaker] // Cluster: by primary address, copy-on-write
+
+	kick     chan struct{} // Cluster: asks the topology loop to refresh now
+	lastKick atomic.Int64  // unix ns of the last kick sent
+
+	opened chan struct{} // wakes the prober: a breaker may have opened
+}
+
+// newGuard returns the breakers of a Client with options o.
+func newGuard(o Options) *guard {
+	g := &guard{o: o.Breaker, mode: o.Mode, kick: make(chan struct{}, 1), opened: make(chan struct{}, 1)}
+	switch o.Mode {
+	case Standalone:
+		g.one = NewBreaker(o.Addrs[0], o.Breaker)
+	case Sentinel:
+		g.one = NewBreaker("sentinel:"+o.MasterSet, o.Breaker)
+	case Cluster:
+		g.one = NewBreaker(unmappedBreaker, o.Breaker)
+		empty := map[string]*Breaker{}
+		g.nodes.Store(&empty)
+		g.slots.attach = g.attach
+	}
+	return g
+}
+
+// breaker returns the breaker of the call on the Redis key rkey.
+func (g *guard) breaker(rkey string) *Breaker {
+	if g.mode == Cluster {
+		if b := g.slots.breaker(Slot(rkey)); b != nil {
+			return b
+		}
+	}
+	return g.one
+}
+
+// attach gives each primary of a new slot table its breaker: the one it
+// had, or a new closed one. Breakers of nodes that are no longer
+// primaries are dropped, and their state gauge with them.
+func (g *guard) attach(t *slotTable) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old := *g.nodes.Load()
+	next := make(map[string]*Breaker, len(t.addrs))
+	t.brk = make([]*Breaker, len(t.addrs))
+	for i, addr := range t.addrs {
+		b := old[addr]
+		if b == nil {
+			b = NewBreaker(addr, g.o)
+		}
+		next[addr] = b
+		t.brk[i] = b
+	}
+	for addr, b := range old {
+		if next[addr] == nil {
+			metrics.UnregisterMetric(b.stateGaugeName())
+		}
+	}
+	g.nodes.Store(&next)
+}
+
+// refreshSoon tells the guard that a call failed or was refused, or that
+// the first connection was made: in Cluster mode the topology may have
+// changed, so the slot map is refreshed soon. It does nothing in the
+// other modes.
+func (g *guard) refreshSoon() {
+	if g.mode != Cluster {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := g.lastKick.Load()
+	if now-last < int64(slotRefreshGap) || !g.lastKick.CompareAndSwap(last, now) {
+		return
+	}
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// done records the outcome err of a call that b allowed with ticket, and
+// asks for a refresh of the slot map when the call failed.
+func (c *Client) done(b *Breaker, ticket BreakerTicket, err error) {
+	if err == nil && BreakerState(ticket.word&stateMask) == BreakerClosed {
+		b.Done(ticket, time.Time{}, nil) // nothing to record: no clock read
+		return
+	}
+	b.Done(ticket, time.Now(), err)
+	if err != nil && isFailure(err) {
+		c.g.refreshSoon()
+		if b.State() != BreakerClosed {
+			select { // the prober's next probe is due at a new time
+			case c.g.opened <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// probeTimeout bounds one probe: a PING, over a new connection when
+// rueidis had to drop the old one. Probes are made in the background, so
+// it may be longer than a check's Timeout.
+func (c *Client) probeTimeout() time.Duration {
+	return max(c.o.Timeout, minProbeTimeout)
+}
+
+// minProbeTimeout is the shortest probe timeout: a dial, the handshake
+// and a PING on a loaded machine.
+const minProbeTimeout = 100 * time.Millisecond
+
+// probeLoop makes the probes of every breaker that is not closed, until
+// c closes: as soon as a breaker's cool-down has passed, a PING to its
+// node, then more until the breaker closes or opens again. Calls of the
+// Store never probe (Breaker.Pass): while a node is out, no check waits
+// on it, and the first check after it is back finds a connection made.
+func (c *Client) probeLoop() {
+	defer close(c.probeDone)
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		wait := time.Hour
+		if next := c.probeDue(time.Now()); !next.IsZero() {
+			wait = max(time.Until(next), time.Millisecond)
+		}
+		t.Reset(wait)
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		case <-c.g.opened:
+		}
+	}
+}
+
+// probeDue probes, concurrently, every breaker that is not closed and
+// whose next probe may go at now, and returns the earliest time a probe
+// is due next (zero when every breaker is closed).
+func (c *Client) probeDue(now time.Time) time.Time {
+	var wg sync.WaitGroup
+	for _, b := range c.g.all() {
+		if b.State() != BreakerClosed && !now.Before(b.RetryAt()) {
+			wg.Go(func() { c.probe(b) })
+		}
+	}
+	wg.Wait()
+	var next time.Time
+	for _, b := range c.g.all() {
+		if r := b.RetryAt(); !r.IsZero() && (next.IsZero() || r.Before(next)) {
+			next = r
+		}
+	}
+	return next
+}
+
+// probe sends PINGs to b's node, each allowed by b as a probe, until b
+// closes or opens again (or refuses: a probe is in flight).
+func (c *Client) probe(b *Breaker) {
+	for range 2*c.o.Breaker.Successes + 2 {
+		ticket, err := b.Allow(time.Now())
+		if err != nil {
+			return
+		}
+		err = c.ping(b)
+		b.Done(ticket, time.Now(), err)
+		if err != nil || b.State() != BreakerHalfOpen {
+			return
+		}
+	}
+}
+
+// ping sends PING to the node b guards: in Cluster mode the primary b
+// is named after (any node for the unmapped slots' breaker), else the
+// server or primary.
+func (c *Client) ping(b *Breaker) error {
+	rc, err := c.client()
+	if err != nil {
+		return err
+	}
+	if c.o.Mode == Cluster && b != c.g.one {
+		node, ok := rc.Nodes()[b.Name()]
+		if !ok {
+			return fmt.Errorf("redisx: probe %s: %w", b.Name(), rueidis.ErrNoAddr)
+		}
+		rc = node
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.probeTimeout())
+	defer cancel()
+	return rc.Do(ctx, rc.B().Ping().Build()).Error()
+}
+
+// all returns every breaker of g.
+func (g *guard) all() []*Breaker {
+	if g.mode != Cluster {
+		return []*Breaker{g.one}
+	}
+	nodes := *g.nodes.Load()
+	out := make([]*Breaker, 0, 1+len(nodes))
+	out = append(out, g.one)
+	for _, b := range nodes {
+		out = append(out, b)
+	}
+	return out
+}
+
+// topologyLoop refreshes the slot map of c until c closes: at once, every
+// slotRefreshEvery, and when a failure kicks it (at most every
+// slotRefreshGap).
+func (c *Client) topologyLoop() {
+	defer close(c.topoDone)
+	t := time.NewTicker(slotRefreshEvery)
+	defer t.Stop()
+	for {
+		if rc := c.rc.Load(); rc != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), slotRefreshTimeout)
+			if err := c.g.slots.refresh(ctx, rc.Client); err != nil {
+				slotRefreshErrors.Inc()
+			}
+			cancel()
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		case <-c.g.kick:
+		}
+		// Kicks closer than the gap wait for it: a burst of failures
+		// costs one refresh.
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(slotRefreshGap):
+		}
+	}
+}
+
+// BreakerStatus is the state of one circuit breaker of a Client.
+type BreakerStatus struct {
+	// Node is the breaker's name: the Redis node it guards (host:port),
+	// "sentinel:<master set>" in Sentinel mode, or
+	// "cluster:unmapped-slots" for the Cluster slots no known primary
+	// serves.
+	Node string
+	// State is the breaker's state.
+	State BreakerState
+	// RetryAt is when the next probe may go (the zero time while
+	// closed).
+	RetryAt time.Time
+}
+
+// Breakers returns the state of every circuit breaker of c, sorted by
+// node.
+func (c *Client) Breakers() []BreakerStatus {
+	all := c.g.all()
+	out := make([]BreakerStatus, 0, len(all))
+	for _, b := range all {
+		out = append(out, BreakerStatus{Node: b.Name(), State: b.State(), RetryAt: b.RetryAt()})
+	}
+	slices.SortFunc(out, func(a, b BreakerStatus) int {
+		switch {
+		case a.Node < b.Node:
+			return -1
+		case a.Node > b.Node:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Degraded reports whether any circuit breaker of c is not closed: some
+// calls are refused or only probing.
+func (c *Client) Degraded() bool {
+	for _, b := range c.g.all() {
+		if b.State() != BreakerClosed {
+			return true
+		}
+	}
+	return false
+}
+
+// RetryAt returns the earliest time a breaker of c that is not closed
+// lets its next probe go (in the past while one is half-open), or the
+// zero time when every breaker is closed.
+func (c *Client) RetryAt() time.Time {
+	var at time.Time
+	for _, b := range c.g.all() {
+		if r := b.RetryAt(); !r.IsZero() && (at.IsZero() || r.Before(at)) {
+			at = r
+		}
+	}
+	return at
+}

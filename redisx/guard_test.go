@@ -1,0 +1,178 @@
+package redisx_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/redisx"
+)
+
+// metricValue returns the value of the series name in the exposition of
+// the default metrics set (0 when absent).
+func metricValue(t *testing.T, name string) float64 {
+	t.Helper()
+	var buf bytes.Buffer
+	metrics.WritePrometheus(&buf, false)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindSubmatch(buf.Bytes())
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	require.NoError(t, err)
+	return v
+}
+
+// TestBreakerGuardsCalls: with Redis blackholed, the first calls time
+// out, the breaker opens, and from then on every call of the Store
+// (take, batch of ops, heartbeat) is refused at once with a
+// *BreakerOpenError, without waiting on Redis; the breaker's probes
+// close it within about its cool-down once Redis answers again.
+func TestBreakerGuardsCalls(t *testing.T) {
+	srv := redistest.Standalone(t)
+	proxy := redistest.StartProxy(t, srv.Addr)
+	const timeout, cooldown = 50 * time.Millisecond, 100 * time.Millisecond
+	c := newClient(t, redisx.Options{Addrs: []string{proxy.Addr()}, Timeout: timeout,
+		Breaker: redisx.BreakerOptions{Failures: 3, Window: time.Second, Cooldown: cooldown}})
+	rs := redisx.NewStore(c)
+	ctx := context.Background()
+	p := algo.Params{Limit: 1000, Period: time.Hour}
+	take := func() error {
+		_, err := rs.Take(ctx, []byte("guarded"), p, 1, time.Now(), false)
+		return err
+	}
+	require.NoError(t, take())
+	assert.Equal(t, []redisx.BreakerStatus{{Node: proxy.Addr(), State: redisx.BreakerClosed}}, c.Breakers())
+	assert.False(t, c.Degraded())
+	assert.True(t, c.RetryAt().IsZero())
+
+	refusedBefore := metricValue(t, `rld_redis_calls_total{op="take",result="breaker_open"}`)
+	proxy.Blackhole()
+	timeouts := 0
+	var err error
+	for err = take(); !errors.Is(err, redisx.ErrBreakerOpen); err = take() {
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		timeouts++
+	}
+	assert.Equal(t, 3, timeouts, "the breaker opens after Failures timeouts")
+	var oe *redisx.BreakerOpenError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, proxy.Addr(), oe.Name)
+	assert.WithinDuration(t, time.Now().Add(cooldown), oe.RetryAt, cooldown)
+	assert.Equal(t, oe.RetryAt, oe.NextTry())
+	assert.True(t, c.Degraded())
+	assert.Equal(t, redisx.BreakerOpen, c.Breakers()[0].State)
+	assert.False(t, c.RetryAt().IsZero())
+
+	// Refused calls do not wait on Redis.
+	start := time.Now()
+	for range 100 {
+		require.ErrorIs(t, take(), redisx.ErrBreakerOpen)
+	}
+	assert.Less(t, time.Since(start), timeout, "100 refused calls take less than one timeout")
+	assert.GreaterOrEqual(t, metricValue(t, `rld_redis_calls_total{op="take",result="breaker_open"}`)-refusedBefore, float64(101))
+
+	ops := []redisx.Op{{Kind: redisx.OpLease, Key: []byte("a"), Params: p, N: 5}, {Kind: redisx.OpPeek, Key: []byte("b"), Params: p, N: 1}}
+	err = rs.Do(ctx, ops)
+	assert.ErrorIs(t, err, redisx.ErrBreakerOpen, "nothing sent")
+	for _, o := range ops {
+		assert.ErrorIs(t, o.Err, redisx.ErrBreakerOpen)
+	}
+	_, err = rs.Heartbeat(ctx, "d", time.Second)
+	assert.ErrorIs(t, err, redisx.ErrBreakerOpen)
+
+	// Probes go in the background while the proxy holds them; healed,
+	// the breaker closes at its next probe.
+	healed := time.Now()
+	proxy.Heal()
+	redistest.WaitFor(t, "the breaker to close", func() bool { return !c.Degraded() })
+	t.Logf("breaker closed %v after redis answered again (cool-down %v)", time.Since(healed).Round(time.Millisecond), cooldown)
+	assert.Less(t, time.Since(healed), cooldown+time.Second)
+	require.NoError(t, take())
+	require.NoError(t, rs.Do(ctx, ops))
+	for _, o := range ops {
+		assert.NoError(t, o.Err)
+	}
+}
+
+// TestBreakerPerClusterNode: in a Cluster, a killed primary's breaker
+// opens and refuses the calls for its slots, while the keys of the other
+// primaries are decided as before; after the failover the slot map names
+// the promoted replica, whose breaker is closed, and the killed node's
+// breaker is gone.
+func TestBreakerPerClusterNode(t *testing.T) {
+	cl := redistest.StartCluster(t, redistest.AllowPartialCoverage())
+	c := newClient(t, redisx.Options{Addrs: cl.Addrs()[:1], Mode: redisx.Cluster, Timeout: 200 * time.Millisecond})
+	rs := redisx.NewStore(c)
+	ctx := context.Background()
+	p := algo.Params{Limit: 1_000_000, Period: time.Hour}
+	primaries := cl.Primaries()
+	keys := map[string][]byte{} // by primary address
+	for i := 0; len(keys) < len(primaries); i++ {
+		key := []byte(fmt.Sprintf("node-%d", i))
+		keys[cl.PrimaryFor(string(redisx.AppendKey(nil, "t:", key, p.Kind))).Addr] = key
+	}
+	redistest.WaitFor(t, "a breaker per primary", func() bool { return len(c.Breakers()) == 1+len(primaries) })
+	for _, key := range keys {
+		_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
+		require.NoError(t, err)
+	}
+
+	killed := primaries[0]
+	killed.Kill()
+	killedAt := time.Now()
+	for {
+		_, err := rs.Take(ctx, keys[killed.Addr], p, 1, time.Now(), false)
+		if errors.Is(err, redisx.ErrBreakerOpen) {
+			break
+		}
+		require.Error(t, err)
+		require.Less(t, time.Since(killedAt), 10*time.Second, "the breaker never opened")
+	}
+	t.Logf("the killed primary's breaker opened %v after the kill", time.Since(killedAt).Round(time.Millisecond))
+	for _, b := range c.Breakers() {
+		if b.Node == killed.Addr {
+			assert.Contains(t, []redisx.BreakerState{redisx.BreakerOpen, redisx.BreakerHalfOpen}, b.State, b.Node)
+		} else {
+			assert.Equal(t, redisx.BreakerClosed, b.State, b.Node)
+		}
+	}
+	for _, other := range primaries[1:] {
+		for range 20 {
+			_, err := rs.Take(ctx, keys[other.Addr], p, 1, time.Now(), false)
+			require.NoError(t, err, "a key of %s while %s is down", other.Addr, killed.Addr)
+		}
+	}
+
+	promoted := cl.WaitFailover(t, killed)
+	redistest.WaitFor(t, "the killed primary's keys to be decided again", func() bool {
+		_, err := rs.Take(ctx, keys[killed.Addr], p, 1, time.Now(), false)
+		return err == nil
+	})
+	t.Logf("keys of the killed primary decided again %v after the kill (on %s)", time.Since(killedAt).Round(time.Millisecond), promoted.Addr)
+	redistest.WaitFor(t, "the killed node's breaker to go", func() bool {
+		for _, b := range c.Breakers() {
+			if b.Node == killed.Addr {
+				return false
+			}
+		}
+		return true
+	})
+	// The unmapped slots' breaker may have opened while the shard had
+	// no primary; its probes close it.
+	redistest.WaitFor(t, "every breaker to close", func() bool { return !c.Degraded() })
+	for _, b := range c.Breakers() {
+		assert.Equal(t, redisx.BreakerClosed, b.State, b.Node)
+	}
+}
