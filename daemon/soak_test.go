@@ -53,12 +53,12 @@ func TestSoak(t *testing.T) {
 	}
 
 	type key struct {
-		kind                      algo.Kind
-		name                      string
-		rate                      float64 // offered checks per second, in all
-		admitted, degraded, errs  atomic.Int64
-		checks                    atomic.Int64
-		first, last               atomic.Int64
+		kind                     algo.Kind
+		name                     string
+		rate                     float64 // offered checks per second, in all
+		admitted, degraded, errs atomic.Int64
+		checks                   atomic.Int64
+		first, last              atomic.Int64
 	}
 	var keys []*key
 	for _, k := range kinds {
