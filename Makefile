@@ -9,7 +9,7 @@ BENCHTIME ?= 1s
 # user, who cannot write /run, gets ./run/rld.sock instead.
 RUN_SOCKET ?= $(shell if [ -w /run ]; then echo /run/rld/rld.sock; else echo $(CURDIR)/run/rld.sock; fi)
 
-.PHONY: all build run test deps bench fuzz lint clean
+.PHONY: all build run test deps bench bench-go fuzz soak lint clean
 
 all: build
 
@@ -33,13 +33,35 @@ deps:
 
 test: deps
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 12m ./...
+	$(GO) test -race -count=1 -p 1 -timeout 14m ./...
 
-bench:
+# bench measures check latency as a user's client sees it (rld-bench,
+# docs/performance.md): it starts the echo server, redis-server and rld
+# itself, puts the same open-loop load on each, prints echo / redis / rld
+# side by side, then again with rld on Redis, and plots every curve to
+# bin/bench.svg. About 80 s; needs only redis-server (make deps).
+BENCH_RATE     ?= 10000
+BENCH_DURATION ?= 10s
+BENCH_FLAGS    ?=
+bench: deps build
+	$(GO) build -o bin/rld-bench ./bench
+	bin/rld-bench -spawn -rld $(BIN) -targets echo,redis,rld -store embedded,redis \
+	  -rate $(BENCH_RATE) -duration $(BENCH_DURATION) -plot bin/bench.svg $(BENCH_FLAGS)
+
+# bench-go runs the Go benchmarks of the packages.
+bench-go:
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./wire ./algo ./memstore ./policy ./daemon
 
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./wire
+
+# soak is a chaos run, not part of test: minutes of mixed load while Redis
+# is killed, paused and restarted at random (RLD_SOAK=10m for longer).
+# Its output ends with the run's one-line summary.
+soak: deps
+	@mkdir -p bin
+	@cd daemon && RLD_SOAK=$${RLD_SOAK:-3m} $(GO) test -tags soak -run '^TestSoak$$' -count=1 -timeout 30m >../bin/soak.log 2>&1; \
+	  st=$$?; grep -v '^soak:' ../bin/soak.log; grep '^soak:' ../bin/soak.log; exit $$st
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
@@ -47,3 +69,4 @@ lint:
 
 clean:
 	rm -rf bin run
+	rm -f rld-bench

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// bench measures every target under c's load, one table per store of
+// the spawned daemon, prints the tables (or the JSON report), and writes
+// the plot. The processes it started are stopped when it returns.
+func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
+	ps, err := newProcs()
+	if err != nil {
+		return err
+	}
+	defer ps.close()
+	e := &env{c: c, ps: ps, rld: map[string]string{}}
+	rep := &Report{
+		Mode: c.load.mode, Rate: c.load.rate, Connections: c.load.conns, Depth: c.load.depth,
+		DurationS: c.load.duration.Seconds(), WarmupS: c.load.warmup.Seconds(),
+		Keys: c.load.keys.String(), Descriptors: c.tmpl.String(), Cost: c.cost,
+	}
+	if !c.json {
+		fmt.Fprint(stdout, "rld-bench: ", rep.describe())
+	}
+	for _, store := range c.stores {
+		tbl := Table{Store: store}
+		for _, name := range c.targets {
+			t, label, err := e.target(ctx, name, store)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "rld-bench: measuring %s for %v after a %v warm-up\n", label, c.load.duration, c.load.warmup)
+			m, err := runLoad(ctx, t, &c.load)
+			if err != nil {
+				return fmt.Errorf("%s: %w", label, err)
+			}
+			r, err := newResult(label, m, &c.load)
+			if err != nil {
+				return err
+			}
+			tbl.Results = append(tbl.Results, r)
+		}
+		tbl.setRatios()
+		rep.Tables = append(rep.Tables, tbl)
+		if !c.json {
+			if store != "" {
+				fmt.Fprintf(stdout, "\nrld on the %s store:\n", store)
+			} else {
+				fmt.Fprintln(stdout)
+			}
+			if err := writeTable(stdout, &tbl); err != nil {
+				return err
+			}
+			warnSlow(stdout, &tbl, &c.load)
+		}
+	}
+	if c.json {
+		if err := writeJSON(stdout, rep); err != nil {
+			return err
+		}
+	}
+	if c.plot != "" {
+		if err := savePlot(c.plot, rep); err != nil {
+			return err
+		}
+		if !c.json {
+			fmt.Fprintln(stdout, "\nplot:", c.plot)
+		}
+	}
+	return nil
+}
+
+// warnSlow notes the targets of an open-loop table that did not keep up
+// with the rate: their latencies include their backlog.
+func warnSlow(w io.Writer, t *Table, l *load) {
+	if l.mode != modeOpen {
+		return
+	}
+	for _, r := range t.Results {
+		if r.Unsent > 0 || r.AchievedRate < slowFraction*l.rate {
+			fmt.Fprintf(w, "%s did not keep up: it answered %s/s of the %s/s asked; lower -rate to measure it unloaded\n",
+				r.Target, group(int64(r.AchievedRate)), group(int64(l.rate)))
+		}
+	}
+}
+
+// slowFraction is the share of the rate below which a target is said
+// not to keep up.
+const slowFraction = 0.95
+
+// savePlot writes the curves of every result of rep to the SVG file path.
+// The curves of the second and later tables are dashed, and their labels
+// name the table when the first table has the same one.
+func savePlot(path string, rep *Report) error {
+	var curves []curve
+	seen := map[string]bool{}
+	for i, t := range rep.Tables {
+		for _, r := range t.Results {
+			label := r.Target
+			if seen[label] {
+				label += " (" + t.Store + " table)"
+			}
+			seen[label] = true
+			curves = append(curves, curve{label: label, hist: r.hist, dashed: i > 0})
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("cannot write the plot: %w", err)
+	}
+	desc := strings.SplitN(rep.describe(), "\n", 2)[0]
+	err = writePlot(f, "rld-bench: latency by percentile", desc, curves)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("cannot write the plot %s: %w", path, err)
+	}
+	return nil
+}
+
+// env makes the targets, starting what they need once: the echo server
+// always, redis-server and the daemons with -spawn.
+type env struct {
+	c     *options
+	ps    *procs
+	echo  string            // the echo server's socket, once started
+	redis string            // the spawned Redis's address, once started
+	rld   map[string]string // spawned daemons' sockets by store
+}
+
+// target returns the target called name for the table of store, and
+// its label.
+func (e *env) target(ctx context.Context, name, store string) (target, string, error) {
+	c := e.c
+	switch name {
+	case targetEcho:
+		if e.echo == "" {
+			sock, err := e.ps.startEcho(ctx)
+			if err != nil {
+				return nil, "", err
+			}
+			e.echo = sock
+		}
+		return &socketTarget{path: e.echo, tmpl: c.tmpl, cost: c.cost}, name, nil
+	case targetRedis:
+		addr := c.redis
+		if c.spawn {
+			var err error
+			if addr, err = e.spawnedRedis(ctx); err != nil {
+				return nil, "", err
+			}
+		}
+		return newRedisTarget(addr, c.tmpl, c.load.depth, c.limit, limitPeriod, c.cost), name, nil
+	}
+	label, sock := targetRLD, c.socket
+	if c.spawn {
+		if store == storeRedis {
+			label = "rld-on-redis"
+		}
+		var err error
+		if sock, err = e.spawnedRLD(ctx, store); err != nil {
+			return nil, "", err
+		}
+	} else if err := ping(sock); err != nil {
+		return nil, "", fmt.Errorf("no rld answers PING on %s (start one, pass -socket, or use -spawn): %w", sock, err)
+	}
+	return &socketTarget{path: sock, tmpl: c.tmpl, cost: c.cost}, label, nil
+}
+
+func (e *env) spawnedRedis(ctx context.Context) (string, error) {
+	if e.redis == "" {
+		addr, err := e.ps.startRedis(ctx)
+		if err != nil {
+			return "", err
+		}
+		e.redis = addr
+	}
+	return e.redis, nil
+}
+
+func (e *env) spawnedRLD(ctx context.Context, store string) (string, error) {
+	if sock, ok := e.rld[store]; ok {
+		return sock, nil
+	}
+	rc := &rldConfig{
+		socket:   filepath.Join(e.ps.dir, "rld-"+store+".sock"),
+		names:    e.c.tmpl.names(),
+		limit:    e.c.limit,
+		keys:     e.c.load.keys.n,
+		inflight: e.c.load.depth,
+	}
+	if store == storeRedis {
+		var err error
+		if rc.redis, err = e.spawnedRedis(ctx); err != nil {
+			return "", err
+		}
+	}
+	if err := e.ps.startRLD(ctx, "rld-"+store, e.c.rldBin, rc); err != nil {
+		return "", err
+	}
+	e.rld[store] = rc.socket
+	return rc.socket, nil
+}

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseFlags(t *testing.T) {
+	t.Setenv("RLD_SOCKET", "/tmp/env.sock")
+	c, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.load.mode != modeOpen || c.load.rate != defaultRate || c.load.conns != defaultConnections ||
+		c.load.depth != defaultDepth || c.load.duration != defaultDuration || c.load.warmup != defaultWarmup ||
+		c.load.keys.dist != distZipf || c.cost != 1 || c.socket != "/tmp/env.sock" ||
+		strings.Join(c.targets, ",") != "echo,rld" || c.tmpl.String() != defaultDescriptors {
+		t.Errorf("defaults: %+v, load %+v", c, c.load)
+	}
+
+	c, err = parseFlags(strings.Fields("-mode closed -connections 2 -depth 64 -duration 1s -dist hot "+
+		"-targets rld,redis,echo -spawn -rld /bin/true -store embedded,redis -cost 3 -json -plot x.svg"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.load.mode != modeClosed || c.load.rate != 0 || c.load.depth != 64 || c.load.duration != time.Second ||
+		c.load.keys.n != 1 || strings.Join(c.targets, ",") != "rld,redis,echo" || !c.spawn ||
+		strings.Join(c.stores, ",") != "embedded,redis" || c.rldBin != "/bin/true" || c.cost != 3 || !c.json || c.plot != "x.svg" {
+		t.Errorf("flags: %+v, load %+v", c, c.load)
+	}
+
+	for _, args := range []string{
+		"-mode half", "-rate 0", "-connections 0", "-depth 0", "-duration 0s", "-warmup -1s", "-cost 0",
+		"-targets echo,echo", "-targets nginx", "-spawn -rld /bin/true -store disk", "-dist zipf -zipf 0",
+		"-descriptors a", "-limit 0", "extra",
+	} {
+		if _, err := parseFlags(strings.Fields(args), io.Discard); err == nil {
+			t.Errorf("%s: no error", args)
+		}
+	}
+	if _, err := parseFlags([]string{"-descriptors", " "}, io.Discard); err == nil {
+		t.Error("no descriptors: no error")
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var out strings.Builder
+	if code := run([]string{"-h"}, io.Discard, &out); code != 0 || !strings.Contains(out.String(), "-targets") {
+		t.Errorf("-h: exit %d, %q", code, out.String())
+	}
+	if code := run([]string{"-mode", "x"}, io.Discard, io.Discard); code != 2 {
+		t.Errorf("bad flag: exit %d, want 2", code)
+	}
+}
