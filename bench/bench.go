@@ -192,6 +192,7 @@ func (e *env) spawnedRLD(ctx context.Context, store string) (string, error) {
 		socket:   filepath.Join(e.ps.dir, "rld-"+store+".sock"),
 		names:    e.c.tmpl.names(),
 		limit:    e.c.limit,
+		mode:     e.c.ruleMode,
 		keys:     e.c.load.keys.n,
 		inflight: e.c.load.depth,
 	}

@@ -53,18 +53,19 @@ const (
 
 // options is the checked command line.
 type options struct {
-	load    load
-	targets []string
-	stores  []string // with -spawn; else one ""
-	tmpl    *template
-	cost    uint32
-	limit   int64 // per second: the spawned rule's, and the redis target's
-	spawn   bool
-	rldBin  string // with -spawn
-	socket  string // without -spawn
-	redis   string // without -spawn
-	json    bool
-	plot    string
+	load     load
+	targets  []string
+	stores   []string // with -spawn; else one ""
+	tmpl     *template
+	cost     uint32
+	limit    int64  // per second: the spawned rule's, and the redis target's
+	ruleMode string // with -spawn: the rule's mode, cached or strict
+	spawn    bool
+	rldBin   string // with -spawn
+	socket   string // without -spawn
+	redis    string // without -spawn
+	json     bool
+	plot     string
 }
 
 func main() {
@@ -131,6 +132,7 @@ flags:
 	targets := fs.String("targets", targetEcho+","+targetRLD, "targets, comma-separated, measured in this order: echo, redis, rld")
 	spawn := fs.Bool("spawn", false, "start rld (and redis-server when needed) in a temporary directory; else use -socket and -redis")
 	stores := fs.String("store", storeEmbedded, "with -spawn: the daemon's store, embedded or redis; a comma-separated list makes one table per store")
+	ruleMode := fs.String("rule-mode", "cached", "with -spawn: the rule's `mode`, cached (leases on Redis) or strict (every check in Redis)")
 	limit := fs.Int64("limit", defaultLimit, "with -spawn and for the redis target: the token bucket's limit per second (lower it to see limited answers)")
 	rldBin := fs.String("rld", "", "with -spawn: the rld `binary` (default bin/rld, else rld on PATH)")
 	socket := fs.String("socket", "", "without -spawn: rld's socket `path` (default $RLD_SOCKET, else "+defaultSocket+")")
@@ -145,7 +147,7 @@ flags:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
-	c := &options{spawn: *spawn, limit: *limit, json: *asJSON, plot: *plot, redis: *redis}
+	c := &options{spawn: *spawn, limit: *limit, ruleMode: *ruleMode, json: *asJSON, plot: *plot, redis: *redis}
 	var problems []error
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
 	switch *mode {
@@ -174,6 +176,9 @@ flags:
 		bad("-cost=%d: want 1 to 4294967295", *cost)
 	}
 	c.cost = uint32(*cost)
+	if *ruleMode != "cached" && *ruleMode != "strict" {
+		bad("-rule-mode=%q: want cached or strict", *ruleMode)
+	}
 	if *limit < 1 {
 		bad("-limit=%d: must be positive", *limit)
 	}

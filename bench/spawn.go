@@ -241,6 +241,7 @@ type rldConfig struct {
 	redis    string // host:port, or "" for the embedded store
 	names    []string
 	limit    int64
+	mode     string // the rule's mode; "" means the default (cached)
 	keys     int
 	inflight int
 }
@@ -274,6 +275,9 @@ func (c *rldConfig) toml() string {
 		fmt.Fprintf(&b, "%q", n)
 	}
 	fmt.Fprintf(&b, "]\nlimit = %d\nperiod = %q\n", c.limit, limitPeriod.String())
+	if c.mode != "" {
+		fmt.Fprintf(&b, "mode = %q\n", c.mode)
+	}
 	return b.String()
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/rld/rld/policy"
@@ -26,20 +27,40 @@ type conn struct {
 	c   *net.UnixConn
 	in  []byte // read buffer; in[start:end] holds unprocessed bytes
 	out []byte // answers not yet written
+	fs  frameState
+	// writeDeadline is the write deadline in force.
+	writeDeadline time.Time
+
+	// With Redis, the frames of one read batch are answered at once, so
+	// that a check waiting on Redis does not hold up those behind it and
+	// checks of one key share a Redis call: frames collects the batch,
+	// slots hold one frameState per frame.
+	concurrent bool
+	frames     [][]byte
+	slots      []frameState
+	wg         sync.WaitGroup
+}
+
+// frameState is what answering one frame needs; it is reused.
+type frameState struct {
 	req wire.Request
 	res wire.Response
 	sc  policy.Scratch
-	// writeDeadline is the write deadline in force.
-	writeDeadline time.Time
+	out []byte // a concurrent frame's answer
+}
+
+func newFrameState() frameState {
+	return frameState{req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)}}
 }
 
 func (d *Daemon) newConn(c *net.UnixConn) *conn {
 	return &conn{
-		d:   d,
-		c:   c,
-		in:  make([]byte, readBufSize),
-		out: make([]byte, 0, outBufSize),
-		req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)},
+		d:          d,
+		c:          c,
+		in:         make([]byte, readBufSize),
+		out:        make([]byte, 0, outBufSize),
+		fs:         newFrameState(),
+		concurrent: d.fleet != nil,
 	}
 }
 
@@ -139,6 +160,7 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 	for {
 		frame, n, err := wire.Next(cn.in[start:end])
 		if err != nil {
+			cn.answerFrames(ctx, p, now)
 			// Framing is lost. Answer the request id when the header is
 			// there to read, then close.
 			code := wire.CodeOf(err)
@@ -149,41 +171,82 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 			return end, true
 		}
 		if frame == nil {
+			cn.answerFrames(ctx, p, now)
 			return start, false
 		}
 		start += n
-		cn.handle(ctx, p, now, frame)
 		served++
-		if served%maxInflight == 0 && !cn.flush() {
-			return end, true
+		if cn.concurrent {
+			cn.frames = append(cn.frames, frame)
+		} else {
+			cn.out = cn.fs.answer(ctx, p, now, frame, cn.out)
+		}
+		if served%maxInflight == 0 {
+			cn.answerFrames(ctx, p, now)
+			if !cn.flush() {
+				return end, true
+			}
 		}
 	}
 }
 
-// handle answers one complete frame.
-func (cn *conn) handle(ctx context.Context, p *policy.Policy, now time.Time, frame []byte) {
-	req := &cn.req
+// answerFrames answers the frames collected in cn.frames, each in its own
+// goroutine when there are several, and appends the answers to cn.out in
+// the frames' order.
+func (cn *conn) answerFrames(ctx context.Context, p *policy.Policy, now time.Time) {
+	n := len(cn.frames)
+	switch n {
+	case 0:
+		return
+	case 1:
+		cn.out = cn.fs.answer(ctx, p, now, cn.frames[0], cn.out)
+	default:
+		for len(cn.slots) < n {
+			cn.slots = append(cn.slots, newFrameState())
+		}
+		cn.wg.Add(n)
+		for i, f := range cn.frames {
+			s := &cn.slots[i]
+			go func() {
+				defer cn.wg.Done()
+				s.out = s.answer(ctx, p, now, f, s.out[:0])
+			}()
+		}
+		cn.wg.Wait()
+		for i := range n {
+			cn.out = append(cn.out, cn.slots[i].out...)
+		}
+	}
+	clear(cn.frames) // drop the references to the read buffer
+	cn.frames = cn.frames[:0]
+}
+
+// answer appends the answer to one complete frame to out.
+func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Time, frame, out []byte) []byte {
+	req := &fs.req
 	if err := wire.DecodeRequest(frame, req); err != nil {
 		code := wire.CodeOf(err)
 		countFrameError(code)
-		cn.appendError(req.Op, req.ID, code, err.Error())
-		return
+		return fs.appendError(out, req.Op, req.ID, code, err.Error())
 	}
-	res := &cn.res
+	res := &fs.res
 	if req.Op == wire.OpPing {
 		*res = wire.Response{Op: req.Op, ID: req.ID}
-		cn.out = wire.AppendResponse(cn.out, res)
-		return
+		return wire.AppendResponse(out, res)
 	}
-	dec := p.Check(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &cn.sc)
+	dec := p.Check(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc)
 	fillResponse(res, &dec)
 	res.Op, res.ID = req.Op, req.ID
-	cn.out = wire.AppendResponse(cn.out, res)
+	return wire.AppendResponse(out, res)
+}
+
+func (fs *frameState) appendError(out []byte, op wire.Op, id uint32, code wire.Code, msg string) []byte {
+	fs.res = wire.Response{Op: op &^ wire.OpResponse, ID: id, Status: wire.StatusError, Code: code, Message: []byte(msg)}
+	return wire.AppendResponse(out, &fs.res)
 }
 
 func (cn *conn) appendError(op wire.Op, id uint32, code wire.Code, msg string) {
-	cn.res = wire.Response{Op: op &^ wire.OpResponse, ID: id, Status: wire.StatusError, Code: code, Message: []byte(msg)}
-	cn.out = wire.AppendResponse(cn.out, &cn.res)
+	cn.out = cn.fs.appendError(cn.out, op, id, code, msg)
 }
 
 // flush writes the pending answers; it reports whether the write succeeded.

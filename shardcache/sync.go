@@ -116,12 +116,21 @@ func (c *Cache) plan(e *entry, ns, peers int64) (Op, bool) {
 		op := Op{Kind: OpReturn, Params: e.p, N: e.lease - e.rate, TakenAt: e.leaseAt}
 		e.lease = e.rate
 		return op, true
+	case e.rate < minSyncRate:
+		// Warm, not hot: its next miss leases what it needs. Renewing
+		// or refreshing every such key of a long-tailed mix would cost
+		// Redis a call per key per interval.
+		return Op{}, false
 	}
 	if want := min(e.rate-e.lease, c.remaining(e, ns)/(2*peers)); want > 0 {
 		return Op{Kind: OpLease, Params: e.p, N: want}, true
 	}
 	return Op{Kind: OpPeek, Params: e.p, N: 1}, true
 }
+
+// minSyncRate is the fewest units per sync interval a key must use for
+// the sync to renew its lease or refresh its view.
+const minSyncRate = 4
 
 // apply records the outcome of one sync op sent at local time sent.
 func (c *Cache) apply(op *Op, ref syncRef, sent int64) {
