@@ -489,10 +489,15 @@ func (c *Cache) peers() int64 {
 	return int64(max(c.o.Peers(), 1))
 }
 
+// minHammered is the fewest denials per sync interval that make a key
+// hammered, whatever its limit: a client that retries a few times within
+// an interval is not abusing its limit.
+const minHammered = 8
+
 // hammered reports whether e is far over its limit: denied more times per
-// sync interval than its limit admits in one.
+// sync interval than its limit admits in one, and at least minHammered.
 func (c *Cache) hammered(e *entry) bool {
-	perInterval := max(float64(e.p.Limit)*float64(c.o.SyncInterval)/float64(e.p.Period), 1)
+	perInterval := max(float64(e.p.Limit)*float64(c.o.SyncInterval)/float64(e.p.Period), minHammered)
 	return float64(max(e.denyRate, e.denials)) > perInterval
 }
 
