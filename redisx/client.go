@@ -171,9 +171,19 @@ func (o *Options) rueidisOption() rueidis.ClientOption {
 			// +switch-master would otherwise pin the old primary.
 			TopologyRefreshInterval: 5 * time.Second,
 		}
+	case Cluster:
+		// rueidis refreshes its slot cache after an error only after a
+		// random delay of up to a second; a scan of its own every
+		// clusterScanEvery (one CLUSTER SHARDS) bounds how long it sends
+		// a failed shard's keys to the dead primary after a failover.
+		ro.ClusterOption = rueidis.ClusterOption{ShardsRefreshInterval: clusterScanEvery}
 	}
 	return ro
 }
+
+// clusterScanEvery is how often the rueidis Cluster client rescans the
+// topology on its own.
+const clusterScanEvery = 200 * time.Millisecond
 
 // Client is a connection to one Redis deployment. It is safe for
 // concurrent use. Create it with New; Close it when done.

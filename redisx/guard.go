@@ -244,8 +244,8 @@ func (g *guard) all() []*Breaker {
 }
 
 // topologyLoop refreshes the slot map of c until c closes: at once, every
-// slotRefreshEvery, and when a failure kicks it (at most every
-// slotRefreshGap).
+// slotRefreshEvery (every slotRefreshGap while a breaker is open), and
+// when a failure kicks it (at most every slotRefreshGap).
 func (c *Client) topologyLoop() {
 	defer close(c.topoDone)
 	t := time.NewTicker(slotRefreshEvery)
@@ -258,11 +258,18 @@ func (c *Client) topologyLoop() {
 			}
 			cancel()
 		}
+		// While a breaker is open its node gets no calls, so no failure
+		// kicks a refresh: look for a promoted replica every gap.
+		var soon <-chan time.Time
+		if c.Degraded() {
+			soon = time.After(slotRefreshGap)
+		}
 		select {
 		case <-c.stop:
 			return
 		case <-t.C:
 		case <-c.g.kick:
+		case <-soon:
 		}
 		// Kicks closer than the gap wait for it: a burst of failures
 		// costs one refresh.
