@@ -74,6 +74,15 @@ func (c *Cache) Sync(now time.Time) int {
 		return 0
 	}
 
+	c.send(ops, refs)
+	syncs.Inc()
+	syncDuration.UpdateDuration(start)
+	return len(ops)
+}
+
+// send runs ops in one Backend.Sync and applies each outcome to the entry
+// of its ref.
+func (c *Cache) send(ops []Op, refs []syncRef) {
 	sent := time.Now().UnixNano()
 	if err := c.b.Sync(context.Background(), ops); err != nil {
 		for i := range ops {
@@ -83,10 +92,7 @@ func (c *Cache) Sync(now time.Time) int {
 	for i := range ops {
 		c.apply(&ops[i], refs[i], sent)
 	}
-	syncs.Inc()
 	syncOps.Add(len(ops))
-	syncDuration.UpdateDuration(start)
-	return len(ops)
 }
 
 // plan updates e's rates for the interval that ended at ns and returns
@@ -205,19 +211,9 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 		}
 		sh.mu.Unlock()
 	}
-	if len(ops) == 0 {
-		return 0
+	if len(ops) > 0 {
+		c.send(ops, refs)
 	}
-	sent := time.Now().UnixNano()
-	if err := c.b.Sync(context.Background(), ops); err != nil {
-		for i := range ops {
-			ops[i].Err = err
-		}
-	}
-	for i := range ops {
-		c.apply(&ops[i], refs[i], sent)
-	}
-	syncOps.Add(len(ops))
 	return len(ops)
 }
 
