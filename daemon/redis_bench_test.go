@@ -176,19 +176,7 @@ func TestStrictCheckIsOneCall(t *testing.T) {
 	for range n {
 		check()
 	}
-	stats, err := redistest.Do(srv.Addr, "INFO", "commandstats")
-	if err != nil {
-		t.Fatal(err)
-	}
-	calls := map[string]int{}
-	for _, line := range strings.Split(stats, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if !ok {
-			continue
-		}
-		num, _, _ := strings.Cut(rest, ",")
-		calls[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.Atoi(num)
-	}
+	calls := commandCalls(t, srv.Addr)
 	t.Logf("redis commands for %d strict checks: %v", n, calls)
 	// The daemon's heartbeat (one script call a second, which ZADDs once)
 	// may fall in the measurement: its calls are not the checks'.

@@ -46,6 +46,14 @@ func startFleet(t *testing.T, n int, config string) []*daemontest.Server {
 // last CONFIG RESETSTAT, less the daemons' heartbeats (each ZADDs once).
 func scriptCalls(t *testing.T, addr string) int {
 	t.Helper()
+	calls := commandCalls(t, addr)
+	return calls["evalsha"] + calls["eval"] - calls["zadd"]
+}
+
+// commandCalls returns the calls of each command Redis at addr ran since
+// the last CONFIG RESETSTAT (INFO commandstats), by lower-case name.
+func commandCalls(t *testing.T, addr string) map[string]int {
+	t.Helper()
 	stats, err := redistest.Do(addr, "INFO", "commandstats")
 	require.NoError(t, err)
 	calls := map[string]int{}
@@ -57,7 +65,7 @@ func scriptCalls(t *testing.T, addr string) int {
 		num, _, _ := strings.Cut(rest, ",")
 		calls[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.Atoi(num)
 	}
-	return calls["evalsha"] + calls["eval"] - calls["zadd"]
+	return calls
 }
 
 func resetStats(t *testing.T, addr string) {
