@@ -280,8 +280,8 @@ func Next(b []byte) (frame []byte, n int, err error) {
 
 // checkSize reports whether f is exactly the frame its length field
 // announces.
-func checkSize(h Header, f []byte) error {
-	switch n := int(h.Length) + 4; {
+func checkSize(length uint32, f []byte) error {
+	switch n := int(length) + 4; {
 	case len(f) < n:
 		return ErrTruncated
 	case len(f) > n:
@@ -326,22 +326,32 @@ func AppendRequest(dst []byte, r *Request) []byte {
 func DecodeRequest(f []byte, r *Request) error {
 	r.Descs = r.Descs[:0]
 	r.Cost = 0
-	h, err := ParseHeader(f)
-	r.Op, r.Flags, r.ID = h.Op, h.Flags, h.ID
-	if err != nil {
+	// The header is read field by field rather than through ParseHeader:
+	// a Header value is copied through memory, which costs more than the
+	// rest of a typical decode.
+	if len(f) < HeaderSize {
+		r.Op, r.Flags, r.ID = 0, 0, 0
+		return ErrTruncated
+	}
+	length, op, flags := binary.BigEndian.Uint32(f), Op(f[5]), binary.BigEndian.Uint16(f[6:])
+	r.Op, r.Flags, r.ID = op, flags, binary.BigEndian.Uint32(f[8:])
+	switch {
+	case length < HeaderSize-4:
+		return ErrShortFrame
+	case length > MaxFrame-4:
+		return ErrFrameTooLarge
+	}
+	if err := checkSize(length, f); err != nil {
 		return err
 	}
-	if err := checkSize(h, f); err != nil {
-		return err
-	}
-	if h.Version != Version {
+	if f[4] != Version {
 		return ErrBadVersion
 	}
-	if h.Flags != 0 {
+	if flags != 0 {
 		return ErrBadFlags
 	}
 	b := f[HeaderSize:]
-	switch h.Op {
+	switch op {
 	case OpPing:
 		if len(b) != 0 {
 			return ErrTrailing
@@ -349,7 +359,7 @@ func DecodeRequest(f []byte, r *Request) error {
 		return nil
 	case OpCheck, OpPeek:
 	default:
-		if h.Op.IsReserved() {
+		if op.IsReserved() {
 			return ErrNotSupported
 		}
 		return ErrUnknownOp
@@ -383,7 +393,16 @@ func DecodeRequest(f []byte, r *Request) error {
 		if len(b) < vl {
 			return ErrTruncated
 		}
-		r.Descs = append(r.Descs, Descriptor{Name: name, Value: b[:vl:vl]})
+		// Growing the slice and then setting the fields in place avoids
+		// building the Descriptor on the stack and copying it.
+		n := len(r.Descs)
+		if n == cap(r.Descs) {
+			r.Descs = append(r.Descs, Descriptor{})
+		} else {
+			r.Descs = r.Descs[:n+1]
+		}
+		d := &r.Descs[n]
+		d.Name, d.Value = name, b[:vl:vl]
 		b = b[vl:]
 	}
 	if len(b) != 0 {
@@ -430,7 +449,7 @@ func DecodeResponse(f []byte, r *Response) error {
 	if err != nil {
 		return err
 	}
-	if err := checkSize(h, f); err != nil {
+	if err := checkSize(h.Length, f); err != nil {
 		return err
 	}
 	if h.Version != Version {
