@@ -10,26 +10,33 @@ package algo
 // p must be valid (see Params.Validate). Decide does not allocate, except
 // that a SlidingLog's Log may grow.
 func Decide(p Params, s *State, now, cost int64, peek bool) Result {
+	var r Result
+	DecideTo(p, s, now, cost, peek, &r)
+	return r
+}
+
+// DecideTo is Decide writing its Result to r. On a hot path it is the
+// cheaper of the two: a Result is too large to live in registers, and
+// copying one that was just written stalls the processor.
+func DecideTo(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	if cost < 1 {
 		cost = 1
 	}
-	var r Result
 	switch p.Kind {
 	case TokenBucket:
-		r = tokenBucket(p, s, now, cost, peek)
+		tokenBucket(p, s, now, cost, peek, r)
 	case GCRA:
-		r = gcra(p, s, now, cost, peek)
+		gcra(p, s, now, cost, peek, r)
 	case FixedWindow:
-		r = fixedWindow(p, s, now, cost, peek)
+		fixedWindow(p, s, now, cost, peek, r)
 	case SlidingCounter:
-		r = slidingCounter(p, s, now, cost, peek)
+		slidingCounter(p, s, now, cost, peek, r)
 	case SlidingLog:
-		r = slidingLog(p, s, now, cost, peek)
+		slidingLog(p, s, now, cost, peek, r)
 	default:
 		panic("BUG: algo.Decide: unknown " + p.Kind.String())
 	}
 	r.At = now
-	return r
 }
 
 // Refund gives back cost units that Decide admitted at takenAt, as far as

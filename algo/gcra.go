@@ -7,11 +7,11 @@ func emission(p Params) int64 { return ceilDiv(p.PeriodMicros(), p.Limit) }
 // gcra decides for GCRA. The state is the theoretical arrival time (TAT):
 // the time at which the key would be idle again. A request of cost units
 // fits when pushing the TAT by cost×e keeps it within C×e of now.
-func gcra(p Params, s *State, now, cost int64, peek bool) Result {
+func gcra(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	capacity, e := p.Capacity(), emission(p)
 	burst := capacity * e
 	tat := max(s.A, now)
-	r := Result{Limit: capacity}
+	*r = Result{Limit: capacity}
 	switch {
 	case cost > capacity:
 		r.RetryAfter = Never
@@ -26,7 +26,6 @@ func gcra(p Params, s *State, now, cost int64, peek bool) Result {
 	}
 	r.Remaining = max(burst-(tat-now), 0) / e
 	r.Reset = micros(tat - now)
-	return r
 }
 
 func refundGCRA(p Params, s *State, now, cost int64) {

@@ -2,7 +2,7 @@ package algo
 
 // slidingLog decides for SlidingLog: the admissions in (now−P, now] plus
 // cost must not exceed L. It is exact, and its state grows with the limit.
-func slidingLog(p Params, s *State, now, cost int64, peek bool) Result {
+func slidingLog(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	per, limit := p.PeriodMicros(), p.Limit
 	first := 0
 	for first < len(s.Log) && s.Log[first].At <= now-per {
@@ -13,7 +13,7 @@ func slidingLog(p Params, s *State, now, cost int64, peek bool) Result {
 	for _, en := range live {
 		sum += en.Cost
 	}
-	r := Result{Limit: limit}
+	*r = Result{Limit: limit}
 	var newest int64 // the newest live admission's time, if any
 	if len(live) > 0 {
 		newest = live[len(live)-1].At
@@ -45,7 +45,6 @@ func slidingLog(p Params, s *State, now, cost int64, peek bool) Result {
 	if sum > 0 {
 		r.Reset = micros(newest + per - now)
 	}
-	return r
 }
 
 // appendLog records cost units at now. Admissions at the newest entry's

@@ -5,11 +5,11 @@ import "math/bits"
 // tokenBucket decides for a TokenBucket. The level counts tokens × period
 // in µs: one token is P units, a full bucket C×P, and the bucket refills L
 // units per µs, so that every quantity is an integer.
-func tokenBucket(p Params, s *State, now, cost int64, peek bool) Result {
+func tokenBucket(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	per, capacity := p.PeriodMicros(), p.Capacity()
 	full := capacity * per
 	level := tokenLevel(s, now, full, p.Limit)
-	r := Result{Limit: capacity}
+	*r = Result{Limit: capacity}
 	switch {
 	case cost > capacity:
 		r.RetryAfter = Never
@@ -25,7 +25,6 @@ func tokenBucket(p Params, s *State, now, cost int64, peek bool) Result {
 	}
 	r.Remaining = level / per
 	r.Reset = micros(ceilDiv(full-level, p.Limit))
-	return r
 }
 
 // tokenLevel returns the level of the bucket s at now: the stored level

@@ -2,14 +2,14 @@ package algo
 
 // fixedWindow decides for FixedWindow: at most L units in each window
 // [start, start+P), with windows aligned to the unix epoch.
-func fixedWindow(p Params, s *State, now, cost int64, peek bool) Result {
+func fixedWindow(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	per, limit := p.PeriodMicros(), p.Limit
 	start := now - now%per
 	var count int64
 	if s.A == start {
 		count = s.B
 	}
-	r := Result{Limit: limit, Reset: micros(start + per - now)}
+	*r = Result{Limit: limit, Reset: micros(start + per - now)}
 	switch {
 	case cost > limit:
 		r.RetryAfter = Never
@@ -23,20 +23,19 @@ func fixedWindow(p Params, s *State, now, cost int64, peek bool) Result {
 		r.RetryAfter = r.Reset
 	}
 	r.Remaining = max(limit-count, 0)
-	return r
 }
 
 // slidingCounter decides for SlidingCounter: the count of the previous
 // window, weighted by the part of it that a sliding window ending at now
 // still covers, plus the current window's count, must not exceed L. In
 // integers: prev×(P−e) + cur×P ≤ L×P, with e = now − start.
-func slidingCounter(p Params, s *State, now, cost int64, peek bool) Result {
+func slidingCounter(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	per, limit := p.PeriodMicros(), p.Limit
 	start := now - now%per
 	e := now - start
 	cur, prev := windowCounts(s, start, per)
 	weighted := prev * (per - e)
-	r := Result{Limit: limit}
+	*r = Result{Limit: limit}
 	switch {
 	case cost > limit:
 		r.RetryAfter = Never
@@ -64,7 +63,6 @@ func slidingCounter(p Params, s *State, now, cost int64, peek bool) Result {
 	case prev > 0:
 		r.Reset = micros(start + per - now)
 	}
-	return r
 }
 
 // windowCounts returns the counts of the window that starts at start and

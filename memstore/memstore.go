@@ -65,15 +65,21 @@ type Store struct {
 }
 
 type shard struct {
-	mu  sync.Mutex // guards m, lru and the entries in them
-	m   map[string]*entry
+	mu sync.Mutex // guards m, n, lru and the entries in them
+	// m indexes the entries by their key's hash, which also picked the
+	// shard: a key is hashed once. Keys whose hashes collide share a
+	// chain through entry.same.
+	m   map[uint64]*entry
+	n   int // entries held
 	lru list
 	_   [64]byte // keeps the next shard's mu off this shard's cache lines
 }
 
 // entry is one key's state, linked into its shard's LRU list.
 type entry struct {
-	key        string // shares its bytes with the map key
+	key        string
+	hash       uint64 // xxhash of key
+	same       *entry // the next entry whose key has the same hash
 	prev, next *entry
 	// idleAt is the unix µs from which st is idle (algo.Idle): the time
 	// plus Result.Reset of the last take that changed st. Refunds only
@@ -104,14 +110,25 @@ func New(o Options) *Store {
 		perShard: 2 * ((o.MaxKeys + n - 1) / n),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].m = make(map[uint64]*entry)
 		s.shards[i].lru.init()
 	}
 	return s
 }
 
-func (s *Store) shard(key []byte) *shard {
-	return &s.shards[xxhash.Sum64(key)&s.mask]
+// shard returns the shard of key and key's hash.
+func (s *Store) shard(key []byte) (*shard, uint64) {
+	h := xxhash.Sum64(key)
+	return &s.shards[h&s.mask], h
+}
+
+// get returns the entry of key, whose hash is h, or nil.
+func (sh *shard) get(key []byte, h uint64) *entry {
+	e := sh.m[h]
+	for e != nil && e.key != string(key) {
+		e = e.same
+	}
+	return e
 }
 
 // Take decides whether cost units of the limit p are available for key at
@@ -128,16 +145,19 @@ func (s *Store) Take(_ context.Context, key []byte, p algo.Params, cost int64, n
 		cost = 1
 	}
 	us := now.UnixMicro()
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 
-	e := sh.m[string(key)]
+	// The algorithms write r in place: a Result returned through them
+	// would be copied through memory at every level.
+	var r algo.Result
+	e := sh.get(key, h)
 	if e == nil || (e.kind != p.Kind && peek) {
 		var st algo.State
-		r := algo.Decide(p, &st, us, cost, peek)
+		algo.DecideTo(p, &st, us, cost, peek, &r)
 		if r.Allowed && !peek {
-			s.insert(sh, key, p.Kind, st, us+r.Reset.Microseconds(), us)
+			s.insert(sh, key, h, p.Kind, st, us+r.Reset.Microseconds(), us)
 		}
 		return r, nil
 	}
@@ -145,7 +165,7 @@ func (s *Store) Take(_ context.Context, key []byte, p algo.Params, cost int64, n
 	if e.kind != p.Kind {
 		e.kind, e.st, e.idleAt = p.Kind, algo.State{}, us
 	}
-	r := algo.Decide(p, &e.st, us, cost, peek)
+	algo.DecideTo(p, &e.st, us, cost, peek, &r)
 	if r.Allowed && !peek {
 		e.idleAt = us + r.Reset.Microseconds()
 	}
@@ -174,10 +194,10 @@ func (s *Store) Refund(_ context.Context, key []byte, p algo.Params, cost int64,
 	if cost <= 0 {
 		cost = 1
 	}
-	sh := s.shard(key)
+	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.m[string(key)]; e != nil && e.kind == p.Kind {
+	if e := sh.get(key, h); e != nil && e.kind == p.Kind {
 		sh.lru.moveToFront(e)
 		algo.Refund(p, &e.st, now.UnixMicro(), takenAt.UnixMicro(), cost)
 	}
@@ -189,17 +209,18 @@ func (s *Store) Refund(_ context.Context, key []byte, p algo.Params, cost int64,
 // minFairShare is the fewest keys per shard that New aims for.
 const minFairShare = 64
 
-func (s *Store) insert(sh *shard, key []byte, kind algo.Kind, st algo.State, idleAt, now int64) {
+func (s *Store) insert(sh *shard, key []byte, h uint64, kind algo.Kind, st algo.State, idleAt, now int64) {
 	var e *entry
-	if len(sh.m) > 0 && (s.keys.Load() >= s.maxKeys || len(sh.m) >= s.perShard) {
+	if sh.n > 0 && (s.keys.Load() >= s.maxKeys || sh.n >= s.perShard) {
 		e = sh.victim(now) // reused: the count of keys stays
 	} else {
 		e = new(entry)
 		s.keys.Add(1)
 		liveKeys.Add(1)
 	}
-	*e = entry{key: string(key), idleAt: idleAt, kind: kind, st: st}
-	sh.m[e.key] = e
+	*e = entry{key: string(key), hash: h, same: sh.m[h], idleAt: idleAt, kind: kind, st: st}
+	sh.m[h] = e
+	sh.n++
 	sh.lru.pushFront(e)
 }
 
@@ -225,7 +246,19 @@ func (sh *shard) victim(now int64) *entry {
 
 // remove unlinks e from sh, whose lock the caller holds.
 func (sh *shard) remove(e *entry) {
-	delete(sh.m, e.key)
+	switch first := sh.m[e.hash]; {
+	case first == e && e.same == nil:
+		delete(sh.m, e.hash)
+	case first == e:
+		sh.m[e.hash] = e.same
+	default:
+		for first.same != e {
+			first = first.same
+		}
+		first.same = e.same
+	}
+	e.same = nil
+	sh.n--
 	sh.lru.remove(e)
 }
 

@@ -43,13 +43,19 @@ func checkInvariants(t *testing.T, s *Store) {
 			if e.next.prev != e {
 				t.Errorf("shard %d: broken links at %q", i, e.key)
 			}
-			if sh.m[e.key] != e {
+			if sh.get([]byte(e.key), e.hash) != e {
 				t.Errorf("shard %d: %q in the list, not in the map", i, e.key)
 			}
 			n++
 		}
-		if n != len(sh.m) || n > s.perShard {
-			t.Errorf("shard %d: %d in the list, %d in the map, bound %d", i, n, len(sh.m), s.perShard)
+		chained := 0
+		for _, e := range sh.m {
+			for ; e != nil; e = e.same {
+				chained++
+			}
+		}
+		if n != chained || n != sh.n || n > s.perShard {
+			t.Errorf("shard %d: %d in the list, %d in the map, count %d, bound %d", i, n, chained, sh.n, s.perShard)
 		}
 		total += n
 		sh.mu.Unlock()
@@ -61,10 +67,10 @@ func checkInvariants(t *testing.T, s *Store) {
 
 // has reports whether s holds key.
 func has(s *Store, key string) bool {
-	sh := s.shard([]byte(key))
+	sh, h := s.shard([]byte(key))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return sh.m[key] != nil
+	return sh.get([]byte(key), h) != nil
 }
 
 func TestNewOptions(t *testing.T) {
@@ -482,5 +488,38 @@ func TestNoEvictionBelowMaxKeys(t *testing.T) {
 				t.Fatalf("MaxKeys %d: key-%d lost its state (remaining %d)", maxKeys, i, r.Remaining)
 			}
 		}
+	}
+}
+
+// TestHashCollisionChain forces three keys onto one hash, which xxhash
+// would practically never give, and checks that each keeps its own state
+// and that removing any of them leaves the others reachable.
+func TestHashCollisionChain(t *testing.T) {
+	keys := []string{"a", "b", "c"}
+	for _, gone := range keys {
+		s := New(Options{MaxKeys: 1000, Shards: 1})
+		sh := &s.shards[0]
+		const h = 42
+		sh.mu.Lock()
+		for i, k := range keys {
+			s.insert(sh, []byte(k), h, algo.FixedWindow, algo.State{A: int64(i + 1)}, 1<<62, 0)
+		}
+		sh.remove(sh.get([]byte(gone), h))
+		s.keys.Add(-1) // as a caller of remove does
+		liveKeys.Add(-1)
+		for i, k := range keys {
+			e := sh.get([]byte(k), h)
+			switch {
+			case k == gone && e != nil:
+				t.Errorf("removed %q is still found", k)
+			case k != gone && (e == nil || e.st.A != int64(i+1)):
+				t.Errorf("after removing %q, %q finds %+v, want state A=%d", gone, k, e, i+1)
+			}
+		}
+		if sh.n != 2 {
+			t.Errorf("after removing %q the shard counts %d entries, want 2", gone, sh.n)
+		}
+		sh.mu.Unlock()
+		checkInvariants(t, s) // it looks entries up by their own (forced) hash
 	}
 }
