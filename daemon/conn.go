@@ -45,6 +45,7 @@ type conn struct {
 type frameState struct {
 	req wire.Request
 	res wire.Response
+	dec policy.Decision
 	sc  policy.Scratch
 	out []byte // a concurrent frame's answer
 }
@@ -234,8 +235,9 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 		*res = wire.Response{Op: req.Op, ID: req.ID}
 		return wire.AppendResponse(out, res)
 	}
-	dec := p.Check(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc)
-	fillResponse(res, &dec)
+	p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+	fillResponse(res, &fs.dec)
+	fs.dec.Err = nil // not kept past its answer
 	res.Op, res.ID = req.Op, req.ID
 	return wire.AppendResponse(out, res)
 }

@@ -106,6 +106,13 @@ type Decision struct {
 	Err error
 }
 
+// set makes d a decision by a rule: every field is written in place, as
+// assigning a composite literal would build it on the stack and copy it.
+func (d *Decision) set(status wire.Status, degraded bool, rule string, res *algo.Result, period time.Duration) {
+	d.Status, d.Degraded, d.Code, d.Rule = status, degraded, wire.CodeNone, rule
+	d.Result, d.Period, d.Err = *res, period, nil
+}
+
 // Scratch holds the buffers of one check so that a warm Scratch makes
 // checks allocation-free. The zero value is ready to use. A Scratch is not
 // safe for concurrent use: keep one per goroutine or connection.
@@ -119,9 +126,26 @@ type Scratch struct {
 type taken struct {
 	rule, tier int32 // indexes in Policy.rules and rule.tiers (-1: base)
 	start, end int32 // the key is keys[start:end]
-	res        algo.Result
-	shadow     bool // a shadow rule's take: refunded, never reported
-	local      bool // taken from the Fallback's local state, not the rule's store
+	at         int64 // the store's Result.At, passed back by a refund
+	shadow     bool  // a shadow rule's take: refunded, never reported
+	local      bool  // taken from the Fallback's local state, not the rule's store
+}
+
+// take records a take of rule index i, tier ti, whose key is
+// keys[start:end], decided at the store's time at, and returns it. It
+// fills the entry in place: building it first and copying it in costs
+// more than the rest of the bookkeeping.
+func (sc *Scratch) take(i, ti, start, end int, at int64) *taken {
+	n := len(sc.taken)
+	if n == cap(sc.taken) {
+		sc.taken = append(sc.taken, taken{})
+	} else {
+		sc.taken = sc.taken[:n+1]
+	}
+	t := &sc.taken[n]
+	t.rule, t.tier, t.start, t.end, t.at = int32(i), int32(ti), int32(start), int32(end), at
+	t.shadow, t.local = false, false
+	return t
 }
 
 // Stores says where a Policy keeps its counters.
@@ -262,6 +286,15 @@ func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
 // degraded, or limited and degraded; what the rules before it took from
 // their stores is refunded as usual when it denies.
 func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch) Decision {
+	var d Decision
+	p.CheckTo(ctx, now, descs, cost, peek, sc, &d)
+	return d
+}
+
+// CheckTo is Check writing its Decision to d, which a hot path reuses: a
+// Decision is too large to pass in registers, and copying one that was
+// just written stalls the processor.
+func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) {
 	if cost <= 0 {
 		cost = 1
 	}
@@ -271,13 +304,15 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 	for i := range p.deny {
 		if p.deny[i].matches(descs) {
 			p.denyM.inc(decBlocked)
-			return Decision{Status: wire.StatusBlocked, Rule: RuleDeny}
+			*d = Decision{Status: wire.StatusBlocked, Rule: RuleDeny}
+			return
 		}
 	}
 	for i := range p.allow {
 		if p.allow[i].matches(descs) {
 			p.allowM.inc(decAllowed)
-			return Decision{Status: wire.StatusAllowed, Rule: RuleAllow}
+			*d = Decision{Status: wire.StatusAllowed, Rule: RuleAllow}
+			return
 		}
 	}
 
@@ -288,6 +323,10 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 	// decided by their fail modes at once, so that the check waits on
 	// the store for one timeout at most.
 	degraded, slow := false, false
+	// best is the allowing non-shadow rule with the least remaining, the
+	// first of them on a tie: it decides when all allow.
+	best, bestTier := -1, -1
+	var bestRes algo.Result
 	for i := range p.rules {
 		r := &p.rules[i]
 		if !r.applies(descs) {
@@ -306,8 +345,9 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 		var err error
 		if slow {
 			err = errSkipped
-		} else if res, err = r.store.Take(ctx, key, *params, cost, now, peek); err != nil && p.fallback != nil && isTimeout(err) {
-			slow = true
+		} else {
+			res, err = r.store.Take(ctx, key, *params, cost, now, peek)
+			slow = err != nil && p.fallback != nil && isTimeout(err)
 		}
 		switch {
 		case r.shadow:
@@ -318,60 +358,64 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 			} else {
 				// Refunded with the others when a rule denies, so that
 				// shadow counts show what enforcing the rule would do.
-				sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res, shadow: true})
+				sc.take(i, ti, start, len(sc.keys), res.At).shadow = true
 			}
 			continue // never denies or decides
 		case err != nil && p.fallback != nil:
 			res, err = p.fallback.decide(r.fail, params, key, cost, now, peek, err)
 			if err != nil {
 				p.refund(ctx, now, cost, peek, slow, sc)
-				return p.storeFailed(r, params, err)
+				*d = p.storeFailed(r, params, err)
+				return
 			}
 			if !res.Allowed && res.RetryAfter == algo.Never {
 				p.refund(ctx, now, cost, peek, slow, sc)
-				return p.costTooLarge(r, params, res, cost)
+				*d = p.costTooLarge(r, params, res, cost)
+				return
 			}
 			if !res.Allowed {
 				p.refund(ctx, now, cost, peek, slow, sc)
 				r.m.inc(decLimitedDegraded)
-				return Decision{Status: wire.StatusLimited, Degraded: true, Rule: r.name, Result: res, Period: params.Period}
+				d.set(wire.StatusLimited, true, r.name, &res, params.Period)
+				return
 			}
 			degraded = true
-			sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res, local: true})
-			continue
+			sc.take(i, ti, start, len(sc.keys), res.At).local = true
 		case err != nil:
 			p.refund(ctx, now, cost, peek, slow, sc)
-			return p.storeFailed(r, params, err)
+			*d = p.storeFailed(r, params, err)
+			return
 		case !res.Allowed && res.RetryAfter == algo.Never:
 			p.refund(ctx, now, cost, peek, slow, sc)
-			return p.costTooLarge(r, params, res, cost)
+			*d = p.costTooLarge(r, params, res, cost)
+			return
 		case !res.Allowed:
 			p.refund(ctx, now, cost, peek, slow, sc)
 			r, res, params = p.longestDenial(ctx, now, descs, cost, i, r, res, params, sc)
 			r.m.inc(decLimited)
-			return Decision{Status: wire.StatusLimited, Rule: r.name, Result: res, Period: params.Period}
+			d.set(wire.StatusLimited, false, r.name, &res, params.Period)
+			return
+		default:
+			sc.take(i, ti, start, len(sc.keys), res.At)
 		}
-		sc.taken = append(sc.taken, taken{rule: int32(i), tier: int32(ti), start: int32(start), end: int32(len(sc.keys)), res: res})
+		if best < 0 || res.Remaining < bestRes.Remaining {
+			best, bestTier, bestRes = i, ti, res
+		}
 	}
 
-	var best *taken
-	for i := range sc.taken {
-		t := &sc.taken[i]
-		if !t.shadow && (best == nil || t.res.Remaining < best.res.Remaining) {
-			best = t
-		}
-	}
-	if best == nil {
+	if best < 0 {
 		p.noneM.inc(decAllowed)
-		return Decision{Status: wire.StatusAllowed, Rule: RuleNone}
+		*d = Decision{Status: wire.StatusAllowed, Rule: RuleNone}
+		return
 	}
-	r := &p.rules[best.rule]
+	r := &p.rules[best]
 	if degraded {
 		r.m.inc(decAllowedDegraded)
-		return Decision{Status: wire.StatusAllowedDegraded, Degraded: true, Rule: r.name, Result: best.res, Period: r.paramsAt(int(best.tier)).Period}
+		d.set(wire.StatusAllowedDegraded, true, r.name, &bestRes, r.paramsAt(bestTier).Period)
+		return
 	}
 	r.m.inc(decAllowed)
-	return Decision{Status: wire.StatusAllowed, Rule: r.name, Result: best.res, Period: r.paramsAt(int(best.tier)).Period}
+	d.set(wire.StatusAllowed, false, r.name, &bestRes, r.paramsAt(bestTier).Period)
 }
 
 // errSkipped is the store error of a rule whose store was not asked: an
@@ -447,8 +491,8 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, sl
 		r := &p.rules[t.rule]
 		params := r.paramsAt(int(t.tier))
 		takenAt := now
-		if t.res.At != 0 { // a store that does not say when it decided: now
-			takenAt = time.UnixMicro(t.res.At)
+		if t.at != 0 { // a store that does not say when it decided: now
+			takenAt = time.UnixMicro(t.at)
 		}
 		switch {
 		case t.local:
