@@ -217,7 +217,8 @@ func TestNotUnderLimit(t *testing.T) {
 
 // TestMovingClientGetsQuota: a client that used one daemon, then moves to
 // another, gets the first one's unused lease within about one sync
-// interval.
+// interval. The bound allows four: one to return the lease, one to learn
+// of it, and room for a loaded machine under -race.
 func TestMovingClientGetsQuota(t *testing.T) {
 	b := newAlgoBackend()
 	runCtx, cancel := context.WithCancel(ctx)
@@ -246,7 +247,7 @@ func TestMovingClientGetsQuota(t *testing.T) {
 	movedAt := time.Now()
 	onOther := int64(0)
 	for onA.Load()+onOther < p.Limit {
-		require.Less(t, time.Since(movedAt), 2*o.SyncInterval, "other got %d of the 40 left", onOther)
+		require.Less(t, time.Since(movedAt), 4*o.SyncInterval, "other got %d of the 40 left", onOther)
 		r, err := other.Take(ctx, []byte("mover"), p, 1, time.Now(), false)
 		require.NoError(t, err)
 		if r.Allowed {
