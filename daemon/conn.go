@@ -51,7 +51,10 @@ type frameState struct {
 }
 
 func newFrameState() frameState {
-	return frameState{req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)}}
+	return frameState{
+		req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)},
+		sc:  policy.Scratch{Batch: true}, // counted when the answers are written
+	}
 }
 
 func (d *Daemon) newConn(c *net.UnixConn) *conn {
@@ -255,6 +258,11 @@ func (cn *conn) appendError(op wire.Op, id uint32, code wire.Code, msg string) {
 func (cn *conn) flush() bool {
 	if len(cn.out) == 0 {
 		return true
+	}
+	// The checks are counted before their answers can be seen.
+	cn.fs.sc.Flush()
+	for i := range cn.slots {
+		cn.slots[i].sc.Flush()
 	}
 	// The write deadline moves only once it is half spent: moving it costs
 	// a lock and a timer update on every batch.

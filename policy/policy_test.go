@@ -497,18 +497,30 @@ period = "1m"
 	type series struct{ rule, decision string }
 	all := []series{{"metered", "allowed"}, {"metered", "limited"}, {"metered", "error"}, {"allow", "allowed"}, {"deny", "blocked"}, {"none", "allowed"}}
 	before := map[series]uint64{}
-	for _, s := range all {
-		before[s] = get(s.rule, s.decision)
-	}
 	ctx := context.Background()
-	p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
-	p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
-	p.Check(ctx, t0, descs("ip=1"), 9, false, nil)
-	p.Check(ctx, t0, descs("ip=allowed"), 1, false, nil)
-	p.Check(ctx, t0, descs("ip=denied"), 1, false, nil)
-	p.Check(ctx, t0, descs("other=x"), 1, false, nil)
-	for _, s := range all {
-		assert.Equal(t, uint64(1), get(s.rule, s.decision)-before[s], "%v", s)
+	// Batch: each series is counted when the next check counts another,
+	// and the last one at Flush.
+	for _, batch := range []bool{false, true} {
+		sc := &Scratch{Batch: batch}
+		for _, s := range all {
+			before[s] = get(s.rule, s.decision)
+		}
+		p.Check(ctx, t0, descs("ip=1"), 1, false, sc)
+		p.Check(ctx, t0.Add(time.Hour), descs("ip=1"), 1, false, sc)
+		p.Check(ctx, t0.Add(time.Hour), descs("ip=1"), 1, false, sc)
+		p.Check(ctx, t0, descs("ip=1"), 9, false, sc)
+		p.Check(ctx, t0, descs("ip=allowed"), 1, false, sc)
+		p.Check(ctx, t0, descs("ip=denied"), 1, false, sc)
+		p.Check(ctx, t0, descs("other=x"), 1, false, sc)
+		p.Check(ctx, t0, descs("other=y"), 1, false, sc)
+		if batch {
+			assert.Zero(t, get("none", "allowed")-before[series{"none", "allowed"}], "the last series waits for Flush")
+			sc.Flush()
+		}
+		want := map[series]uint64{{"metered", "allowed"}: 2, {"none", "allowed"}: 2}
+		for _, s := range all {
+			assert.Equal(t, max(want[s], 1), get(s.rule, s.decision)-before[s], "batch=%v %v", batch, s)
+		}
 	}
 }
 
