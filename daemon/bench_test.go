@@ -245,32 +245,51 @@ func BenchmarkWriteStrategy(b *testing.B) {
 	}
 }
 
-// BenchmarkColdKeyClock measures the other design fact: reading the clock
+// BenchmarkKeyClock measures the other design fact: reading the clock
 // once per decision against once per batch of 64, for checks of keys the
-// store has not seen.
-func BenchmarkColdKeyClock(b *testing.B) {
+// store has not seen (new), of keys it holds, spread over 100,000 so that
+// most are out of the processor's caches (held), and of one key (hot).
+func BenchmarkKeyClock(b *testing.B) {
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 100, Period: time.Minute}
 	ctx := context.Background()
-	for _, perDecision := range []bool{false, true} {
-		name := "now-per-batch"
-		if perDecision {
-			name = "now-per-decision"
-		}
-		b.Run(name, func(b *testing.B) {
-			st := memstore.New(memstore.Options{MaxKeys: 1 << 22})
-			key := make([]byte, 0, 32)
-			now := time.Now()
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				if perDecision || i%64 == 0 {
-					now = time.Now()
-				}
-				key = strconv.AppendInt(append(key[:0], "key:"...), int64(i), 10)
-				if _, err := st.Take(ctx, key, p, 1, now, false); err != nil && !errors.Is(err, context.Canceled) {
-					b.Fatal(err)
-				}
+	const held = 100_000
+	for _, keys := range []string{"new", "held", "hot"} {
+		for _, perDecision := range []bool{false, true} {
+			name := keys + "/now-per-batch"
+			if perDecision {
+				name = keys + "/now-per-decision"
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				st := memstore.New(memstore.Options{MaxKeys: 1 << 22})
+				key := make([]byte, 0, 32)
+				now := time.Now()
+				if keys == "held" {
+					for i := range held {
+						key = strconv.AppendInt(append(key[:0], "key:"...), int64(i), 10)
+						if _, err := st.Take(ctx, key, p, 1, now, false); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := range b.N {
+					if perDecision || i%64 == 0 {
+						now = time.Now()
+					}
+					n := i
+					switch keys {
+					case "held":
+						n = (i * 7919) % held // a stride through the held keys
+					case "hot":
+						n = 0
+					}
+					key = strconv.AppendInt(append(key[:0], "key:"...), int64(n), 10)
+					if _, err := st.Take(ctx, key, p, 1, now, false); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }
