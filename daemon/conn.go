@@ -256,13 +256,13 @@ func (cn *conn) appendError(op wire.Op, id uint32, code wire.Code, msg string) {
 
 // flush writes the pending answers; it reports whether the write succeeded.
 func (cn *conn) flush() bool {
-	if len(cn.out) == 0 {
-		return true
-	}
 	// The checks are counted before their answers can be seen.
 	cn.fs.sc.Flush()
 	for i := range cn.slots {
 		cn.slots[i].sc.Flush()
+	}
+	if len(cn.out) == 0 {
+		return true
 	}
 	// The write deadline moves only once it is half spent: moving it costs
 	// a lock and a timer update on every batch.

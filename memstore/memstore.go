@@ -4,13 +4,13 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/rld/rld/algo"
 )
@@ -57,6 +57,10 @@ type Options struct {
 // implements policy.Store. It is safe for concurrent use; the zero Store is
 // not: use New.
 type Store struct {
+	// seed keys the hash of every key. A random seed per Store keeps
+	// clients, who choose the descriptors, from choosing keys that share
+	// a shard or a hash.
+	seed     maphash.Seed
 	shards   []shard
 	mask     uint64 // len(shards)−1
 	maxKeys  int64  // the store evicts once it holds this many keys
@@ -66,9 +70,9 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex // guards m, n, lru and the entries in them
-	// m indexes the entries by their key's hash, which also picked the
-	// shard: a key is hashed once. Keys whose hashes collide share a
-	// chain through entry.same.
+	// m indexes the entries by their key's (seeded) hash, which also
+	// picked the shard: a key is hashed once. Keys whose hashes collide
+	// share a chain through entry.same.
 	m   map[uint64]*entry
 	n   int // entries held
 	lru list
@@ -78,7 +82,7 @@ type shard struct {
 // entry is one key's state, linked into its shard's LRU list.
 type entry struct {
 	key        string
-	hash       uint64 // xxhash of key
+	hash       uint64 // the Store's hash of key
 	same       *entry // the next entry whose key has the same hash
 	prev, next *entry
 	// idleAt is the unix µs from which st is idle (algo.Idle): the time
@@ -104,6 +108,7 @@ func New(o Options) *Store {
 		n /= 2
 	}
 	s := &Store{
+		seed:     maphash.MakeSeed(),
 		shards:   make([]shard, n),
 		mask:     uint64(n - 1),
 		maxKeys:  int64(o.MaxKeys),
@@ -118,7 +123,7 @@ func New(o Options) *Store {
 
 // shard returns the shard of key and key's hash.
 func (s *Store) shard(key []byte) (*shard, uint64) {
-	h := xxhash.Sum64(key)
+	h := maphash.Bytes(s.seed, key)
 	return &s.shards[h&s.mask], h
 }
 
@@ -204,11 +209,12 @@ func (s *Store) Refund(_ context.Context, key []byte, p algo.Params, cost int64,
 	return nil
 }
 
-// insert adds key with state st to sh, whose lock the caller holds,
-// making room first if sh is full.
 // minFairShare is the fewest keys per shard that New aims for.
 const minFairShare = 64
 
+// insert adds key, whose hash is h, with state st to sh, whose lock the
+// caller holds, making room first if sh is full. The chain of h is read
+// after the victim has left it, since the victim may share h.
 func (s *Store) insert(sh *shard, key []byte, h uint64, kind algo.Kind, st algo.State, idleAt, now int64) {
 	var e *entry
 	if sh.n > 0 && (s.keys.Load() >= s.maxKeys || sh.n >= s.perShard) {

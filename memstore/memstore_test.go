@@ -491,9 +491,10 @@ func TestNoEvictionBelowMaxKeys(t *testing.T) {
 	}
 }
 
-// TestHashCollisionChain forces three keys onto one hash, which xxhash
-// would practically never give, and checks that each keeps its own state
-// and that removing any of them leaves the others reachable.
+// TestHashCollisionChain forces three keys onto one hash, which the
+// Store's seeded hash makes practically impossible, and checks that each
+// keeps its own state and that removing any of them leaves the others
+// reachable.
 func TestHashCollisionChain(t *testing.T) {
 	keys := []string{"a", "b", "c"}
 	for _, gone := range keys {
@@ -522,4 +523,30 @@ func TestHashCollisionChain(t *testing.T) {
 		sh.mu.Unlock()
 		checkInvariants(t, s) // it looks entries up by their own (forced) hash
 	}
+}
+
+// TestEvictionWithinChain fills a one-shard store with keys that share a
+// hash, so that the victim of the next insert is on the chain the new key
+// joins: the victim goes, and every other key stays reachable.
+func TestEvictionWithinChain(t *testing.T) {
+	s := New(Options{MaxKeys: 3, Shards: 1})
+	sh := &s.shards[0]
+	const h = 7
+	sh.mu.Lock()
+	for i, k := range []string{"a", "b", "c", "d"} {
+		// Not idle (idleAt in the far future): the least recently used
+		// is evicted, which is "a" when "d" arrives.
+		s.insert(sh, []byte(k), h, algo.FixedWindow, algo.State{A: int64(i + 1)}, 1<<62, 0)
+	}
+	for i, k := range []string{"a", "b", "c", "d"} {
+		e := sh.get([]byte(k), h)
+		switch {
+		case k == "a" && e != nil:
+			t.Errorf("the least recently used key %q was not evicted", k)
+		case k != "a" && (e == nil || e.st.A != int64(i+1)):
+			t.Errorf("%q finds %+v, want state A=%d", k, e, i+1)
+		}
+	}
+	sh.mu.Unlock()
+	checkInvariants(t, s)
 }
