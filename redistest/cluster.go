@@ -12,10 +12,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
-)
 
-// SlotCount is the number of Redis Cluster hash slots.
-const SlotCount = 16384
+	"github.com/rld/rld/redisx/keyslot"
+)
 
 const (
 	clusterPrimaries = 3
@@ -449,7 +448,7 @@ func (tp *topology) uncovered() int {
 		}
 		next = max(next, r.last+1)
 	}
-	if next < SlotCount {
+	if next < keyslot.Count {
 		return next
 	}
 	return -1
@@ -462,31 +461,5 @@ func addr(s *Server) string {
 	return s.Addr
 }
 
-// Slot returns the Cluster hash slot of key: the CRC16 (XMODEM) of the
-// key modulo 16384, where a key with a non-empty hash tag, the part
-// between its first '{' and the next '}', hashes only the tag.
-func Slot(key string) int {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	return int(crc16(key) % SlotCount)
-}
-
-// crc16 is CRC-16/XMODEM (polynomial 0x1021, initial value 0), the one
-// Redis Cluster uses.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
+// Slot returns the Cluster hash slot of key (see keyslot.Of).
+func Slot(key string) int { return int(keyslot.Of(key)) }

@@ -9,28 +9,6 @@ import (
 	"time"
 )
 
-func TestSlot(t *testing.T) {
-	for _, tc := range []struct {
-		key  string
-		want int
-	}{
-		{"123456789", 0x31c3}, // the CRC-16/XMODEM check value
-		{"", 0},
-		{"foo", 12182},
-		{"bar", 5061},
-		{"{user1000}.following", Slot("user1000")},
-		{"{user1000}.followers", Slot("user1000")},
-		{"foo{}{bar}", int(crc16("foo{}{bar}") % SlotCount)}, // empty tag: whole key
-		{"foo{{bar}}zap", Slot("{bar")},
-		{"foo{bar}{zap}", Slot("bar")},
-		{"{", int(crc16("{") % SlotCount)},
-	} {
-		if got := Slot(tc.key); got != tc.want {
-			t.Errorf("Slot(%q) = %d, want %d", tc.key, got, tc.want)
-		}
-	}
-}
-
 // TestClusterFailover starts a Cluster, checks the slot map against the
 // servers, kills the primary of a key and times the failover.
 func TestClusterFailover(t *testing.T) {

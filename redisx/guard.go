@@ -10,6 +10,8 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/redis/rueidis"
+
+	"github.com/rld/rld/redisx/keyslot"
 )
 
 // Cluster topology: the slot map that picks a key's breaker is refreshed
@@ -68,7 +70,7 @@ func newGuard(o Options) *guard {
 // breaker returns the breaker of the call on the Redis key rkey.
 func (g *guard) breaker(rkey string) *Breaker {
 	if g.mode == Cluster {
-		if b := g.slots.breaker(Slot(rkey)); b != nil {
+		if b := g.slots.breaker(keyslot.Of(rkey)); b != nil {
 			return b
 		}
 	}

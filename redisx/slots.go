@@ -10,44 +10,9 @@ import (
 	"sync/atomic"
 
 	"github.com/redis/rueidis"
+
+	"github.com/rld/rld/redisx/keyslot"
 )
-
-// SlotCount is the number of Redis Cluster hash slots.
-const SlotCount = 16384
-
-// Slot returns the Cluster hash slot of key, as Redis computes it: the
-// CRC16 (XMODEM) of the key modulo 16384, where a key with a non-empty
-// hash tag (the part between its first '{' and the next '}') hashes only
-// the tag.
-func Slot(key string) uint16 {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
-		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
-			key = key[i+1 : i+1+j]
-		}
-	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc = crc<<8 ^ crc16Table[byte(crc>>8)^key[i]]
-	}
-	return crc % SlotCount
-}
-
-// crc16Table is the byte-wise table of CRC-16/XMODEM (polynomial 0x1021,
-// initial value 0).
-var crc16Table = func() (t [256]uint16) {
-	for i := range t {
-		crc := uint16(i) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-		t[i] = crc
-	}
-	return t
-}()
 
 // slotMap maps the slots of a Redis Cluster to the addresses of their
 // primaries, named as rueidis names its nodes (rueidis.Client.Nodes), so
@@ -65,7 +30,7 @@ type slotMap struct {
 // slotTable is one refresh's view: owner[slot] is 1 + the index in addrs
 // of the slot's primary, 0 when no primary serves it.
 type slotTable struct {
-	owner [SlotCount]uint16
+	owner [keyslot.Count]uint16
 	addrs []string
 	brk   []*Breaker // by index in addrs, when attach set them
 }
@@ -74,7 +39,7 @@ type slotTable struct {
 // it is unknown.
 func (m *slotMap) node(slot uint16) string {
 	t := m.t.Load()
-	if t == nil || slot >= SlotCount {
+	if t == nil || slot >= keyslot.Count {
 		return ""
 	}
 	if i := t.owner[slot]; i > 0 {
@@ -87,7 +52,7 @@ func (m *slotMap) node(slot uint16) string {
 // when the slot is unknown or no breaker was attached.
 func (m *slotMap) breaker(slot uint16) *Breaker {
 	t := m.t.Load()
-	if t == nil || slot >= SlotCount {
+	if t == nil || slot >= keyslot.Count {
 		return nil
 	}
 	if i := t.owner[slot]; i > 0 && int(i) <= len(t.brk) {
@@ -154,7 +119,7 @@ type tableBuilder struct {
 
 // add records that primary serves first to last.
 func (b *tableBuilder) add(first, last int64, primary string) error {
-	if first < 0 || last >= SlotCount || first > last {
+	if first < 0 || last >= keyslot.Count || first > last {
 		return fmt.Errorf("bad slot range %d-%d", first, last)
 	}
 	if b.index == nil {

@@ -3,7 +3,6 @@ package redisx
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -13,46 +12,12 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/redisx/keyslot"
 )
 
-func TestSlot(t *testing.T) {
-	for _, tc := range []struct {
-		key  string
-		want uint16
-	}{
-		{"123456789", 0x31c3}, // the CRC-16/XMODEM check value
-		{"", 0},
-		{"foo", 12182},
-		{"bar", 5061},
-		{"{user1000}.following", Slot("user1000")},
-		{"{user1000}.followers", Slot("user1000")},
-		{"foo{}{bar}", Slot("foo{}{bar}")}, // an empty tag: the whole key
-		{"foo{{bar}}zap", Slot("{bar")},
-		{"foo{bar}{zap}", Slot("bar")},
-		{"rl:{tenant-7}:tb", Slot("tenant-7")},
-	} {
-		assert.Equal(t, tc.want, Slot(tc.key), "Slot(%q)", tc.key)
-	}
-	assert.Equal(t, Slot("{user1000}.following"), Slot("{user1000}.followers"))
-
-	// The table-driven CRC agrees with redistest's bit by bit one.
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 10000 {
-		b := make([]byte, r.IntN(24))
-		for i := range b {
-			b[i] = "{}ab\x00\xff"[r.IntN(6)]
-			if r.IntN(2) == 0 {
-				b[i] = byte(r.Uint32())
-			}
-		}
-		key := string(b)
-		require.Equal(t, redistest.Slot(key), int(Slot(key)), "Slot(%q)", key)
-	}
-}
-
-// TestSlotMap checks Slot against CLUSTER KEYSLOT and the slot map against
-// the cluster's own view, through CLUSTER SHARDS and CLUSTER SLOTS, and
-// after a failover.
+// TestSlotMap checks keyslot.Of against CLUSTER KEYSLOT and the slot map
+// against the cluster's own view, through CLUSTER SHARDS and CLUSTER
+// SLOTS, and after a failover.
 func TestSlotMap(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.AllowPartialCoverage())
 	ctx := context.Background()
@@ -60,7 +25,7 @@ func TestSlotMap(t *testing.T) {
 		string(AppendKey(nil, "rld:", []byte("api_key=abc|endpoint=/x"), algo.GCRA))} {
 		got, err := redistest.Do(c.Addrs()[0], "CLUSTER", "KEYSLOT", key)
 		require.NoError(t, err)
-		assert.Equal(t, got, fmt.Sprint(Slot(key)), "CLUSTER KEYSLOT %q", key)
+		assert.Equal(t, got, fmt.Sprint(keyslot.Of(key)), "CLUSTER KEYSLOT %q", key)
 	}
 
 	o, err := Options{Addrs: c.Addrs()[:1], Mode: Cluster, DialTimeout: time.Second}.withDefaults()
@@ -82,7 +47,7 @@ func TestSlotMap(t *testing.T) {
 		require.NoError(t, err)
 		var fromSlots slotMap
 		fromSlots.t.Store(tab)
-		for s := range uint16(SlotCount) {
+		for s := range uint16(keyslot.Count) {
 			require.Equal(t, m.node(s), fromSlots.node(s), "slot %d from CLUSTER SLOTS of %s", s, addr)
 		}
 	}
@@ -90,7 +55,7 @@ func TestSlotMap(t *testing.T) {
 	// After a failover, refresh names the promoted replica.
 	const key = "{tenant-1}:tb"
 	killed := c.PrimaryFor(key)
-	require.Equal(t, killed.Addr, m.node(Slot(key)))
+	require.Equal(t, killed.Addr, m.node(keyslot.Of(key)))
 	killed.Kill()
 	promoted := c.WaitFailover(t, killed)
 	var lastErr error
@@ -98,7 +63,7 @@ func TestSlotMap(t *testing.T) {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
 		lastErr = m.refresh(cctx, rc) // some tries ask the killed node first, and fail over to another
-		return lastErr == nil && m.node(Slot(key)) == promoted.Addr
+		return lastErr == nil && m.node(keyslot.Of(key)) == promoted.Addr
 	})
 	checkSlotMap(t, &m, c, nil) // rueidis learns of the promotion lazily
 
@@ -112,17 +77,17 @@ func TestSlotMap(t *testing.T) {
 	defer cancel()
 	err = m.refresh(cctx, dc)
 	assert.ErrorContains(t, err, "redisx: refresh slot map: "+killed.Addr)
-	assert.Equal(t, promoted.Addr, m.node(Slot(key)))
+	assert.Equal(t, promoted.Addr, m.node(keyslot.Of(key)))
 }
 
 // checkSlotMap requires every slot of m to be the cluster's view, and,
 // when rc is not nil, every node m names to be one of rc's.
 func checkSlotMap(t *testing.T, m *slotMap, c *redistest.Cluster, rc rueidis.Client) {
 	t.Helper()
-	for s := range uint16(SlotCount) {
+	for s := range uint16(keyslot.Count) {
 		require.Equal(t, c.PrimaryForSlot(int(s)).Addr, m.node(s), "slot %d", s)
 	}
-	assert.Equal(t, "", m.node(SlotCount), "out of range")
+	assert.Equal(t, "", m.node(keyslot.Count), "out of range")
 	nodes := m.nodes()
 	assert.Len(t, nodes, 3)
 	if rc == nil {
@@ -145,7 +110,7 @@ func BenchmarkSlot(b *testing.B) {
 	m.t.Store(&tab)
 	b.ReportAllocs()
 	for b.Loop() {
-		if m.node(Slot(key)) == "" {
+		if m.node(keyslot.Of(key)) == "" {
 			b.Fatal("no node")
 		}
 	}
