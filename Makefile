@@ -20,16 +20,10 @@ run: build
 	@echo "rld: socket $(RUN_SOCKET); try: RLD_SOCKET=$(RUN_SOCKET) $(BIN) check api_key=demo endpoint=/v1/search"
 	$(BIN) serve -config rld.toml -socket $(RUN_SOCKET)
 
-# deps installs the programs the tests start: redis-server from apt when it
-# is missing (root only).
+# deps installs the programs the tests start (redis-server, redis-cli, ...)
+# with apt-get when they are missing (root only); scripts/deps.sh lists them.
 deps:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" != 0 ]; then \
-	    echo "make: redis-server is missing and installing it needs root: run 'sudo apt-get install redis-server' once" >&2; exit 1; \
-	  fi; \
-	  echo "make: installing redis-server with apt-get"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; \
-	}
+	@scripts/deps.sh
 
 test: deps
 	$(GO) vet ./...
