@@ -10,6 +10,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
@@ -167,17 +168,29 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	d.writeDecision(ctx, s, now, &dec)
 }
 
-func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
+// answerOf returns the numbers of dec that the HTTP answer renders as
+// header fields.
+func answerOf(dec *policy.Decision) header.Answer {
+	q, w := algo.Sustained(dec.Params)
 	a := header.Answer{
 		Rule:      dec.Rule,
 		Limit:     uint64(max(dec.Result.Limit, 0)),
+		Quota:     uint64(max(q, 0)),
 		Remaining: uint64(max(dec.Result.Remaining, 0)),
 		Window:    dec.Period,
 		Reset:     dec.Result.Reset,
+		Next:      algo.Next(dec.Params, &dec.Result),
+		// The quota a client pacing itself evenly can sustain.
+		QuotaWindow: w,
 	}
 	if dec.Status == wire.StatusLimited {
 		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
 	}
+	return a
+}
+
+func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
+	a := answerOf(dec)
 	s.fields, s.vals = header.AppendFields(s.fields[:0], s.vals[:0], a, now)
 	for _, f := range s.fields {
 		ctx.Response.Header.SetBytesV(f.Name, f.Value)

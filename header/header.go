@@ -4,18 +4,27 @@
 package header
 
 import (
+	"cmp"
 	"strconv"
 	"time"
 )
 
 // Answer holds the numbers a rate-limit answer carries.
 type Answer struct {
-	Rule      string        // the rule that decided; "" when none applied
-	Limit     uint64        // the limit's capacity
-	Remaining uint64        // units left after this answer
-	Window    time.Duration // the limit's period; 0 when unknown
-	Reset     time.Duration // time until the limit is fully replenished
-	Retry     time.Duration // time until a retry can succeed; 0 when allowed
+	Rule  string // the rule that decided; "" when none applied
+	Limit uint64 // the limit's capacity (its burst, when it has one)
+	Quota uint64 // the sustained units per QuotaWindow; 0 when unknown
+	// QuotaWindow is the window of Quota (RateLimit-Policy's w); 0 means
+	// Window.
+	QuotaWindow time.Duration
+	Remaining   uint64        // units left after this answer
+	Window      time.Duration // the limit's period; 0 when unknown
+	Reset       time.Duration // time until the limit is fully replenished
+	Retry       time.Duration // time until a retry can succeed; 0 when allowed
+	// Next is the effective window (RateLimit's t): the time within
+	// which no more than Remaining units can be used, which is when a
+	// denied client finds quota again (algo.Next); negative when unknown.
+	Next time.Duration
 }
 
 // Field is one header field.
@@ -47,6 +56,14 @@ func Seconds(d time.Duration) int64 {
 // the values, and returns both. It renders nothing when no limit applied
 // (no rule, or the allow and deny lists, which carry no limit).
 // Retry-After is added when a.Retry > 0 (at least 1 second).
+//
+// RateLimit-Policy advertises the sustained quota, q = a.Quota units per
+// w = a.Window (in seconds, rounded up, so that a client pacing itself at
+// q per w never goes faster than the limit; w is a.QuotaWindow, or
+// a.Window when that is 0); it is left out when a.Quota is 0. The draft defines no parameter for a burst, so the capacity is
+// only in X-RateLimit-Limit. RateLimit's t is a.Next rounded up, left out
+// when a.Next is negative; with Retry-After it is never later (a.Next ≤
+// a.Retry, which algo.Next ensures).
 func AppendFields(dst []Field, buf []byte, a Answer, now time.Time) ([]Field, []byte) {
 	if a.Rule == "" || a.Limit == 0 {
 		return dst, buf
@@ -71,21 +88,25 @@ func AppendFields(dst []Field, buf []byte, a Answer, now time.Time) ([]Field, []
 	s = len(buf)
 	buf = strconv.AppendInt(buf, now.Add(a.Reset).Add(time.Second-1).Unix(), 10)
 	mark(XReset, s)
-	s = len(buf)
-	buf = appendItem(buf, a.Rule)
-	buf = append(buf, ";q="...)
-	buf = strconv.AppendUint(buf, a.Limit, 10)
-	if a.Window > 0 {
-		buf = append(buf, ";w="...)
-		buf = strconv.AppendInt(buf, Seconds(a.Window), 10)
+	if a.Quota > 0 {
+		s = len(buf)
+		buf = appendItem(buf, a.Rule)
+		buf = append(buf, ";q="...)
+		buf = strconv.AppendUint(buf, a.Quota, 10)
+		if w := cmp.Or(a.QuotaWindow, a.Window); w > 0 {
+			buf = append(buf, ";w="...)
+			buf = strconv.AppendInt(buf, Seconds(w), 10)
+		}
+		mark(Policy, s)
 	}
-	mark(Policy, s)
 	s = len(buf)
 	buf = appendItem(buf, a.Rule)
 	buf = append(buf, ";r="...)
 	buf = strconv.AppendUint(buf, a.Remaining, 10)
-	buf = append(buf, ";t="...)
-	buf = strconv.AppendInt(buf, Seconds(a.Reset), 10)
+	if a.Next >= 0 {
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, Seconds(a.Next), 10)
+	}
 	mark(RateLimit, s)
 	if a.Retry > 0 {
 		s = len(buf)

@@ -104,15 +104,18 @@ type Decision struct {
 	Result algo.Result
 	// Period is the deciding limit's period.
 	Period time.Duration
+	// Params is the deciding limit (zero when no rule applied): its
+	// sustained Limit per Period is what RateLimit-Policy advertises.
+	Params algo.Params
 	// Err describes a StatusError decision.
 	Err error
 }
 
 // set makes d a decision by a rule: every field is written in place, as
 // assigning a composite literal would build it on the stack and copy it.
-func (d *Decision) set(status wire.Status, degraded bool, rule string, res *algo.Result, period time.Duration) {
+func (d *Decision) set(status wire.Status, degraded bool, rule string, res *algo.Result, params *algo.Params) {
 	d.Status, d.Degraded, d.Code, d.Rule = status, degraded, wire.CodeNone, rule
-	d.Result, d.Period, d.Err = *res, period, nil
+	d.Result, d.Period, d.Params, d.Err = *res, params.Period, *params, nil
 }
 
 // Scratch holds the buffers of one check so that a warm Scratch makes
@@ -409,7 +412,7 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 			if !res.Allowed {
 				p.refund(ctx, now, cost, peek, slow, sc)
 				sc.count(r.m, decLimitedDegraded)
-				d.set(wire.StatusLimited, true, r.name, &res, params.Period)
+				d.set(wire.StatusLimited, true, r.name, &res, params)
 				return
 			}
 			degraded = true
@@ -426,7 +429,7 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 			p.refund(ctx, now, cost, peek, slow, sc)
 			r, res, params = p.longestDenial(ctx, now, descs, cost, i, r, res, params, sc)
 			sc.count(r.m, decLimited)
-			d.set(wire.StatusLimited, false, r.name, &res, params.Period)
+			d.set(wire.StatusLimited, false, r.name, &res, params)
 			return
 		default:
 			sc.take(i, ti, start, len(sc.keys), res.At)
@@ -444,11 +447,11 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 	r := &p.rules[best]
 	if degraded {
 		sc.count(r.m, decAllowedDegraded)
-		d.set(wire.StatusAllowedDegraded, true, r.name, &bestRes, r.paramsAt(bestTier).Period)
+		d.set(wire.StatusAllowedDegraded, true, r.name, &bestRes, r.paramsAt(bestTier))
 		return
 	}
 	sc.count(r.m, decAllowed)
-	d.set(wire.StatusAllowed, false, r.name, &bestRes, r.paramsAt(bestTier).Period)
+	d.set(wire.StatusAllowed, false, r.name, &bestRes, r.paramsAt(bestTier))
 }
 
 // errSkipped is the store error of a rule whose store was not asked: an
@@ -490,7 +493,7 @@ func (p *Policy) costTooLarge(r *rule, params *algo.Params, res algo.Result, cos
 	r.m.inc(decError)
 	return Decision{
 		Status: wire.StatusError, Code: wire.CodeCostTooLarge, Rule: r.name,
-		Result: res, Period: params.Period,
+		Result: res, Period: params.Period, Params: *params,
 		Err: fmt.Errorf("%w: cost %d, capacity %d of rule %q", ErrCostTooLarge, cost, params.Capacity(), r.name),
 	}
 }

@@ -196,9 +196,17 @@ func check(args []string, stdout, stderr io.Writer) int {
 		if rerr != nil {
 			fmt.Fprintf(stdout, "error: %s: %s\n", rerr.Code, rerr.Message)
 		}
+		// The wire carries neither the sustained quota nor the
+		// algorithm: RateLimit-Policy is left out, and RateLimit's t is
+		// given only for a denial (the retry-after, which a client that
+		// waits it finds quota after).
+		next := time.Duration(-1)
+		if res.Status == wire.StatusLimited {
+			next = res.RetryAfter
+		}
 		fields, _ := header.AppendFields(nil, nil, header.Answer{
 			Rule: res.Rule, Limit: res.Limit, Remaining: res.Remaining,
-			Window: res.Window, Reset: res.Reset, Retry: res.RetryAfter,
+			Window: res.Window, Reset: res.Reset, Retry: res.RetryAfter, Next: next,
 		}, time.Now())
 		for _, f := range fields {
 			fmt.Fprintf(stdout, "%s: %s\n", f.Name, f.Value)

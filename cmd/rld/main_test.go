@@ -106,7 +106,9 @@ func TestServeEndToEnd(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	assert.Contains(t, out, "allowed")
 	assert.Contains(t, out, "X-RateLimit-Remaining: ")
-	assert.Contains(t, out, "RateLimit-Policy: \"search\"")
+	// The wire carries no sustained quota: no RateLimit-Policy here.
+	assert.Contains(t, out, "RateLimit: \"search\";r=29\n")
+	assert.NotContains(t, out, "RateLimit-Policy")
 
 	// Use the limit up; the answer turns limited with a retry-after.
 	var last map[string]any

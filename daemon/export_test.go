@@ -1,0 +1,4 @@
+package daemon
+
+// AnswerOf exposes answerOf to the external tests.
+var AnswerOf = answerOf
