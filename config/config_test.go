@@ -155,7 +155,14 @@ func TestInvalid(t *testing.T) {
 		{"too large", strings.Replace(rule, "limit = 10", "limit = 9000000000000000", 1), []string{`limit = 9000000000000000, period = "1m": limit×period too large`}},
 		{"burst for window", rule + "algorithm = \"fixed_window\"\nburst = 3\n", []string{`burst = 3: only token_bucket and gcra take a burst, not fixed_window`}},
 		{"burst with tiers", strings.Replace(rule, "limit = 10", "tiers = { a = 1 }\nburst = 5", 1), []string{`burst = 5: cannot be combined with tiers`}},
-		{"negative burst", rule + "burst = -1\n", []string{`burst must not be negative, got -1`}},
+		{"negative burst", rule + "burst = -1\n", []string{`rule[0] "r": burst = -1: must not be negative`}},
+		// A bad period hides nothing else of the rule.
+		{"every problem of a rule", strings.Replace(rule, "limit = 10\nperiod = \"1m\"", "limit = 0\nperiod = \"0s\"\nburst = -1", 1),
+			[]string{`rule[0] "r": period = "0s": must be positive`, `rule[0] "r": burst = -1: must not be negative`, `rule[0] "r": limit = 0: must be positive`}},
+		{"tier named *", strings.Replace(rule, "limit = 10", "tiers = { \"*\" = 50, free = 10 }", 1),
+			[]string{`rule[0] "r": tiers."*": a tier is chosen by an exact tier descriptor`}},
+		{"socket path too long", "[server]\nsocket = \"/run/" + strings.Repeat("s", 103) + "\"\n",
+			[]string{`server.socket = "/run/sss`, `108 bytes, longer than the kernel allows for a Unix socket path (107)`}},
 		{"mode", rule + "mode = \"lazy\"\n", []string{`mode = "lazy": want cached or strict`}},
 		{"fail", rule + "fail = \"maybe\"\n", []string{`fail = "maybe": want open or closed`}},
 		{"match glob", rule + "match = { endpoint = \"\" }\n", []string{`rule[0] "r": match.endpoint = "": empty glob`}},
@@ -205,6 +212,14 @@ func TestInvalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSocketPathAtTheKernelLimit: 107 bytes and a NUL fill sun_path.
+func TestSocketPathAtTheKernelLimit(t *testing.T) {
+	path := "/tmp/" + strings.Repeat("s", MaxSocketPath-len("/tmp/"))
+	c, err := Parse([]byte("[server]\nsocket = \""+path+"\"\n"), "x.toml")
+	require.NoError(t, err)
+	assert.Equal(t, path, c.Server.Socket)
 }
 
 func TestUnknownTableReportedOnce(t *testing.T) {

@@ -56,6 +56,8 @@ func (c *Config) validate() []string {
 func (s *Server) validate(p *problems) {
 	if s.Socket == "" {
 		p.add(`server.socket = "": must not be empty`)
+	} else if len(s.Socket) > MaxSocketPath {
+		p.add("server.socket = %q: %d bytes, longer than the kernel allows for a Unix socket path (%d)", s.Socket, len(s.Socket), MaxSocketPath)
 	}
 	if m, err := strconv.ParseUint(s.SocketMode, 8, 32); err != nil || s.SocketMode == "" {
 		p.add("server.socket_mode = %q: not an octal mode such as \"0660\"", s.SocketMode)
@@ -214,9 +216,17 @@ func (r *Rule) validate(p *problems, i int) {
 	default:
 		p.add("%s: fail = %q: want open or closed", at, r.Fail)
 	}
+	// A bad period or burst is reported once, here; the limits are still
+	// checked on their own, and against the period only when both are good
+	// (every such check would repeat the problem).
+	combine := true
 	if r.Period <= 0 {
 		p.add("%s: period = %q: must be positive", at, r.Period)
-		return // every limit check below would repeat this
+		combine = false
+	}
+	if r.Burst < 0 {
+		p.add("%s: burst = %d: must not be negative (0 means the limit)", at, r.Burst)
+		combine = false
 	}
 
 	switch {
@@ -225,7 +235,7 @@ func (r *Rule) validate(p *problems, i int) {
 	case r.Limit < 0:
 		p.add("%s: limit = %d: must not be negative", at, r.Limit)
 	case r.Limit > 0:
-		if err := r.Params(r.Limit).Validate(); err != nil {
+		if err := r.Params(r.Limit).Validate(); err != nil && combine {
 			p.add("%s: limit = %d, period = %q: %v", at, r.Limit, r.Period, err)
 		}
 		if r.Kind() == algo.SlidingLog && r.Limit > MaxSlidingLogLimit {
@@ -238,6 +248,10 @@ func (r *Rule) validate(p *problems, i int) {
 			p.add("%s: tiers: empty tier name", at)
 			continue
 		}
+		if tier == "*" {
+			p.add("%s: tiers.\"*\": a tier is chosen by an exact tier descriptor, so \"*\" would be the tier of requests sending tier=*, not a default; a request with no listed tier gets limit (or the smallest tier)", at)
+			continue
+		}
 		if len(tier) > MaxGlob {
 			p.add("%s: tiers: tier name of %d bytes is longer than %d", at, len(tier), MaxGlob)
 			continue
@@ -246,7 +260,7 @@ func (r *Rule) validate(p *problems, i int) {
 			p.add("%s: tiers.%s = %d: must be positive", at, tier, limit)
 			continue
 		}
-		if err := r.Params(limit).Validate(); err != nil {
+		if err := r.Params(limit).Validate(); err != nil && combine {
 			p.add("%s: tiers.%s = %d, period = %q: %v", at, tier, limit, r.Period, err)
 		}
 		if r.Kind() == algo.SlidingLog && limit > MaxSlidingLogLimit {
@@ -254,6 +268,10 @@ func (r *Rule) validate(p *problems, i int) {
 		}
 	}
 }
+
+// MaxSocketPath is the longest server.socket, in bytes: a Unix socket
+// address holds 108 bytes (sun_path) including the terminating NUL.
+const MaxSocketPath = 107
 
 // MaxSlidingLogLimit is the highest limit of a sliding_log rule: the log
 // holds one entry per admission and every check scans it.

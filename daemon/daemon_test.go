@@ -405,6 +405,14 @@ func TestReload(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "limit")
 	assert.Equal(t, uint64(7), limitOf(), "the last good rules stay in force")
+
+	// A socket path the kernel cannot bind is refused on reload too.
+	long := "[server]\nsocket = \"/run/rld/" + strings.Repeat("s", 100) + ".sock\"\n"
+	require.NoError(t, os.WriteFile(s.ConfigPath, []byte(testConfig+"\n"+long), 0o644))
+	err = s.Daemon.Reload()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "server.socket")
+	assert.Equal(t, uint64(7), limitOf())
 }
 
 func TestHTTPCheck(t *testing.T) {

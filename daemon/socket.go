@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/rld/rld/config"
 )
 
 // ErrSocketInUse is returned when another process already serves the socket.
@@ -20,6 +22,9 @@ var ErrSocketInUse = errors.New("socket is in use by a running process")
 // fails, and narrows the umask while binding so the socket is never wider
 // than mode, not even for an instant.
 func listenUnix(path string, mode fs.FileMode) (*net.UnixListener, error) {
+	if len(path) > config.MaxSocketPath {
+		return nil, fmt.Errorf("socket %q: %d bytes, longer than the kernel allows for a Unix socket path (%d)", path, len(path), config.MaxSocketPath)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("cannot create socket directory %q: %w", filepath.Dir(path), err)
 	}

@@ -49,6 +49,15 @@ func TestConfigCheck(t *testing.T) {
 	assert.Equal(t, exitError, run([]string{"config", "check", syntax}, &out, &errOut))
 	assert.Contains(t, errOut.String(), syntax)
 	assert.Contains(t, errOut.String(), syntax+":3:", "names the file and line")
+
+	// A socket path the kernel cannot bind is refused here, not at the
+	// next start.
+	long := filepath.Join(dir, "long.toml")
+	require.NoError(t, os.WriteFile(long, []byte("[server]\nsocket = \"/run/rld/"+strings.Repeat("s", 100)+".sock\"\n"), 0o644))
+	errOut.Reset()
+	assert.Equal(t, exitError, run([]string{"config", "check", long}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "server.socket")
+	assert.Contains(t, errOut.String(), "longer than the kernel allows")
 }
 
 func TestVersionAndUsage(t *testing.T) {
