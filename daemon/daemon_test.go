@@ -484,6 +484,70 @@ func TestHTTPCheck(t *testing.T) {
 	assert.Equal(t, 200, resp.StatusCode)
 }
 
+// TestHTTPQueryParsing: the HTTP check refuses what it cannot read
+// exactly, and cost and peek mean what they mean on the wire.
+func TestHTTPQueryParsing(t *testing.T) {
+	s := start(t, testConfig)
+	get := func(q string) (int, http.Header) {
+		t.Helper()
+		// A raw request line: net/http would re-encode a bad escape.
+		raw, err := net.Dial("tcp", s.HTTP)
+		require.NoError(t, err)
+		defer raw.Close()
+		fmt.Fprintf(raw, "GET /v1/check?%s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", q)
+		resp, err := http.ReadResponse(bufio.NewReader(raw), nil)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	// remaining peeks at key: what would remain after one more unit (a
+	// peek answers as the check would), so 2 for a fresh key.
+	remaining := func(key string) string {
+		t.Helper()
+		code, h := get("api_key=" + key + "&endpoint=/v1/search&peek=1")
+		require.Equal(t, 200, code)
+		return h.Get("X-RateLimit-Remaining")
+	}
+
+	// Malformed percent-encoding: 400, and nothing is counted.
+	for _, q := range []string{"api_key=%zz&endpoint=/v1/search", "api_key=a%&endpoint=/v1/search",
+		"api_key=a%2&endpoint=/v1/search", "api_key=a&endpoint=/v1/search%", "a%zz=1&api_key=b&endpoint=/v1/search"} {
+		code, _ := get(q)
+		assert.Equal(t, 400, code, q)
+	}
+	assert.Equal(t, "2", remaining("%25zz"), "a refused query took nothing")
+	code, _ := get("api_key=%25zz&endpoint=%2Fv1%2Fsearch")
+	assert.Equal(t, 200, code, "well-formed escapes are decoded")
+	assert.Equal(t, "1", remaining("%25zz"))
+
+	// cost=0 means 1, as on the wire.
+	code, h := get("api_key=c0&endpoint=/v1/search&cost=0")
+	assert.Equal(t, 200, code)
+	assert.Equal(t, "2", h.Get("X-RateLimit-Remaining"))
+	for _, c := range []string{"", "-1", "x", "4294967296", "1.5"} {
+		code, _ := get("api_key=cbad&endpoint=/v1/search&cost=" + c)
+		assert.Equal(t, 400, code, "cost=%q", c)
+	}
+
+	// peek takes only 1, true, 0, false; anything else is refused, never
+	// silently consumed.
+	for _, v := range []string{"1", "true"} {
+		code, _ := get("api_key=p&endpoint=/v1/search&peek=" + v)
+		assert.Equal(t, 200, code)
+	}
+	assert.Equal(t, "2", remaining("p"))
+	for _, v := range []string{"0", "false"} {
+		code, _ := get("api_key=p&endpoint=/v1/search&peek=" + v)
+		assert.Equal(t, 200, code)
+	}
+	assert.Equal(t, "0", remaining("p"))
+	for _, v := range []string{"yes", "", "TRUE", "2"} {
+		code, _ := get("api_key=p2&endpoint=/v1/search&peek=" + v)
+		assert.Equal(t, 400, code, "peek=%q", v)
+	}
+	assert.Equal(t, "2", remaining("p2"))
+}
+
 // TestDrainAnswersEverythingSent: requests a client wrote before the drain
 // began are all answered, not only those the daemon had read.
 func TestDrainAnswersEverythingSent(t *testing.T) {

@@ -122,7 +122,10 @@ func (d *Daemon) health() []byte {
 }
 
 // serveCheck answers GET /v1/check?name=value&…&cost=N&peek=1. Every query
-// argument other than cost and peek is a descriptor, in query order.
+// argument other than cost and peek is a descriptor, in query order. A
+// query with malformed percent-encoding is refused, as are a cost that is
+// not a whole number up to 2^32−1 (0 means 1, as on the wire) and a peek
+// other than 1, true, 0 or false.
 func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() && !ctx.IsHead() && !ctx.IsPost() {
 		httpError(ctx, fasthttp.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "use GET")
@@ -136,16 +139,28 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	cost := int64(1)
 	peek := false
 	var bad string
+	// fasthttp decodes leniently, taking a bad escape literally: %zz and
+	// %25zz would share a counter.
+	if i := badPercent(ctx.URI().QueryString()); i >= 0 {
+		bad = "malformed percent-encoding in the query at byte " + strconv.Itoa(i)
+	}
 	for key, value := range ctx.QueryArgs().All() {
 		switch string(key) {
 		case "cost":
 			n, err := strconv.ParseUint(string(value), 10, 32)
-			if err != nil || n == 0 {
-				bad = "cost must be a whole number from 1 to 4294967295, got " + strconv.Quote(string(value))
+			if err != nil {
+				bad = "cost must be a whole number from 0 to 4294967295 (0 means 1), got " + strconv.Quote(string(value))
 			}
-			cost = int64(n)
+			cost = max(int64(n), 1)
 		case "peek":
-			peek = string(value) == "1" || string(value) == "true"
+			switch string(value) {
+			case "1", "true":
+				peek = true
+			case "0", "false":
+				peek = false
+			default:
+				bad = "peek must be 1, true, 0 or false, got " + strconv.Quote(string(value))
+			}
 		default:
 			switch {
 			case len(s.descs) == wire.MaxDescriptors:
@@ -187,6 +202,21 @@ func answerOf(dec *policy.Decision) header.Answer {
 		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
 	}
 	return a
+}
+
+// badPercent returns the offset of the first '%' in the raw query q that
+// is not followed by two hex digits, or -1.
+func badPercent(q []byte) int {
+	for i := 0; i < len(q); i++ {
+		if q[i] == '%' && (i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2])) {
+			return i
+		}
+	}
+	return -1
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
