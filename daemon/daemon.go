@@ -22,7 +22,6 @@ import (
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
-	"github.com/rld/rld/wire"
 )
 
 // Options are the command line's overrides of the configuration file.
@@ -331,9 +330,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return nil
 }
 
+// RefusedLogInterval is how often at most the daemon logs the
+// connections it refused over max_connections: the first at once, then
+// one line per interval with the count since the last line, so that a
+// local user opening connections in a loop cannot make it log at that
+// rate. rld_connections_rejected_total counts every one.
+const RefusedLogInterval = 10 * time.Second
+
 // accept serves connections until the listener closes.
 func (d *Daemon) accept(ctx context.Context) {
 	maxConns := int64(d.cfg().Server.MaxConnections)
+	var refused int64      // refused since the last log line
+	var loggedAt time.Time // when that line was written
 	for {
 		c, err := d.ln.AcceptUnix()
 		if err != nil {
@@ -348,8 +356,16 @@ func (d *Daemon) accept(ctx context.Context) {
 		if d.nconns.Add(1) > maxConns {
 			d.nconns.Add(-1)
 			connsRejected.Inc()
-			d.log.Warn("too many connections; rejecting one", slog.Int64("max_connections", maxConns))
-			rejectOverloaded(c)
+			// Closed at once, with nothing written: the client sent no
+			// request, so it gets no answer (a frame with id 0 would
+			// answer a request that was never made).
+			c.Close()
+			refused++
+			if now := time.Now(); now.Sub(loggedAt) >= RefusedLogInterval {
+				d.log.Warn("too many connections; refused and closed", slog.Int64("refused", refused),
+					slog.Int64("max_connections", maxConns), slog.Duration("log_interval", RefusedLogInterval))
+				refused, loggedAt = 0, now
+			}
 			continue
 		}
 		d.connsMu.Lock()
@@ -369,15 +385,6 @@ func (d *Daemon) accept(ctx context.Context) {
 			d.newConn(c).serve(ctx)
 		}()
 	}
-}
-
-// rejectOverloaded tells a connection over max_connections why it is
-// closed, then closes it.
-func rejectOverloaded(c *net.UnixConn) {
-	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	_, _ = c.Write(wire.AppendResponse(nil, &wire.Response{Status: wire.StatusError,
-		Code: wire.CodeOverloaded, Message: []byte("too many connections")}))
-	c.Close()
 }
 
 // shutdown stops accepting, lets every connection answer what it has read,

@@ -2,17 +2,21 @@ package daemon_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -298,14 +302,10 @@ func TestMaxConnections(t *testing.T) {
 	a.ping(1)
 	b.ping(1)
 	c := dialRaw(t, s.Socket)
-	// The daemon answers a connection over the limit with "overloaded"
-	// and closes it.
-	res, err := c.read()
-	require.NoError(t, err)
-	assert.Equal(t, wire.StatusError, res.Status)
-	assert.Equal(t, wire.CodeOverloaded, res.Code)
-	_, err = c.read()
-	assert.ErrorIs(t, err, io.EOF, "a third connection is refused")
+	// The daemon closes a connection over the limit at once, writing
+	// nothing: no request was made, so none is answered.
+	_, err := c.read()
+	assert.ErrorIs(t, err, io.EOF, "a third connection is closed with nothing written")
 	a.c.Close()
 	// The slot frees once the daemon sees the close: poll for it.
 	require.Eventually(t, func() bool {
@@ -320,6 +320,76 @@ func TestMaxConnections(t *testing.T) {
 		_, err = io.ReadFull(d, hdr[:])
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestRefusedConnectionsLogThrottled: a flood of connections over
+// max_connections is counted one by one and logged once per interval,
+// and no refused connection receives a byte.
+func TestRefusedConnectionsLogThrottled(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "rld.toml")
+	require.NoError(t, os.WriteFile(cfgPath, []byte(testConfig+"\n[server]\nmax_connections = 1\nhttp = \"127.0.0.1:0\"\n"), 0o644))
+	var logs syncBuffer
+	d, err := daemon.New(daemon.Options{ConfigPath: cfgPath, Socket: filepath.Join(dir, "rld.sock"),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-d.Ready()
+	metric := func() int {
+		t.Helper()
+		resp, err := http.Get("http://" + d.HTTPAddr() + "/metrics")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "rld_connections_rejected_total "); ok {
+				n, err := strconv.Atoi(v)
+				require.NoError(t, err)
+				return n
+			}
+		}
+		t.Fatal("no rld_connections_rejected_total")
+		return 0
+	}
+	before := metric()
+
+	held := dialRaw(t, d.SocketPath())
+	held.ping(1)
+	const flood = 50
+	for i := range flood {
+		c, err := net.Dial("unix", d.SocketPath())
+		require.NoError(t, err)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		c.Close()
+		require.NoError(t, err, "refused connection %d closed", i)
+		require.Empty(t, b, "refused connection %d received bytes", i)
+	}
+	assert.Equal(t, flood, metric()-before, "every refusal counted")
+	lines := strings.Count(logs.String(), "too many connections")
+	assert.Equal(t, 1, lines, "one log line for the flood within the interval:\n%s", logs.String())
+	assert.Contains(t, logs.String(), "refused=1 ", "the first refusal is logged at once")
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func TestSocketModeAndStaleSocket(t *testing.T) {
