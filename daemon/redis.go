@@ -67,16 +67,17 @@ func redisOptions(sc *config.Store, password string) redisx.Options {
 func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 	f := &fleet{c: c, rs: redisx.NewStore(c), id: daemonID()}
 	f.peers.Store(1)
-	f.fallback = policy.NewFallback(policy.FallbackOptions{
-		Health:  f,
-		MaxKeys: sc.MaxKeys,
-		Timeout: time.Duration(sc.Timeout),
-	})
 	f.cache = shardcache.New(redisBackend{f.rs}, shardcache.Options{
 		SyncInterval: time.Duration(sc.SyncInterval),
 		MaxEntries:   sc.MaxKeys,
 		Timeout:      time.Duration(sc.Timeout),
 		Peers:        func() int { return int(f.peers.Load()) },
+	})
+	f.fallback = policy.NewFallback(policy.FallbackOptions{
+		Health:  f,
+		MaxKeys: sc.MaxKeys,
+		Timeout: time.Duration(sc.Timeout),
+		Seed:    f.cache.Known, // an outage starts from what the cache knew
 	})
 	return f
 }

@@ -268,6 +268,14 @@ func (sh *shard) remove(e *entry) {
 	sh.lru.remove(e)
 }
 
+// Has reports whether the Store holds state for key.
+func (s *Store) Has(key []byte) bool {
+	sh, h := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.get(key, h) != nil
+}
+
 // Len returns the number of keys the Store holds.
 func (s *Store) Len() int { return int(s.keys.Load()) }
 

@@ -55,6 +55,13 @@ type FallbackOptions struct {
 	// long, the store has answered every check meanwhile, and the next
 	// outage starts from fresh local state.
 	Forget time.Duration
+	// Seed, when set, returns what this daemon last knew at now of a
+	// key's remaining quota in the store under limit p (ok false when
+	// it knows nothing): the hot-key cache's view (shardcache's Known).
+	// A key's local state then starts from its share of that, not from a
+	// full share, so that an outage does not hand out quota the fleet
+	// had already spent. It must be safe for concurrent use.
+	Seed func(key []byte, p algo.Params, now time.Time) (remaining int64, ok bool)
 }
 
 // Fallback decides the checks of rules whose store failed (an error, a
@@ -64,7 +71,10 @@ type FallbackOptions struct {
 //     memstore) private to this daemon, at this daemon's fair share of
 //     the limit: Limit and Burst divided by Health.Peers(), each at least
 //     1. The fleet as a whole then admits about the limit, not the limit
-//     times the number of daemons. Answers are allowed-degraded, or
+//     times the number of daemons. A key's local state starts from this
+//     daemon's share of what it last knew of the key's remaining quota
+//     (FallbackOptions.Seed), so a key the fleet was refusing stays
+//     refused until its share refills. Answers are allowed-degraded, or
 //     limited and degraded.
 //   - fail = "closed": denied and degraded, with a retry-after of the
 //     time until the store's next probe (at least 1 ms).
@@ -78,6 +88,7 @@ type FallbackOptions struct {
 // Create a Fallback with NewFallback; it is safe for concurrent use.
 type Fallback struct {
 	o       FallbackOptions
+	seedMu  sync.Mutex // serialises seeding a key's local state
 	mu      sync.Mutex // serialises replacing mem
 	mem     atomic.Pointer[memstore.Store]
 	lastUse atomic.Int64 // unix ns of the last use of mem
@@ -165,8 +176,13 @@ func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int
 	if fail == config.FailClosed {
 		return algo.Result{Limit: p.Capacity(), RetryAfter: f.retryAfter(err, now)}, nil
 	}
-	share := fairShare(*p, f.Peers())
-	res, lerr := f.local().Take(context.Background(), key, share, cost, now, peek)
+	peers := f.Peers()
+	share := fairShare(*p, peers)
+	m := f.local()
+	if f.o.Seed != nil && !m.Has(key) {
+		f.seed(m, key, p, share, peers, now)
+	}
+	res, lerr := m.Take(context.Background(), key, share, cost, now, peek)
 	if lerr != nil {
 		return algo.Result{}, lerr
 	}
@@ -176,6 +192,28 @@ func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int
 		res.RetryAfter = p.Period
 	}
 	return res, nil
+}
+
+// seed starts key's local state in m, which does not hold it, from what
+// the daemon last knew of the key in the store (FallbackOptions.Seed):
+// this daemon's share of the remaining quota, the rest of the share taken
+// at now. A key it knows nothing of starts from a full share.
+func (f *Fallback) seed(m *memstore.Store, key []byte, p *algo.Params, share algo.Params, peers int, now time.Time) {
+	f.seedMu.Lock()
+	defer f.seedMu.Unlock()
+	if m.Has(key) {
+		return // seeded by a concurrent check
+	}
+	remaining, ok := f.o.Seed(key, *p, now)
+	if !ok {
+		return
+	}
+	capacity := share.Capacity()
+	left := min(max(remaining, 0)/int64(peers), capacity)
+	if spent := capacity - left; spent > 0 {
+		_, _ = m.Take(context.Background(), key, share, spent, now, false)
+		fallbackSeeded.Inc()
+	}
 }
 
 // refund gives back to the local state cost units it admitted for key.

@@ -311,3 +311,52 @@ period = "1m"
 	assert.True(t, d.Degraded)
 	assert.Equal(t, time.Minute, d.Result.RetryAfter)
 }
+
+// TestFallbackSeededFromKnown: with a Seed, a key's local state starts
+// from this daemon's share of what the daemon last knew of its remaining
+// quota, for every cached algorithm: a key the fleet had used up stays
+// refused, a key with some left gets its share of that; a key the Seed
+// knows nothing of starts from a full share.
+func TestFallbackSeededFromKnown(t *testing.T) {
+	for _, alg := range []string{"token_bucket", "gcra", "fixed_window", "sliding_counter", "sliding_log"} {
+		t.Run(alg, func(t *testing.T) {
+			st := newFakeStore()
+			st.fail["r"] = errDown
+			known := map[string]int64{}
+			var asked []algo.Params
+			seed := func(key []byte, p algo.Params, now time.Time) (int64, bool) {
+				asked = append(asked, p)
+				r, ok := known[string(key[len("r\x00"):])]
+				return r, ok
+			}
+			p, _ := newFallbackPolicy(t, fmt.Sprintf(`
+[[rule]]
+name = "r"
+by = ["ip"]
+algorithm = %q
+limit = 30
+period = "1h"
+`, alg), st, FallbackOptions{Health: fakeHealth{peers: 3}, Seed: seed})
+			// The counter key is the rule name, a zero byte, then the
+			// value's uvarint length and the value.
+			known["\x04used"] = 0
+			known["\x04some"] = 12
+			admitted := func(ip string) int {
+				n := 0
+				for range 40 {
+					d := p.Check(context.Background(), t0, descs("ip="+ip), 1, false, nil)
+					require.True(t, d.Degraded)
+					if d.Status == wire.StatusAllowedDegraded {
+						n++
+					}
+				}
+				return n
+			}
+			assert.Equal(t, 0, admitted("used"), "the fleet had used it up")
+			assert.Equal(t, 4, admitted("some"), "a third of the 12 known left")
+			assert.Equal(t, 10, admitted("unknown"), "a full share of 30 over 3")
+			require.NotEmpty(t, asked)
+			assert.Equal(t, int64(30), asked[0].Limit, "asked with the rule's limit, not the share")
+		})
+	}
+}

@@ -47,3 +47,7 @@ func (c *counters) inc(d decision) { c[d].Inc() }
 // refundErrors counts refunds the store failed to apply: quota lost until
 // the keys' state expires, never extra admissions.
 var refundErrors = metrics.NewCounter("rld_refund_errors_total")
+
+// fallbackSeeded counts keys whose fail-open local state started from what
+// the daemon last knew of them rather than from a full share.
+var fallbackSeeded = metrics.NewCounter("rld_fallback_seeded_total")

@@ -200,6 +200,31 @@ func (e *entry) local(ns, cost int64, peek bool) (algo.Result, bool) {
 	return algo.Result{}, false
 }
 
+// Known returns what the cache last knew, at now, of key's remaining
+// quota in the store under limit p: the store's last answer with the
+// refill since for a bucket, the whole limit once that answer's window has
+// ended, and less than the denied cost while a denial is in force. ok is
+// false when the cache holds no answer of the store for key under p. The
+// units of the cache's own lease are not included: the cache admits them
+// locally while the lease holds, store or no store. A Fallback starts a
+// key's local state from it (policy.FallbackOptions.Seed), so that an
+// outage does not hand out quota the fleet had already spent.
+func (c *Cache) Known(key []byte, p algo.Params, now time.Time) (remaining int64, ok bool) {
+	ns := now.UnixNano()
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(key)]
+	if e == nil || e.p != p || e.answerAt == 0 {
+		return 0, false
+	}
+	remaining = c.remaining(e, ns)
+	if ns < e.deniedUntil {
+		remaining = min(remaining, max(e.deniedCost-1, 0))
+	}
+	return max(remaining, 0), true
+}
+
 // untilNs returns the time from ns to t, or 0 when t has passed.
 func untilNs(t, ns int64) time.Duration {
 	return time.Duration(max(t-ns, 0))

@@ -435,3 +435,40 @@ func (grantAll) TakeLease(_ context.Context, _ []byte, p algo.Params, costs []in
 	return len(costs), want, algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), At: time.Now().UnixMicro()}, nil
 }
 func (grantAll) Sync(context.Context, []shardcache.Op) error { return nil }
+
+// TestKnown: the cache reports what it last knew of a key's remaining
+// quota in the store: nothing for a key never answered, the store's
+// remainder without the cache's own lease, less than the denied cost
+// while a denial holds.
+func TestKnown(t *testing.T) {
+	for _, k := range cachedKinds {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
+			p := algo.Params{Kind: k, Limit: 100, Period: time.Hour}
+			_, ok := c.Known([]byte("k"), p, time.Now())
+			assert.False(t, ok, "never answered")
+			r, err := c.Take(ctx, []byte("k"), p, 10, time.Now(), false)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+			got, ok := c.Known([]byte("k"), p, time.Now())
+			require.True(t, ok)
+			assert.Equal(t, b.remaining("k", p), got, "the store's remainder, the lease left out")
+			_, ok = c.Known([]byte("k"), algo.Params{Kind: k, Limit: 50, Period: time.Hour}, time.Now())
+			assert.False(t, ok, "another limit")
+
+			// Use it up: denied, and known as used up.
+			for i := 0; ; i++ {
+				require.Less(t, i, 1000)
+				r, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+				require.NoError(t, err)
+				if !r.Allowed {
+					break
+				}
+			}
+			got, ok = c.Known([]byte("k"), p, time.Now())
+			require.True(t, ok)
+			assert.Zero(t, got, "a key the store refused")
+		})
+	}
+}
