@@ -8,6 +8,9 @@ BENCHTIME ?= 1s
 # As root the daemon uses the configured /run/rld/rld.sock; an ordinary
 # user, who cannot write /run, gets ./run/rld.sock instead.
 RUN_SOCKET ?= $(shell if [ -w /run ]; then echo /run/rld/rld.sock; else echo $(CURDIR)/run/rld.sock; fi)
+# RUN_HTTP, when set, replaces server.http for make run ("off" disables
+# HTTP): make run RUN_SOCKET=/tmp/rld.sock RUN_HTTP=127.0.0.1:9465
+RUN_HTTP  ?=
 
 .PHONY: all build run test deps bench bench-go fuzz soak lint clean
 
@@ -16,9 +19,11 @@ all: build
 build:
 	$(GO) build -o $(BIN) ./cmd/rld
 
+# run serves until Ctrl-C (SIGINT) or SIGTERM, which drain: answers to
+# requests already read are written before the daemon exits.
 run: build
-	@echo "rld: socket $(RUN_SOCKET); try: RLD_SOCKET=$(RUN_SOCKET) $(BIN) check api_key=demo endpoint=/v1/search"
-	$(BIN) serve -config rld.toml -socket $(RUN_SOCKET)
+	@echo "rld: socket $(RUN_SOCKET); try: RLD_SOCKET=$(RUN_SOCKET) $(BIN) check endpoint=/v1/login ip=192.0.2.1; Ctrl-C stops"
+	$(BIN) serve -config rld.toml -socket $(RUN_SOCKET)$(if $(RUN_HTTP), -http $(RUN_HTTP))
 
 # deps installs the programs the tests start (redis-server, redis-cli, ...)
 # with apt-get when they are missing (root only); scripts/deps.sh lists them.

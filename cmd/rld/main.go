@@ -191,8 +191,10 @@ func check(args []string, stdout, stderr io.Writer) int {
 		b, _ := json.Marshal(out)
 		fmt.Fprintln(stdout, string(b))
 	} else {
-		fmt.Fprintf(stdout, "%s rule=%q limit=%d remaining=%d reset=%s retry_after=%s\n",
-			decision, res.Rule, res.Limit, res.Remaining, res.Reset, res.RetryAfter)
+		// Whole seconds, rounded up as the HTTP fields are (-json gives
+		// milliseconds): the same checks print the same line.
+		fmt.Fprintf(stdout, "%s rule=%q limit=%d remaining=%d reset=%ds retry_after=%ds\n",
+			decision, res.Rule, res.Limit, res.Remaining, header.Seconds(res.Reset), header.Seconds(res.RetryAfter))
 		if rerr != nil {
 			fmt.Fprintf(stdout, "error: %s: %s\n", rerr.Code, rerr.Message)
 		}
