@@ -7,7 +7,8 @@ import "time"
 // window of the IETF RateLimit field's t parameter, within which a client
 // can use no more than r.Remaining units. It is derived from r and p
 // alone, never later than r.RetryAfter when r was denied, and it is
-// rounded up, so a denied client that waits Next finds at least one unit:
+// rounded up (by at most 2 µs), so a denied client that waits Next finds
+// at least one unit:
 //
 //   - TokenBucket, GCRA: until the next unit comes back, one every
 //     Period/Limit (for a full bucket, one such interval);
