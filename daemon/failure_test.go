@@ -509,6 +509,9 @@ func TestFailClosed(t *testing.T) {
 		assert.Equal(t, "degraded", resp.Header.Get("X-RateLimit-Policy"), alg)
 		if want == http.StatusTooManyRequests {
 			assert.Equal(t, "1", resp.Header.Get("Retry-After"), "rounded up to a second")
+			assert.Equal(t, `"closed";r=0;t=1`, resp.Header.Get("RateLimit"), "t is the retry-after when degraded")
+		} else {
+			assert.NotContains(t, resp.Header.Get("RateLimit"), ";t=", "no effective window known on the share")
 		}
 	}
 

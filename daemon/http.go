@@ -201,6 +201,14 @@ func answerOf(dec *policy.Decision) header.Answer {
 	if dec.Status == wire.StatusLimited {
 		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
 	}
+	if dec.Degraded {
+		// Decided on this daemon's share of the limit (or by a fail
+		// mode), not the limit itself: only the retry-after is known.
+		a.Next = -1
+		if dec.Status == wire.StatusLimited {
+			a.Next = a.Retry
+		}
+	}
 	return a
 }
 
