@@ -11,6 +11,7 @@ set -euo pipefail
 NEEDS=(
   "redis-server redis-server"
   "redis-cli redis-tools"
+  "python3 python3"
 )
 
 missing=()

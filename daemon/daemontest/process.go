@@ -52,6 +52,11 @@ func binary() (string, error) {
 	return buildBin, buildErr
 }
 
+// Binary returns the path of the rld binary that StartProcess runs,
+// building it on the first call, for tests that run it themselves (from
+// another language's test suite, say).
+func Binary() (string, error) { return binary() }
+
 // StartProcess writes config to a new temporary directory and runs the
 // rld binary (built once per test process) on it, with its socket in that
 // directory and HTTP off, and waits until it answers a PING.

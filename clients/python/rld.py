@@ -1,0 +1,992 @@
+"""Client of rld, the rate-limit daemon: ask it whether a request may go through.
+
+One file, standard library only, Python 3.9+. It speaks rld's binary protocol
+(docs/protocol.md) over the daemon's Unix socket:
+
+    import rld
+    client = rld.Client("/run/rld/rld.sock")
+    result = client.check({"api_key": key, "endpoint": "/v1/search"})
+    if not result.allowed:
+        ...  # answer 429 with result.headers()
+
+Client is thread-safe and pipelines the calls of many threads on one
+connection; AsyncClient does the same for asyncio. When the daemon is
+unreachable or slow, a call fails open by default: it answers allowed, marked
+failed_open, counts the failure and logs it at most once per interval; with
+fail_open=False it answers an error, which is not allowed. A daemon outage
+never raises unless raise_errors=True. WSGIMiddleware and ASGIMiddleware put
+a check in front of a web application.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+import socket
+import struct
+import threading
+import time
+from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "ASGIMiddleware", "AsyncClient", "Client", "DecodeError", "EncodeError", "FrameBuffer", "Response",
+    "Result", "RldError", "Unavailable", "WSGIMiddleware", "decode_response", "encode_request",
+]
+__version__ = "1.0.0"
+
+#: The daemon's default socket path.
+DEFAULT_SOCKET = "/run/rld/rld.sock"
+
+# Protocol constants (docs/protocol.md).
+VERSION = 1
+HEADER_SIZE = 12
+MAX_FRAME = 16384
+MAX_DESCRIPTORS = 32
+MAX_NAME = 64
+MAX_VALUE = 1024
+MAX_COST = 0xFFFFFFFF
+MAX_ID = 0xFFFFFFFF
+MAX_RULE = 255
+MAX_MESSAGE = 1024
+
+OP_CHECK, OP_PEEK, OP_PING = 1, 2, 3
+OP_RESPONSE = 0x80
+FLAG_DEGRADED = 0x0001
+
+ALLOWED, LIMITED, BLOCKED, ALLOWED_DEGRADED, ERROR = range(5)
+STATUS_NAMES = ("allowed", "limited", "blocked", "allowed-degraded", "error")
+CODE_NAMES = ("none", "malformed", "frame_too_large", "unknown_op", "bad_version", "too_large",
+              "cost_too_large", "internal", "overloaded", "not_supported", "bad_flags", "unavailable",
+              "bad_cost")
+CODE_INTERNAL, CODE_OVERLOADED, CODE_UNAVAILABLE = 7, 8, 11
+# Error answers that mean the daemon could not decide right now: they follow
+# the fail mode, like an unreachable daemon. Other error codes say that the
+# request was wrong, and are never allowed.
+_OUTAGE_CODES = frozenset((CODE_INTERNAL, CODE_OVERLOADED, CODE_UNAVAILABLE))
+
+_HEADER = struct.Struct(">IBBHI")
+_CHECK_BODY = struct.Struct(">IB")
+_RESPONSE_FIXED = struct.Struct(">BQQIIIB")  # status .. rule length: 30 bytes
+_U16 = struct.Struct(">H")
+_U16_U16 = struct.Struct(">HH")
+_RESPONSE_MIN = HEADER_SIZE + _RESPONSE_FIXED.size + 4
+
+Descriptors = Union[Mapping[Any, Any], Iterable[Tuple[Any, Any]], None]
+
+log = logging.getLogger("rld")
+
+
+class RldError(Exception):
+    """Base class of the errors this module raises."""
+
+
+class EncodeError(RldError, ValueError):
+    """A request breaks the protocol's limits; nothing was sent."""
+
+
+class DecodeError(RldError, ValueError):
+    """A response frame does not parse."""
+
+
+class Unavailable(RldError, ConnectionError):
+    """The daemon could not answer (raised only with raise_errors=True)."""
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _raw(v: Any, what: str) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytearray, memoryview)):
+        return bytes(v)
+    raise EncodeError(f"{what} must be str or bytes, not {type(v).__name__}")
+
+
+def _check_body(cost: int, descriptors: Descriptors) -> bytes:
+    """Returns the body of a CHECK or PEEK, or raises EncodeError."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
+        raise EncodeError(f"cost {cost!r} is not a whole number from 0 to {MAX_COST}")
+    pairs = () if descriptors is None else descriptors.items() if isinstance(descriptors, Mapping) else descriptors
+    parts = []
+    size = HEADER_SIZE + _CHECK_BODY.size
+    for name, value in pairs:
+        if len(parts) == MAX_DESCRIPTORS:
+            raise EncodeError(f"more than {MAX_DESCRIPTORS} descriptors")
+        n, v = _raw(name, "descriptor name"), _raw(value, "descriptor value")
+        if not 1 <= len(n) <= MAX_NAME:
+            raise EncodeError(f"descriptor name {n[:20]!r} is empty or longer than {MAX_NAME} bytes")
+        if len(v) > MAX_VALUE:
+            raise EncodeError(f"descriptor {n!r}: value of {len(v)} bytes, longer than {MAX_VALUE}")
+        parts.append(b"%c%b%b%b" % (len(n), n, _U16.pack(len(v)), v))
+        size += 3 + len(n) + len(v)
+    if size > MAX_FRAME:
+        raise EncodeError(f"request frame of {size} bytes, larger than {MAX_FRAME}")
+    return _CHECK_BODY.pack(cost, len(parts)) + b"".join(parts)
+
+
+def _frame(op: int, req_id: int, body: bytes) -> bytes:
+    return _HEADER.pack(8 + len(body), VERSION, op, 0, req_id) + body
+
+
+def encode_request(op: int, req_id: int, cost: int = 1, descriptors: Descriptors = None) -> bytes:
+    """Returns the frame of a request, or raises EncodeError when it breaks
+    the protocol's limits. op is OP_CHECK, OP_PEEK or OP_PING (a PING has no
+    body: cost and descriptors are ignored). Names and values are str
+    (sent as UTF-8) or bytes."""
+    if isinstance(req_id, bool) or not isinstance(req_id, int) or not 0 <= req_id <= MAX_ID:
+        raise EncodeError(f"id {req_id!r} is not a whole number from 0 to {MAX_ID}")
+    if op == OP_PING:
+        return _frame(op, req_id, b"")
+    if op not in (OP_CHECK, OP_PEEK):
+        raise EncodeError(f"op {op!r} is not CHECK, PEEK or PING")
+    return _frame(op, req_id, _check_body(cost, descriptors))
+
+
+# ---------------------------------------------------------------- decoding
+
+
+class Response(NamedTuple):
+    """A decoded response frame, field for field (rule and message as raw bytes)."""
+
+    id: int
+    op: int  # as sent, with OP_RESPONSE set
+    flags: int
+    status: int
+    limit: int
+    remaining: int
+    reset_ms: int
+    retry_ms: int
+    window_ms: int
+    rule: bytes
+    code: int
+    message: bytes
+
+
+def decode_response(frame: Union[bytes, bytearray, memoryview]) -> Response:
+    """Decodes one complete response frame, or raises DecodeError. Unknown
+    flag bits and error codes are passed through."""
+    n = len(frame)
+    if n < HEADER_SIZE:
+        raise DecodeError(f"frame of {n} bytes is shorter than the {HEADER_SIZE}-byte header")
+    length, version, op, flags, rid = _HEADER.unpack_from(frame)
+    if length < HEADER_SIZE - 4 or length > MAX_FRAME - 4:
+        raise DecodeError(f"length field {length} is outside 8..{MAX_FRAME - 4}")
+    if n != length + 4:
+        raise DecodeError(f"frame of {n} bytes, its length field says {length + 4}")
+    if version != VERSION:
+        raise DecodeError(f"protocol version {version}, want {VERSION}")
+    if not op & OP_RESPONSE:
+        raise DecodeError(f"op {op:#x} is not a response")
+    if n < _RESPONSE_MIN:
+        raise DecodeError(f"response body of {n - HEADER_SIZE} bytes, shorter than {_RESPONSE_MIN - HEADER_SIZE}")
+    status, limit, remaining, reset, retry, window, rule_len = _RESPONSE_FIXED.unpack_from(frame, HEADER_SIZE)
+    if status > ERROR:
+        raise DecodeError(f"unknown status {status}")
+    p = HEADER_SIZE + _RESPONSE_FIXED.size
+    if n < p + rule_len + 4:
+        raise DecodeError(f"rule of {rule_len} bytes runs past the end of the frame")
+    rule = bytes(frame[p:p + rule_len])
+    p += rule_len
+    code, msg_len = _U16_U16.unpack_from(frame, p)
+    p += 4
+    if msg_len > MAX_MESSAGE:
+        raise DecodeError(f"message of {msg_len} bytes, longer than {MAX_MESSAGE}")
+    if n != p + msg_len:
+        raise DecodeError(f"message of {msg_len} bytes with {n - p} bytes left in the frame")
+    return Response(rid, op, flags, status, limit, remaining, reset, retry, window, rule, code, bytes(frame[p:]))
+
+
+class FrameBuffer:
+    """Splits a byte stream into frames. feed() returns the complete frames
+    received so far and raises DecodeError when framing is lost (a length
+    field outside 8..16380). Not safe for concurrent use."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> List[bytes]:
+        buf = self._buf
+        buf += data
+        frames = []
+        start = 0
+        while len(buf) - start >= 4:
+            length = int.from_bytes(buf[start:start + 4], "big")
+            if length < HEADER_SIZE - 4 or length > MAX_FRAME - 4:
+                raise DecodeError(f"length field {length} is outside 8..{MAX_FRAME - 4}: framing lost")
+            end = start + 4 + length
+            if len(buf) < end:
+                break
+            frames.append(bytes(buf[start:end]))
+            start = end
+        del buf[:start]
+        return frames
+
+
+# ---------------------------------------------------------------- results
+
+
+def _seconds(ms: int) -> int:
+    """Rounds milliseconds up to whole seconds, as the daemon's headers do."""
+    return -(-ms // 1000) if ms > 0 else 0
+
+
+def _sf_string(raw: bytes) -> str:
+    """Renders raw as a structured-field string (RFC 8941), as the daemon does."""
+    out = []
+    for c in raw:
+        if c in (0x22, 0x5C):
+            out.append("\\")
+        out.append(chr(c) if 0x20 <= c <= 0x7E else "?")
+    return '"' + "".join(out) + '"'
+
+
+class Result:
+    """The answer to a check: the daemon's, or the fail mode's when the
+    daemon could not answer (then failed is True, error names why).
+
+    status is one of ALLOWED, LIMITED, BLOCKED, ALLOWED_DEGRADED, ERROR and
+    decision its name; reset, retry_after and window are in seconds (float),
+    with the daemon's milliseconds in reset_ms, retry_after_ms, window_ms.
+    """
+
+    __slots__ = ("status", "limit", "remaining", "reset_ms", "retry_after_ms", "window_ms", "_rule",
+                 "flags", "code", "message", "failed", "failed_open")
+
+    def __init__(self, status: int, limit: int = 0, remaining: int = 0, reset_ms: int = 0,
+                 retry_after_ms: int = 0, window_ms: int = 0, rule: bytes = b"", flags: int = 0,
+                 code: int = 0, message: str = "", failed: bool = False, failed_open: bool = False):
+        self.status = status
+        self.limit = limit
+        self.remaining = remaining
+        self.reset_ms = reset_ms
+        self.retry_after_ms = retry_after_ms
+        self.window_ms = window_ms
+        self._rule = rule
+        self.flags = flags
+        self.code = code
+        self.message = message
+        self.failed = failed
+        self.failed_open = failed_open
+
+    @classmethod
+    def from_response(cls, r: Response) -> "Result":
+        """Returns the result a decoded response carries."""
+        return cls(r.status, r.limit, r.remaining, r.reset_ms, r.retry_ms, r.window_ms, r.rule, r.flags,
+                   r.code, r.message.decode("utf-8", "replace"))
+
+    @property
+    def allowed(self) -> bool:
+        """Whether the request may go through (allowed, allowed-degraded, or failed open)."""
+        return self.status in (ALLOWED, ALLOWED_DEGRADED)
+
+    @property
+    def decision(self) -> str:
+        """The status's name: allowed, limited, blocked, allowed-degraded or error."""
+        return STATUS_NAMES[self.status]
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the daemon decided on local state alone (its shared store was unreachable)."""
+        return self.status == ALLOWED_DEGRADED or bool(self.flags & FLAG_DEGRADED)
+
+    @property
+    def rule(self) -> str:
+        """The rule that decided ("" when none did)."""
+        return self._rule.decode("utf-8", "replace")
+
+    @property
+    def error(self) -> Optional[str]:
+        """The error code's name (e.g. "unavailable"), or None."""
+        if not self.code:
+            return None
+        return CODE_NAMES[self.code] if self.code < len(CODE_NAMES) else f"code({self.code})"
+
+    @property
+    def reset(self) -> float:
+        return self.reset_ms / 1000
+
+    @property
+    def retry_after(self) -> float:
+        return self.retry_after_ms / 1000
+
+    @property
+    def window(self) -> float:
+        return self.window_ms / 1000
+
+    def headers(self, now: Optional[float] = None) -> List[Tuple[str, str]]:
+        """Returns the HTTP header fields of this answer as the daemon's HTTP
+        endpoint renders them: X-RateLimit-Limit, -Remaining, -Reset (a Unix
+        time), RateLimit-Policy and RateLimit (IETF draft), and Retry-After
+        when limited. None when no limit applied (no rule, the allow or deny
+        list, or a failed call). now is a Unix time, default time.time()."""
+        if not self._rule or not self.limit:
+            return []
+        now_ns = time.time_ns() if now is None else int(now * 1e9)
+        item = _sf_string(self._rule)
+        policy = f"{item};q={self.limit}"
+        if self.window_ms > 0:
+            policy += f";w={_seconds(self.window_ms)}"
+        h = [
+            ("X-RateLimit-Limit", str(self.limit)),
+            ("X-RateLimit-Remaining", str(self.remaining)),
+            ("X-RateLimit-Reset", str((now_ns + self.reset_ms * 1_000_000 + 999_999_999) // 1_000_000_000)),
+            ("RateLimit-Policy", policy),
+            ("RateLimit", f"{item};r={self.remaining};t={_seconds(self.reset_ms)}"),
+        ]
+        if self.status == LIMITED:
+            h.append(("Retry-After", str(max(1, _seconds(self.retry_after_ms)))))
+        return h
+
+    def __repr__(self) -> str:
+        s = (f"Result({self.decision} rule={self.rule!r} limit={self.limit} remaining={self.remaining} "
+             f"reset_ms={self.reset_ms} retry_after_ms={self.retry_after_ms} window_ms={self.window_ms}")
+        if self.degraded:
+            s += " degraded"
+        if self.code:
+            s += f" error={self.error} message={self.message!r}"
+        if self.failed:
+            s += " failed_open" if self.failed_open else " failed"
+        return s + ")"
+
+
+# ---------------------------------------------------------------- fail mode
+
+
+class _FailMode:
+    """Decides what a call answers when the daemon could not: counts the
+    failures and logs them at most once per interval. Thread-safe."""
+
+    def __init__(self, fail_open: bool, raise_errors: bool, log_interval: float):
+        self.fail_open = fail_open
+        self.raise_errors = raise_errors
+        self.log_interval = log_interval
+        self._lock = threading.Lock()  # guards count, _logged_at, _unlogged
+        self.count = 0
+        self._logged_at = -1e18
+        self._unlogged = 0
+
+    def result(self, why: str, code: int = CODE_UNAVAILABLE) -> Result:
+        if self.raise_errors:
+            raise Unavailable(why)
+        now = time.monotonic()
+        with self._lock:
+            self.count += 1
+            self._unlogged += 1
+            emit = now - self._logged_at >= self.log_interval
+            if emit:
+                n, self._unlogged, self._logged_at = self._unlogged, 0, now
+        if emit:
+            log.warning("rld: %d call(s) %s since the last report: %s", n,
+                        "failed open" if self.fail_open else "failed closed", why)
+        if self.fail_open:
+            return Result(ALLOWED, code=code, message=why, failed=True, failed_open=True)
+        return Result(ERROR, code=code, message=why, failed=True)
+
+    def answer(self, r: Response) -> Result:
+        if r.status == ERROR and r.code in _OUTAGE_CODES:
+            return self.result(f"daemon answered {CODE_NAMES[r.code]}: {r.message.decode('utf-8', 'replace')}", r.code)
+        return Result.from_response(r)
+
+
+class _Probe(_FailMode):
+    """The fail mode of a PING: a failed result, nothing counted or logged."""
+
+    def __init__(self) -> None:
+        super().__init__(False, False, 0)
+
+    def result(self, why: str, code: int = CODE_UNAVAILABLE) -> Result:
+        return Result(ERROR, code=code, message=why, failed=True)
+
+
+_probe = _Probe()
+
+Batch = Sequence[Descriptors]
+
+
+class _Base:
+    def __init__(self, socket_path: str, timeout: float, fail_open: bool, raise_errors: bool,
+                 retry_interval: float, log_interval: float):
+        if timeout <= 0:
+            raise ValueError(f"timeout {timeout!r} must be above 0")
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.retry_interval = retry_interval
+        self._fail = _FailMode(fail_open, raise_errors, log_interval)
+        self._retry_at = 0.0  # monotonic time before which no connect is tried
+
+    @property
+    def failures(self) -> int:
+        """How many calls the fail mode answered (daemon unreachable, slow, or failing)."""
+        return self._fail.count
+
+    def _bodies(self, op: int, batch: Batch, cost: int) -> List[bytes]:
+        return [_check_body(cost, d) for d in batch] if op != OP_PING else [b"" for _ in batch]
+
+    def _connect_allowed(self) -> None:
+        if time.monotonic() < self._retry_at:
+            raise ConnectionError(f"cannot connect to {self.socket_path}; retrying soon")
+
+    def _connect_failed(self, err: BaseException) -> ConnectionError:
+        self._retry_at = time.monotonic() + self.retry_interval
+        return ConnectionError(f"cannot connect to {self.socket_path}: {err}")
+
+
+# ---------------------------------------------------------------- threads
+
+
+class _Waiter:
+    """One call's answer slot: the caller blocks on a held lock that the
+    reader releases."""
+
+    __slots__ = ("_lock", "response", "error")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.response: Optional[Response] = None
+        self.error: Optional[BaseException] = None
+
+    def set(self, response: Optional[Response], error: Optional[BaseException] = None) -> None:
+        self.response, self.error = response, error
+        self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=max(timeout, 0))
+
+
+class _Conn:
+    """One connection: a reader thread matches answers to waiters by id."""
+
+    def __init__(self, path: str, timeout: float):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.connect(path)
+            # Bounds sendall; the reader treats a timeout as a wake-up.
+            self.sock.settimeout(max(timeout, 0.05))
+        except BaseException:
+            self.sock.close()
+            raise
+        self.lock = threading.Lock()  # guards pending, error, next_id
+        self.pending: dict = {}
+        self.error: Optional[BaseException] = None
+        self.next_id = 1
+        self.wlock = threading.Lock()  # serialises writes
+        threading.Thread(target=self._read_loop, name="rld-reader", daemon=True).start()
+
+    def send(self, op: int, bodies: List[bytes]) -> List[_Waiter]:
+        waiters = [_Waiter() for _ in bodies]
+        frames = []
+        with self.lock:
+            if self.error is not None:
+                raise ConnectionError(f"connection lost: {self.error}")
+            for w, body in zip(waiters, bodies):
+                i = self.next_id
+                while i in self.pending:
+                    i = (i + 1) & MAX_ID
+                self.next_id = (i + 1) & MAX_ID
+                self.pending[i] = w
+                frames.append(_frame(op, i, body))
+        try:
+            with self.wlock:
+                self.sock.sendall(b"".join(frames))
+        except OSError as e:  # the framing may be lost: the connection breaks
+            self.fail(e)
+        return waiters
+
+    def forget(self, w: _Waiter) -> bool:
+        """Removes w after a timeout; False when the reader already took it."""
+        with self.lock:
+            for i, x in self.pending.items():
+                if x is w:
+                    del self.pending[i]
+                    return True
+        return False
+
+    def fail(self, err: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = err
+            waiters, self.pending = list(self.pending.values()), {}
+        for w in waiters:
+            w.set(None, err)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _read_loop(self) -> None:
+        fb = FrameBuffer()
+        try:
+            while True:
+                try:
+                    data = self.sock.recv(65536)
+                except socket.timeout:
+                    if self.error is not None:
+                        return
+                    continue
+                if not data:
+                    raise ConnectionError("the daemon closed the connection")
+                for f in fb.feed(data):
+                    r = decode_response(f)
+                    with self.lock:
+                        w = self.pending.pop(r.id, None)
+                    if w is not None:
+                        w.set(r)
+        except (OSError, RldError) as e:
+            self.fail(e)
+
+
+class Client(_Base):
+    """A thread-safe client of one rld daemon.
+
+    Calls from many threads share one connection and are pipelined: each
+    request carries an id, and a reader thread hands every answer to the
+    call that waits for it. The client connects on the first call, and
+    reconnects on the next call after the connection broke (at most once
+    per retry_interval seconds while the daemon is unreachable).
+
+    timeout (seconds) bounds every call, connect included. When the daemon
+    is unreachable, too slow, or answers internal/overloaded/unavailable, a
+    call answers by the fail mode: allowed and marked failed_open
+    (fail_open=True, the default), or status ERROR (fail_open=False); it
+    raises Unavailable instead with raise_errors=True. Requests that break
+    the protocol's limits raise EncodeError and send nothing.
+    """
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 0.1, fail_open: bool = True, *,
+                 raise_errors: bool = False, retry_interval: float = 0.1, log_interval: float = 10.0):
+        super().__init__(socket_path, timeout, fail_open, raise_errors, retry_interval, log_interval)
+        self._lock = threading.Lock()  # guards _conn, _closed
+        self._conn: Optional[_Conn] = None
+        self._closed = False
+
+    def check(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
+        """Asks whether a request with these descriptors (a dict, or a list
+        of (name, value) pairs) may go through, taking cost units when it
+        may. Cost 0 is read as 1."""
+        return self._call(OP_CHECK, [descriptors], cost, timeout)[0]
+
+    def peek(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
+        """Answers as check would, taking nothing."""
+        return self._call(OP_PEEK, [descriptors], cost, timeout)[0]
+
+    def ping(self, timeout: Optional[float] = None) -> bool:
+        """Reports whether the daemon answers. A probe: it never fails open,
+        raises, counts or logs."""
+        return not self._call(OP_PING, [None], 0, timeout, _probe)[0].failed
+
+    def check_many(self, batch: Batch, cost: int = 1, timeout: Optional[float] = None) -> List[Result]:
+        """Checks several requests at once, pipelined in one write; returns
+        their results in order. timeout bounds the whole batch."""
+        return self._call(OP_CHECK, batch, cost, timeout)
+
+    def peek_many(self, batch: Batch, cost: int = 1, timeout: Optional[float] = None) -> List[Result]:
+        """Peeks several requests at once, like check_many."""
+        return self._call(OP_PEEK, batch, cost, timeout)
+
+    def close(self) -> None:
+        """Closes the connection; later calls raise RldError."""
+        with self._lock:
+            self._closed = True
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.fail(ConnectionError("client closed"))
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _connection(self, timeout: float) -> _Conn:
+        with self._lock:
+            if self._closed:
+                raise RldError("client closed")
+            c = self._conn
+            if c is not None and c.error is None:
+                return c
+            self._connect_allowed()
+            try:
+                self._conn = _Conn(self.socket_path, timeout)
+            except OSError as e:
+                raise self._connect_failed(e) from e
+            return self._conn
+
+    def _call(self, op: int, batch: Batch, cost: int, timeout: Optional[float],
+              probe: Optional[_FailMode] = None) -> List[Result]:
+        fail = probe or self._fail
+        bodies = self._bodies(op, batch, cost)
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        try:
+            conn = self._connection(timeout)
+            waiters = conn.send(op, bodies)
+        except ConnectionError as e:
+            return [fail.result(str(e)) for _ in bodies]
+        out = []
+        for w in waiters:
+            if not w.wait(deadline - time.monotonic()):
+                if conn.forget(w):
+                    out.append(fail.result(f"no answer within {timeout * 1000:g} ms"))
+                    continue
+                w.wait(1.0)  # the reader took it and is about to set it
+            if w.response is None:
+                out.append(fail.result(f"connection lost: {w.error}"))
+            else:
+                out.append(fail.answer(w.response))
+        return out
+
+
+# ---------------------------------------------------------------- asyncio
+
+
+class _AsyncConn:
+    """One asyncio connection: a reader task resolves futures by id."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.loop = asyncio.get_running_loop()
+        self.reader, self.writer = reader, writer
+        self.pending: dict = {}
+        self.error: Optional[BaseException] = None
+        self.next_id = 1
+        self.drain_lock = asyncio.Lock()
+        self.task = self.loop.create_task(self._read_loop())
+
+    def send(self, op: int, bodies: List[bytes]) -> List["asyncio.Future[Response]"]:
+        if self.error is not None:
+            raise ConnectionError(f"connection lost: {self.error}")
+        futs, frames = [], []
+        for body in bodies:
+            i = self.next_id
+            while i in self.pending:
+                i = (i + 1) & MAX_ID
+            self.next_id = (i + 1) & MAX_ID
+            f = self.loop.create_future()
+            self.pending[i] = f
+            futs.append((i, f))
+            frames.append(_frame(op, i, body))
+        self.writer.write(b"".join(frames))
+        return futs
+
+    async def drain(self, timeout: float) -> None:
+        """Waits, up to timeout, while the daemon is slow to read."""
+        if self.writer.transport.get_write_buffer_size() > 1 << 16:
+            async with self.drain_lock:
+                await asyncio.wait_for(self.writer.drain(), timeout)
+
+    def fail(self, err: BaseException) -> None:
+        if self.error is None:
+            self.error = err
+        pending, self.pending = self.pending, {}
+        for f in pending.values():
+            if not f.done():
+                f.set_exception(ConnectionError(f"connection lost: {err}"))
+        self.writer.close()
+
+    async def _read_loop(self) -> None:
+        fb = FrameBuffer()
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    raise ConnectionError("the daemon closed the connection")
+                for frame in fb.feed(data):
+                    r = decode_response(frame)
+                    f = self.pending.pop(r.id, None)
+                    if f is not None and not f.done():
+                        f.set_result(r)
+        except (OSError, RldError) as e:
+            self.fail(e)
+        except asyncio.CancelledError:
+            self.fail(ConnectionError("client closed"))
+            raise
+
+
+class AsyncClient(_Base):
+    """The asyncio twin of Client, with the same arguments and fail mode:
+    the calls of many tasks share one connection and are pipelined. Use it
+    from one event loop at a time; on another loop it reconnects."""
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 0.1, fail_open: bool = True, *,
+                 raise_errors: bool = False, retry_interval: float = 0.1, log_interval: float = 10.0):
+        super().__init__(socket_path, timeout, fail_open, raise_errors, retry_interval, log_interval)
+        self._conn: Optional[_AsyncConn] = None
+        self._connecting: Optional[asyncio.Future] = None
+        self._closed = False
+
+    async def check(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
+        """Like Client.check."""
+        return (await self._call(OP_CHECK, [descriptors], cost, timeout))[0]
+
+    async def peek(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
+        """Like Client.peek."""
+        return (await self._call(OP_PEEK, [descriptors], cost, timeout))[0]
+
+    async def ping(self, timeout: Optional[float] = None) -> bool:
+        """Like Client.ping."""
+        return not (await self._call(OP_PING, [None], 0, timeout, _probe))[0].failed
+
+    async def check_many(self, batch: Batch, cost: int = 1, timeout: Optional[float] = None) -> List[Result]:
+        """Like Client.check_many."""
+        return await self._call(OP_CHECK, batch, cost, timeout)
+
+    async def peek_many(self, batch: Batch, cost: int = 1, timeout: Optional[float] = None) -> List[Result]:
+        """Like Client.peek_many."""
+        return await self._call(OP_PEEK, batch, cost, timeout)
+
+    async def close(self) -> None:
+        """Closes the connection; later calls raise RldError."""
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.task.cancel()
+            conn.fail(ConnectionError("client closed"))
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def _connection(self, timeout: float) -> _AsyncConn:
+        if self._closed:
+            raise RldError("client closed")
+        loop = asyncio.get_running_loop()
+        c = self._conn
+        if c is not None and c.error is None and c.loop is loop:
+            return c
+        # One task connects; the others wait for its connection.
+        if self._connecting is not None and self._connecting.get_loop() is loop:
+            return await asyncio.wait_for(asyncio.shield(self._connecting), timeout)
+        self._connect_allowed()
+        fut = self._connecting = loop.create_future()
+        try:
+            r, w = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            err = self._connect_failed(e)
+            fut.set_exception(err)
+            fut.exception()  # retrieved: no "never retrieved" warning when nobody waits
+            raise err from e
+        finally:
+            if self._connecting is fut:
+                self._connecting = None
+        self._conn = _AsyncConn(r, w)
+        fut.set_result(self._conn)
+        return self._conn
+
+    async def _call(self, op: int, batch: Batch, cost: int, timeout: Optional[float],
+                    probe: Optional[_FailMode] = None) -> List[Result]:
+        fail = probe or self._fail
+        bodies = self._bodies(op, batch, cost)
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        try:
+            conn = await self._connection(timeout)
+            futs = conn.send(op, bodies)
+            await conn.drain(deadline - time.monotonic())
+        except (ConnectionError, asyncio.TimeoutError) as e:
+            return [fail.result(str(e) or "daemon too slow to read") for _ in bodies]
+        if len(futs) == 1:
+            try:
+                await asyncio.wait_for(asyncio.shield(futs[0][1]), max(deadline - time.monotonic(), 0))
+            except (asyncio.TimeoutError, ConnectionError):
+                pass
+        else:
+            await asyncio.wait([f for _, f in futs], timeout=max(deadline - time.monotonic(), 0))
+        out = []
+        for i, f in futs:
+            if not f.done():
+                conn.pending.pop(i, None)
+                f.cancel()
+                out.append(fail.result(f"no answer within {timeout * 1000:g} ms"))
+            elif f.exception() is not None:
+                out.append(fail.result(str(f.exception())))
+            else:
+                out.append(fail.answer(f.result()))
+        return out
+
+
+# ---------------------------------------------------------------- middleware
+
+_SLASHES = re.compile(r"/{2,}")
+
+
+def normalize_path(path: str) -> str:
+    """Returns path without its query, with runs of slashes collapsed and a
+    leading slash: "//v1//search/?q=1" is "/v1/search/"."""
+    path = path.split("?", 1)[0]
+    path = _SLASHES.sub("/", path)
+    return path if path.startswith("/") else "/" + path
+
+
+def _clip(v: bytes) -> bytes:
+    return v[:MAX_VALUE]
+
+
+class _Limiter:
+    """What the WSGI and ASGI middleware share: building the descriptors of
+    a request and the answer of a denied one."""
+
+    def __init__(self, api_key_header: str, cost: int, trusted_proxies: Iterable[str],
+                 extra: Optional[Callable[[Any], Iterable[Tuple[Any, Any]]]]):
+        self.api_key_header = api_key_header
+        self.cost = cost
+        self.trusted = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
+        self.extra = extra
+
+    def _trusted(self, ip: str) -> bool:
+        try:
+            a = ipaddress.ip_address(ip)
+        except ValueError:
+            return False
+        return any(a in n for n in self.trusted)
+
+    def client_ip(self, peer: str, forwarded_for: Optional[str], real_ip: Optional[str]) -> str:
+        """Returns the client's address: the peer's, or, when the peer is a
+        trusted proxy, the last X-Forwarded-For hop that is not one
+        (else X-Real-IP)."""
+        if not self.trusted or not self._trusted(peer):
+            return peer
+        if forwarded_for:
+            for hop in reversed([h.strip() for h in forwarded_for.split(",") if h.strip()]):
+                if not self._trusted(hop):
+                    return hop
+        if real_ip:
+            return real_ip.strip()
+        return peer
+
+    def descriptors(self, ip: str, api_key: Optional[bytes], path: bytes, method: str, request: Any) -> list:
+        d = [("ip", _clip(ip.encode("latin-1", "replace")))]
+        if api_key:
+            d.append(("api_key", _clip(api_key)))
+        d.append(("endpoint", _clip(path)))
+        d.append(("method", method.encode("latin-1", "replace")[:MAX_VALUE]))
+        if self.extra is not None:
+            d.extend(self.extra(request))
+        return d
+
+    @staticmethod
+    def denial(r: Result) -> Optional[Tuple[int, str, bytes]]:
+        """Returns (status, reason, JSON body) for a result that may not go through."""
+        if r.allowed:
+            return None
+        if r.status == LIMITED:
+            retry = max(1, _seconds(r.retry_after_ms))
+            body = {"error": {"code": "RATE_LIMIT_EXCEEDED",
+                              "message": f"rate limit {json.dumps(r.rule)} exceeded; retry after {retry}s",
+                              "details": {"rule": r.rule, "limit": r.limit, "window_seconds": _seconds(r.window_ms),
+                                          "retry_after_seconds": retry,
+                                          "reset_at": -(-(time.time_ns() + r.reset_ms * 1_000_000) // 1_000_000_000)}}}
+            return 429, "Too Many Requests", _json(body)
+        if r.status == BLOCKED:
+            return 403, "Forbidden", _json({"error": {"code": "BLOCKED", "message": "request blocked by the deny list"}})
+        if r.code in _OUTAGE_CODES:
+            return 503, "Service Unavailable", _json({"error": {"code": "UNAVAILABLE",
+                                                                "message": "the rate limiter is unavailable"}})
+        return 500, "Internal Server Error", _json({"error": {"code": "INTERNAL",
+                                                              "message": f"rate limiter error: {r.error}"}})
+
+
+def _json(v: Any) -> bytes:
+    return (json.dumps(v, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+class WSGIMiddleware:
+    """Checks every request of a WSGI application with rld.
+
+    The descriptors are ip (REMOTE_ADDR, or from X-Forwarded-For / X-Real-IP
+    when REMOTE_ADDR is in trusted_proxies), api_key (the api_key_header,
+    when present), endpoint (the path without query, slashes collapsed),
+    method, then whatever extra(environ) returns. Values are cut to 1024
+    bytes. Every answer gets the rate-limit headers; a limited request is
+    answered 429 with Retry-After and a JSON body, a blocked one 403, and,
+    when the client fails closed, 503.
+    """
+
+    def __init__(self, app: Callable, client: Client, *, api_key_header: str = "X-API-Key", cost: int = 1,
+                 trusted_proxies: Iterable[str] = (), extra: Optional[Callable[[dict], Iterable]] = None):
+        self.app = app
+        self.client = client
+        self._limiter = _Limiter(api_key_header, cost, trusted_proxies, extra)
+        self._key_env = "HTTP_" + api_key_header.upper().replace("-", "_")
+
+    def descriptors(self, environ: dict) -> list:
+        """Returns the descriptors of a request."""
+        lim = self._limiter
+        ip = lim.client_ip(environ.get("REMOTE_ADDR", ""), environ.get("HTTP_X_FORWARDED_FOR"),
+                           environ.get("HTTP_X_REAL_IP"))
+        key = environ.get(self._key_env)
+        # WSGI strings are the request's bytes decoded as latin-1.
+        path = normalize_path(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
+        return lim.descriptors(ip, key.encode("latin-1", "replace") if key else None,
+                               path.encode("latin-1", "replace"), environ.get("REQUEST_METHOD", "GET"), environ)
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        r = self.client.check(self.descriptors(environ), self._limiter.cost)
+        extra = r.headers()
+        denied = _Limiter.denial(r)
+        if denied is not None:
+            status, reason, body = denied
+            start_response(f"{status} {reason}", extra + [("Content-Type", "application/json"),
+                                                         ("Content-Length", str(len(body)))])
+            return [body]
+
+        def start(status: str, headers: list, exc_info: Any = None) -> Callable:
+            return start_response(status, list(headers) + extra, exc_info)
+
+        return self.app(environ, start)
+
+
+class ASGIMiddleware:
+    """Checks every HTTP request of an ASGI application with rld, as
+    WSGIMiddleware does (the peer is scope["client"]); extra(scope) may add
+    descriptors. Other scopes (lifespan, websocket) pass through."""
+
+    def __init__(self, app: Callable, client: AsyncClient, *, api_key_header: str = "X-API-Key", cost: int = 1,
+                 trusted_proxies: Iterable[str] = (), extra: Optional[Callable[[dict], Iterable]] = None):
+        self.app = app
+        self.client = client
+        self._limiter = _Limiter(api_key_header, cost, trusted_proxies, extra)
+        self._key = api_key_header.lower().encode("latin-1")
+
+    def descriptors(self, scope: dict) -> list:
+        """Returns the descriptors of a request."""
+        headers = {}
+        for k, v in scope.get("headers") or ():
+            headers.setdefault(k.lower(), v)
+        peer = (scope.get("client") or ("",))[0] or ""
+        xff, xri = headers.get(b"x-forwarded-for"), headers.get(b"x-real-ip")
+        ip = self._limiter.client_ip(peer, xff.decode("latin-1") if xff else None, xri.decode("latin-1") if xri else None)
+        path = normalize_path(scope.get("root_path", "") + scope.get("path", "/")).encode("utf-8", "surrogateescape")
+        return self._limiter.descriptors(ip, headers.get(self._key), path, scope.get("method", "GET"), scope)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        r = await self.client.check(self.descriptors(scope), self._limiter.cost)
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in r.headers()]
+        denied = _Limiter.denial(r)
+        if denied is not None:
+            status, _, body = denied
+            await send({"type": "http.response.start", "status": status,
+                        "headers": extra + [(b"content-type", b"application/json"),
+                                            (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+
+        async def send_with_headers(message: dict) -> None:
+            if message.get("type") == "http.response.start":
+                message = dict(message)
+                message["headers"] = list(message.get("headers") or ()) + extra
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,338 @@
+"""Client and AsyncClient against a real rld daemon."""
+
+import asyncio
+import logging
+import os
+import socket
+import tempfile
+import threading
+import unittest
+import urllib.error
+import urllib.request
+
+from rldtest import Daemon, env, poll, rld, unique
+
+LIMITS = {"a": ("match-a", 1000), "b": ("match-b", 2000)}
+
+
+def request(i, j, run):
+    """The descriptors and cost of request j of worker i, and the answer's
+    rule and remaining it must get: every request has its own fresh key."""
+    group = "ab"[(i + j) % 2]
+    cost = 1 + (i * 7 + j) % 50
+    rule, limit = LIMITS[group]
+    return [("group", group), ("k", f"{run}-{i}-{j}")], cost, (rule, limit - cost, limit)
+
+
+class ClientTest(unittest.TestCase):
+    def setUp(self):
+        self.socket = env("RLD_TEST_SOCKET")
+        self.client = rld.Client(self.socket, timeout=10)
+        self.addCleanup(self.client.close)
+
+    def test_ping(self):
+        self.assertTrue(self.client.ping())
+
+    def test_check_and_peek(self):
+        key = unique()
+        r = self.client.peek({"group": "a", "k": key}, cost=3)
+        self.assertEqual((r.decision, r.rule, r.limit, r.remaining), ("allowed", "match-a", 1000, 997))
+        r = self.client.check([("group", "a"), ("k", key)], cost=3)
+        self.assertEqual((r.decision, r.allowed, r.rule, r.limit, r.remaining, r.window), ("allowed", True, "match-a", 1000, 997, 3600.0))
+        self.assertFalse(r.failed or r.degraded)
+        r = self.client.check({b"group": b"b", "k": key})
+        self.assertEqual((r.rule, r.remaining), ("match-b", 1999))
+
+    def test_no_rule(self):
+        r = self.client.check({"nothing": "matches"})
+        self.assertEqual((r.decision, r.rule, r.limit), ("allowed", "", 0))
+        self.assertEqual(r.headers(), [])
+
+    def test_limit_then_limited(self):
+        key = unique()
+        d = {"endpoint": "/limited", "api_key": key}
+        results = [self.client.check(d) for _ in range(6)]
+        self.assertEqual([r.decision for r in results], ["allowed"] * 5 + ["limited"])
+        self.assertEqual([r.remaining for r in results], [4, 3, 2, 1, 0, 0])
+        last = results[-1]
+        self.assertEqual((last.rule, last.limit, last.allowed), ("five", 5, False))
+        self.assertGreater(last.retry_after_ms, 0)
+        h = dict(last.headers())
+        self.assertEqual(h["X-RateLimit-Limit"], "5")
+        self.assertEqual(h["X-RateLimit-Remaining"], "0")
+        self.assertGreaterEqual(int(h["Retry-After"]), 1)
+        self.assertEqual(h["RateLimit-Policy"], '"five";q=5;w=3600')
+
+    def test_blocked(self):
+        r = self.client.check({"api_key": "blocked-" + unique()})
+        self.assertEqual((r.decision, r.allowed, r.rule), ("blocked", False, "deny"))
+
+    def test_daemon_error_answer(self):
+        # cost_too_large says the request is wrong: it is never allowed,
+        # whatever the fail mode.
+        r = self.client.check({"endpoint": "/limited", "api_key": unique()}, cost=6)
+        self.assertEqual((r.decision, r.allowed, r.error, r.failed), ("error", False, "cost_too_large", False))
+
+    def test_encode_error_raises(self):
+        with self.assertRaises(rld.EncodeError):
+            self.client.check({"k": "v" * 1025})
+        with self.assertRaises(rld.EncodeError):
+            self.client.check({"": "v"})
+        with self.assertRaises(rld.EncodeError):
+            self.client.check({"k": 1})
+        self.assertTrue(self.client.ping())  # the connection is unharmed
+
+    def test_threads_answers_match_requests(self):
+        # 50 threads share one client (one connection); every answer must
+        # be its own request's: the rule and remaining identify it.
+        run = unique()
+        errors = []
+        mismatches = []
+        barrier = threading.Barrier(50)
+
+        def worker(i):
+            try:
+                barrier.wait()
+                for j in range(40):
+                    d, cost, want = request(i, j, run)
+                    r = self.client.check(d, cost)
+                    if (r.rule, r.remaining, r.limit) != want or r.failed:
+                        mismatches.append((i, j, r, want))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(50)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(mismatches, [])
+        self.assertEqual(self.client.failures, 0)
+
+    def test_check_many_pipelined(self):
+        run = unique()
+        reqs = [request(0, j, run) for j in range(64)]
+        # check_many takes one cost: group the requests by cost.
+        by_cost = {}
+        for d, cost, want in reqs:
+            by_cost.setdefault(cost, []).append((d, want))
+        for cost, items in by_cost.items():
+            results = self.client.check_many([d for d, _ in items], cost)
+            self.assertEqual([(r.rule, r.remaining, r.limit) for r in results], [w for _, w in items])
+        key = unique()
+        results = self.client.check_many([{"endpoint": "/limited", "api_key": key}] * 7)
+        self.assertEqual(sorted(r.decision for r in results), ["allowed"] * 5 + ["limited"] * 2)
+
+
+class AsyncClientTest(unittest.TestCase):
+    def setUp(self):
+        self.socket = env("RLD_TEST_SOCKET")
+
+    def test_tasks_answers_match_requests(self):
+        # 500 tasks share one AsyncClient (one connection).
+        run = unique()
+
+        async def main():
+            async with rld.AsyncClient(self.socket, timeout=10) as c:
+                self.assertTrue(await c.ping())
+
+                async def task(i):
+                    out = []
+                    for j in range(4):
+                        d, cost, want = request(i, j, run)
+                        r = await c.check(d, cost)
+                        out.append(((r.rule, r.remaining, r.limit), want, r.failed))
+                    return out
+
+                results = await asyncio.gather(*(task(i) for i in range(500)))
+                return results, c.failures
+
+        results, failures = asyncio.run(main())
+        bad = [x for out in results for x in out if x[0] != x[1] or x[2]]
+        self.assertEqual(len(results), 500)
+        self.assertEqual(bad, [])
+        self.assertEqual(failures, 0)
+
+    def test_limit_blocked_and_many(self):
+        key = unique()
+
+        async def main():
+            async with rld.AsyncClient(self.socket, timeout=10) as c:
+                seq = [await c.check({"endpoint": "/limited", "api_key": key}) for _ in range(6)]
+                peek = await c.peek({"endpoint": "/limited", "api_key": key})
+                blocked = await c.check({"api_key": "blocked-x"})
+                many = await c.check_many([{"group": "a", "k": unique()} for _ in range(64)], cost=2)
+                return seq, peek, blocked, many
+
+        seq, peek, blocked, many = asyncio.run(main())
+        self.assertEqual([r.decision for r in seq], ["allowed"] * 5 + ["limited"])
+        self.assertGreater(seq[-1].retry_after_ms, 0)
+        self.assertEqual(peek.decision, "limited")
+        self.assertEqual(blocked.decision, "blocked")
+        self.assertEqual({(r.rule, r.remaining) for r in many}, {("match-a", 998)})
+        self.assertEqual(len(many), 64)
+
+
+class HeadersTest(unittest.TestCase):
+    def test_headers_as_the_http_endpoint(self):
+        # The same answer asked over the socket and over the daemon's HTTP
+        # endpoint gets the same header fields.
+        d = Daemon(http=True)
+        self.addCleanup(d.close)
+        c = rld.Client(d.socket, timeout=10)
+        self.addCleanup(c.close)
+        for key, n in ((unique(), 2), (unique(), 6)):
+            desc = {"endpoint": "/limited", "api_key": key}
+            for _ in range(n):
+                c.check(desc)
+            r = c.peek(desc)
+            url = f"http://{d.http}/v1/check?endpoint=/limited&api_key={key}&peek=1"
+            try:
+                resp = urllib.request.urlopen(url, timeout=10)
+            except urllib.error.HTTPError as e:
+                resp = e
+            resp.close()
+            names = ["X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy",
+                     "RateLimit", "Retry-After"]
+            http = [(k, resp.headers[k]) for k in names if resp.headers[k] is not None]
+            mine = r.headers()
+            self.assertEqual([k for k, _ in mine], [k for k, _ in http])
+            for (k, got), (_, want) in zip(mine, http):
+                if k == "X-RateLimit-Reset":  # a Unix time: the two were rendered at different moments
+                    self.assertLessEqual(abs(int(got) - int(want)), 1, k)
+                else:
+                    self.assertEqual(got, want, k)
+
+
+class FailModeTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+        self.nobody = os.path.join(self.dir.name, "nobody.sock")
+
+    def test_fail_open_when_unreachable(self):
+        c = rld.Client(self.nobody)
+        with self.assertLogs("rld", logging.WARNING) as logs:
+            results = [c.check({"k": "v"}) for _ in range(5)]
+        for r in results:
+            self.assertEqual((r.allowed, r.failed, r.failed_open, r.error), (True, True, True, "unavailable"))
+            self.assertEqual(r.headers(), [])
+        self.assertEqual(c.failures, 5)
+        self.assertEqual(len(logs.records), 1, "logged once per interval")
+        self.assertFalse(c.ping())
+
+    def test_fail_closed_when_unreachable(self):
+        c = rld.Client(self.nobody, fail_open=False, log_interval=3600)
+        with self.assertLogs("rld", logging.WARNING):
+            r = c.check({"k": "v"})
+        self.assertEqual((r.allowed, r.decision, r.failed, r.failed_open, r.error), (False, "error", True, False, "unavailable"))
+
+    def test_raise_errors(self):
+        c = rld.Client(self.nobody, raise_errors=True)
+        with self.assertRaises(rld.Unavailable):
+            c.check({"k": "v"})
+
+    def test_async_fail_open_and_closed(self):
+        async def main():
+            with self.assertLogs("rld", logging.WARNING):
+                o = await rld.AsyncClient(self.nobody).check({"k": "v"})
+                c = await rld.AsyncClient(self.nobody, fail_open=False).check({"k": "v"})
+            return o, c
+
+        o, c = asyncio.run(main())
+        self.assertEqual((o.allowed, o.failed_open), (True, True))
+        self.assertEqual((c.allowed, c.decision), (False, "error"))
+
+    def test_slow_daemon_times_out(self):
+        # A socket that accepts and never answers: the call gives up after
+        # its timeout and fails open.
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(self.nobody)
+        srv.listen(8)
+        self.addCleanup(srv.close)
+        c = rld.Client(self.nobody, timeout=0.05, log_interval=3600)
+        self.addCleanup(c.close)
+        with self.assertLogs("rld", logging.WARNING):
+            r = c.check({"k": "v"})
+        self.assertEqual((r.allowed, r.failed_open), (True, True))
+        self.assertIn("no answer within 50 ms", r.message)
+
+        async def main():
+            ac = rld.AsyncClient(self.nobody, timeout=0.05, fail_open=False, log_interval=3600)
+            try:
+                return await ac.check_many([{"k": "v"}] * 3)
+            finally:
+                await ac.close()
+
+        with self.assertLogs("rld", logging.WARNING):
+            rs = asyncio.run(main())
+        self.assertEqual([(r.decision, r.failed) for r in rs], [("error", True)] * 3)
+
+    def test_daemon_killed_mid_run_and_back(self):
+        # Threads and tasks check in a loop while the daemon is killed: no
+        # call raises, every answer is the daemon's or fails open; once the
+        # daemon is back the limits apply again on the same clients.
+        d = Daemon()
+        self.addCleanup(d.close)
+        c = rld.Client(d.socket, timeout=0.5, retry_interval=0.01, log_interval=3600)
+        ac = rld.AsyncClient(d.socket, timeout=0.5, retry_interval=0.01, log_interval=3600)
+        self.addCleanup(c.close)
+        stop = threading.Event()
+        seen = {"daemon": 0, "failed_open": 0}
+        errors = []
+        lock = threading.Lock()
+
+        def record(r):
+            with lock:
+                if r.failed:
+                    if not (r.allowed and r.failed_open):
+                        errors.append(r)
+                    seen["failed_open"] += 1
+                elif r.decision == "allowed" and r.rule == "match-a":
+                    seen["daemon"] += 1
+                else:
+                    errors.append(r)
+
+        def worker():
+            try:
+                while not stop.is_set():
+                    record(c.check({"group": "a", "k": unique()}))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        logging.getLogger("rld").disabled = True
+        self.addCleanup(setattr, logging.getLogger("rld"), "disabled", False)
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        try:
+            poll(lambda: seen["daemon"] >= 100, "answers from the daemon")
+            d.kill()
+            poll(lambda: seen["failed_open"] >= 100, "fail-open answers after the kill")
+            # While it is down, asyncio fails open too.
+            r = asyncio.run(ac.check({"group": "a", "k": unique()}))
+            self.assertEqual((r.allowed, r.failed_open), (True, True))
+            d.start()
+            before = seen["daemon"]
+            poll(lambda: seen["daemon"] >= before + 100, "answers from the restarted daemon")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        self.assertEqual(errors, [])
+        key = unique()
+        seq = [c.check({"endpoint": "/limited", "api_key": key}).decision for _ in range(6)]
+        self.assertEqual(seq, ["allowed"] * 5 + ["limited"])
+
+        async def limited_again():
+            try:
+                return [(await ac.check({"endpoint": "/limited", "api_key": key})).decision for _ in range(2)]
+            finally:
+                await ac.close()
+
+        self.assertEqual(asyncio.run(limited_again()), ["limited", "limited"])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,166 @@
+"""Replays the golden corpus (clients/testdata/golden.tsv) through rld.py."""
+
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import rld  # noqa: E402
+
+CORPUS = os.path.join(HERE, "..", "..", "testdata", "golden.tsv")
+
+
+def unhex(s):
+    return b"" if s == "-" else bytes.fromhex(s)
+
+
+def descs(s):
+    if s == "-":
+        return []
+    out = []
+    for part in s.split(","):
+        name, value = part.split(":")
+        out.append((bytes.fromhex(name), bytes.fromhex(value)))
+    return out
+
+
+def load():
+    lines = []
+    with open(CORPUS, encoding="utf-8") as f:
+        for no, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line or line.startswith("#"):
+                continue
+            lines.append((no, line.split("\t")))
+    return lines
+
+
+def fields(r):
+    """The decoded fields a decode line lists, in its order."""
+    return (r.id, r.op, r.flags, r.status, r.limit, r.remaining, r.reset_ms, r.retry_ms, r.window_ms,
+            r.rule, r.code, r.message)
+
+
+class CorpusTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.lines = load()
+
+    def of_kind(self, kind):
+        got = [(no, f) for no, f in self.lines if f[0] == kind]
+        self.assertTrue(got, f"the corpus has no {kind} line")
+        return got
+
+    def test_kinds(self):
+        kinds = {f[0] for _, f in self.lines}
+        self.assertEqual(kinds, {"encode", "encode_error", "decode", "decode_error"})
+
+    def test_encode(self):
+        for no, f in self.of_kind("encode"):
+            with self.subTest(line=no, name=f[1]):
+                self.assertEqual(len(f), 7)
+                _, _, rid, op, cost, ds, want = f
+                got = rld.encode_request(int(op), int(rid), int(cost), descs(ds))
+                self.assertEqual(got.hex(), want)
+
+    def test_encode_dict_and_str(self):
+        # The worked example, with a dict of str as an application writes it.
+        want = [f[6] for _, f in self.of_kind("encode") if f[1] == "worked-example"][0]
+        got = rld.encode_request(rld.OP_CHECK, 7, 1, {"api_key": "sk_123", "endpoint": "/v1/search"})
+        self.assertEqual(got.hex(), want)
+
+    def test_encode_error(self):
+        for no, f in self.of_kind("encode_error"):
+            with self.subTest(line=no, name=f[1]):
+                self.assertEqual(len(f), 7)
+                _, _, rid, op, cost, ds, _ = f
+                with self.assertRaises(rld.EncodeError):
+                    rld.encode_request(int(op), int(rid), int(cost), descs(ds))
+
+    def test_encode_error_sends_nothing(self):
+        # A refused request never reaches the socket: the client does not
+        # even connect (no failure is counted).
+        c = rld.Client("/nonexistent/rld.sock")
+        for no, f in self.of_kind("encode_error"):
+            op, cost, ds = int(f[3]), int(f[4]), descs(f[5])
+            call = c.check if op == rld.OP_CHECK else c.peek
+            with self.subTest(line=no, name=f[1]), self.assertRaises(rld.EncodeError):
+                call(ds, cost)
+        self.assertEqual(c.failures, 0)
+
+    def decode_lines(self):
+        for no, f in self.of_kind("decode"):
+            self.assertEqual(len(f), 15, f"line {no}")
+            frame = bytes.fromhex(f[2])
+            want = tuple(int(x) for x in f[3:12]) + (unhex(f[12]), int(f[13]), unhex(f[14]))
+            yield no, f[1], frame, want
+
+    def test_decode(self):
+        for no, name, frame, want in self.decode_lines():
+            with self.subTest(line=no, name=name):
+                self.assertEqual(fields(rld.decode_response(frame)), want)
+
+    def test_decode_error(self):
+        for no, f in self.of_kind("decode_error"):
+            with self.subTest(line=no, name=f[1]):
+                self.assertEqual(len(f), 4)
+                with self.assertRaises(rld.DecodeError):
+                    rld.decode_response(unhex(f[2]))
+
+    def test_decode_error_through_the_stream(self):
+        # A frame whose length field is out of range loses the framing:
+        # the stream splitter refuses it before reading a body.
+        for no, f in self.of_kind("decode_error"):
+            frame = unhex(f[2])
+            if len(frame) < 4:
+                continue
+            length = int.from_bytes(frame[:4], "big")
+            if 8 <= length <= 16380:
+                continue
+            with self.subTest(line=no, name=f[1]), self.assertRaises(rld.DecodeError):
+                rld.FrameBuffer().feed(frame)
+
+    def test_one_byte_changed(self):
+        # The corpus guards the decoder: with any one byte of a golden
+        # answer changed, it refuses the frame or decodes other fields.
+        for no, name, frame, want in self.decode_lines():
+            with self.subTest(line=no, name=name):
+                for i in range(len(frame)):
+                    for x in (0x01, 0x80, 0xFF):
+                        bad = bytearray(frame)
+                        bad[i] ^= x
+                        try:
+                            got = fields(rld.decode_response(bytes(bad)))
+                        except rld.DecodeError:
+                            continue
+                        self.assertNotEqual(got, want, f"byte {i} ^ {x:#x} decodes to the same answer")
+
+    def test_frame_buffer_splits_the_stream(self):
+        frames = [f for _, _, f, _ in self.decode_lines()]
+        stream = b"".join(frames)
+        fb = rld.FrameBuffer()
+        got = []
+        for i in range(0, len(stream), 7):  # fed in small pieces
+            got.extend(fb.feed(stream[i:i + 7]))
+        self.assertEqual(got, frames)
+
+    def test_results_and_headers(self):
+        # The worked example's answer, as the daemon's HTTP endpoint renders it.
+        for _, name, frame, _ in self.decode_lines():
+            if name == "worked-example":
+                r = rld.Result.from_response(rld.decode_response(frame))
+        self.assertEqual((r.decision, r.allowed, r.rule, r.retry_after, r.window), ("limited", False, "search", 2.0, 60.0))
+        self.assertEqual(r.headers(now=1_700_000_000.5), [
+            ("X-RateLimit-Limit", "30"),
+            ("X-RateLimit-Remaining", "0"),
+            ("X-RateLimit-Reset", "1700000042"),
+            ("RateLimit-Policy", '"search";q=30;w=60'),
+            ("RateLimit", '"search";r=0;t=41'),
+            ("Retry-After", "2"),
+        ])
+
+
+if __name__ == "__main__":
+    unittest.main()
