@@ -12,6 +12,7 @@ NEEDS=(
   "redis-server redis-server"
   "redis-cli redis-tools"
   "python3 python3"
+  "/usr/lib/python3/dist-packages/wheel python3-venv python3-setuptools python3-wheel"
 )
 
 missing=()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/rld/rld/daemon/daemontest"
@@ -46,4 +47,43 @@ func TestPython(t *testing.T) {
 		t.Fatalf("python3 -m unittest: %v\n%s\nrld's log:\n%s", err, out, p.Logs())
 	}
 	t.Logf("%s", out)
+}
+
+// TestPipInstall installs clients/python with pip, offline, into a new
+// virtual environment of Debian's python3 (whose setuptools and wheel
+// build it), and imports the installed module from outside the tree.
+func TestPipInstall(t *testing.T) {
+	const py = "/usr/bin/python3" // Debian's, with python3-setuptools and python3-wheel (make deps)
+	venv := filepath.Join(t.TempDir(), "venv")
+	run := func(dir string, name string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "PIP_NO_INDEX=1", "PIP_DISABLE_PIP_VERSION_CHECK=1", "PYTHONDONTWRITEBYTECODE=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return string(out)
+	}
+	// pip writes build/ and *.egg-info beside pyproject.toml: build a copy.
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"pyproject.toml", "README.md", "rld.py"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(".", py, "-m", "venv", "--system-site-packages", venv)
+	run(".", filepath.Join(venv, "bin", "pip"), "install", "--no-build-isolation", src)
+	got := run(venv, filepath.Join(venv, "bin", "python"), "-c", "import rld; print(rld.__file__)")
+	if want := filepath.Join(venv, "lib"); !strings.HasPrefix(got, want) {
+		t.Fatalf("rld imported from %q, want the venv's site-packages under %s", got, want)
+	}
 }
