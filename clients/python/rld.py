@@ -24,6 +24,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import os
 import re
 import socket
 import struct
@@ -115,7 +116,11 @@ def _check_body(cost: int, descriptors: Descriptors) -> bytes:
     pairs = () if descriptors is None else descriptors.items() if isinstance(descriptors, Mapping) else descriptors
     parts = []
     size = HEADER_SIZE + _CHECK_BODY.size
-    for name, value in pairs:
+    for pair in pairs:
+        try:
+            name, value = pair
+        except (TypeError, ValueError):
+            raise EncodeError(f"descriptor {pair!r} is not a (name, value) pair") from None
         if len(parts) == MAX_DESCRIPTORS:
             raise EncodeError(f"more than {MAX_DESCRIPTORS} descriptors")
         n, v = _raw(name, "descriptor name"), _raw(value, "descriptor value")
@@ -473,6 +478,7 @@ class _Conn:
         except BaseException:
             self.sock.close()
             raise
+        self.pid = os.getpid()
         self.lock = threading.Lock()  # guards pending, error, next_id
         self.pending: dict = {}
         self.error: Optional[BaseException] = None
@@ -612,7 +618,11 @@ class Client(_Base):
                 raise RldError("client closed")
             c = self._conn
             if c is not None and c.error is None:
-                return c
+                if c.pid == os.getpid():
+                    return c
+                # A child process (a forking server's worker) must not share
+                # its parent's connection: it opens its own.
+                self._conn = None
             self._connect_allowed()
             try:
                 self._conn = _Conn(self.socket_path, timeout)

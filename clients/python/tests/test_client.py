@@ -110,6 +110,18 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(mismatches, [])
         self.assertEqual(self.client.failures, 0)
 
+    def test_forked_child_opens_its_own_connection(self):
+        # A forking server's worker must not read its parent's answers.
+        key = unique()
+        self.assertEqual(self.client.check({"group": "a", "k": key}).remaining, 999)
+        pid = os.fork()
+        if pid == 0:
+            r = self.client.check({"group": "a", "k": key}, timeout=5)
+            os._exit(0 if (r.rule, r.remaining, r.failed) == ("match-a", 998, False) else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual(self.client.check({"group": "a", "k": key}).remaining, 997)
+
     def test_check_many_pipelined(self):
         run = unique()
         reqs = [request(0, j, run) for j in range(64)]
