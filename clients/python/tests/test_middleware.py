@@ -10,7 +10,11 @@ import urllib.error
 import urllib.request
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from rldtest import env, rld, unique
+import logging
+import socketserver
+from wsgiref.simple_server import WSGIServer
+
+from rldtest import Daemon, env, poll, rld, unique
 
 RATE_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit")
 
@@ -130,6 +134,63 @@ class WSGITest(unittest.TestCase, Sequence):
             status, _, body = get(self.serve(rld.Client(nobody, fail_open=False)) + "/limited", {"X-API-Key": "k"})
         self.assertEqual(status, 503)
         self.assertEqual(json.loads(body)["error"]["code"], "UNAVAILABLE")
+
+
+class ThreadingWSGIServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class KillUnderLoadTest(unittest.TestCase):
+    def test_no_5xx_when_rld_is_killed_and_back(self):
+        # Requests in a loop from 4 threads while rld is killed and started
+        # again: every answer is 200; with rate-limit headers while rld
+        # answers, without while it is down, with them again once it is back.
+        d = Daemon()
+        self.addCleanup(d.close)
+        c = rld.Client(d.socket, timeout=0.5, retry_interval=0.01, log_interval=3600)
+        self.addCleanup(c.close)
+        app = rld.WSGIMiddleware(hello_wsgi, c, extra=lambda env: [("group", "a"), ("k", unique())])
+        httpd = make_server("127.0.0.1", 0, app, server_class=ThreadingWSGIServer, handler_class=QuietHandler)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        self.addCleanup(httpd.server_close)
+        self.addCleanup(httpd.shutdown)
+        url = f"http://127.0.0.1:{httpd.server_port}/v1/anything"
+        stop = threading.Event()
+        seen = {"limited": 0, "open": 0}
+        bad = []
+        lock = threading.Lock()
+
+        def worker():
+            while not stop.is_set():
+                try:
+                    status, h, _ = get(url)
+                except OSError as e:  # a refused HTTP connection is a failure too
+                    status, h = repr(e), {}
+                with lock:
+                    if status != 200:
+                        bad.append(status)
+                    elif h.get("RateLimit-Policy") == '"match-a";q=1000;w=3600':
+                        seen["limited"] += 1
+                    else:
+                        seen["open"] += 1
+
+        logging.getLogger("rld").disabled = True
+        self.addCleanup(setattr, logging.getLogger("rld"), "disabled", False)
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            poll(lambda: seen["limited"] >= 50, "answers checked by rld")
+            d.kill()
+            poll(lambda: seen["open"] >= 50, "answers while rld is down")
+            d.start()
+            before = seen["limited"]
+            poll(lambda: seen["limited"] >= before + 50, "answers checked by the restarted rld")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        self.assertEqual(bad, [])
 
 
 class DescriptorsTest(unittest.TestCase):
