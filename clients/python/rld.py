@@ -449,9 +449,10 @@ class _Waiter:
     """One call's answer slot: the caller blocks on a held lock that the
     reader releases."""
 
-    __slots__ = ("_lock", "response", "error")
+    __slots__ = ("_lock", "id", "response", "error")
 
     def __init__(self) -> None:
+        self.id = 0
         self._lock = threading.Lock()
         self._lock.acquire()
         self.response: Optional[Response] = None
@@ -497,7 +498,7 @@ class _Conn:
                 while i in self.pending:
                     i = (i + 1) & MAX_ID
                 self.next_id = (i + 1) & MAX_ID
-                self.pending[i] = w
+                self.pending[i], w.id = w, i
                 frames.append(_frame(op, i, body))
         try:
             with self.wlock:
@@ -509,11 +510,7 @@ class _Conn:
     def forget(self, w: _Waiter) -> bool:
         """Removes w after a timeout; False when the reader already took it."""
         with self.lock:
-            for i, x in self.pending.items():
-                if x is w:
-                    del self.pending[i]
-                    return True
-        return False
+            return self.pending.pop(w.id, None) is not None
 
     def fail(self, err: BaseException) -> None:
         with self.lock:
