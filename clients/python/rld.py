@@ -614,12 +614,14 @@ class Client(_Base):
             if self._closed:
                 raise RldError("client closed")
             c = self._conn
-            if c is not None and c.error is None:
-                if c.pid == os.getpid():
-                    return c
+            if c is not None and c.pid != os.getpid():
                 # A child process (a forking server's worker) must not share
-                # its parent's connection: it opens its own.
-                self._conn = None
+                # its parent's connection: it closes its copy (the parent's
+                # stays open) and opens its own.
+                c.sock.close()
+                c = self._conn = None
+            if c is not None and c.error is None:
+                return c
             self._connect_allowed()
             try:
                 self._conn = _Conn(self.socket_path, timeout)

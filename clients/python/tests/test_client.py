@@ -4,8 +4,10 @@ import asyncio
 import logging
 import os
 import socket
+import struct
 import tempfile
 import threading
+import time
 import unittest
 import urllib.error
 import urllib.request
@@ -215,6 +217,102 @@ class HeadersTest(unittest.TestCase):
                     self.assertLessEqual(abs(int(got) - int(want)), 1, k)
                 else:
                     self.assertEqual(got, want, k)
+
+
+class FakeDaemon:
+    """A Unix socket server that answers the CHECKs whose first descriptor
+    value starts with "answer", in reverse order of each read, with
+    remaining = the request's cost; it never answers the others."""
+
+    def __init__(self, path):
+        self.srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.srv.bind(path)
+        self.srv.listen(8)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.answer, args=(conn,), daemon=True).start()
+
+    def answer(self, conn):
+        fb = rld.FrameBuffer()
+        with conn:
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                out = []
+                for f in fb.feed(data):
+                    rid, cost, vlen = int.from_bytes(f[8:12], "big"), int.from_bytes(f[12:16], "big"), f[17]
+                    value = f[18 + vlen + 2:]
+                    if value.startswith(b"answer"):
+                        out.append(struct.pack(">IBBHIBQQIIIB4sHH", 8 + 34 + 4, 1, 0x81, 0, rid, 0, 100, cost,
+                                               1000, 0, 1000, 4, b"fake", 0, 0))
+                conn.sendall(b"".join(reversed(out)))
+
+    def close(self):
+        self.srv.close()
+
+
+class MixedAnswersTest(unittest.TestCase):
+    def test_answers_and_timeouts_mixed(self):
+        # 20 threads share a client; half their calls are never answered.
+        # Each answered call gets its own answer, each other one times out
+        # (fails open) without holding up the rest.
+        d = tempfile.TemporaryDirectory()
+        self.addCleanup(d.cleanup)
+        path = os.path.join(d.name, "fake.sock")
+        fake = FakeDaemon(path)
+        self.addCleanup(fake.close)
+        c = rld.Client(path, timeout=0.3, log_interval=3600)
+        self.addCleanup(c.close)
+        bad = []
+
+        def worker(i):
+            for j in range(10):
+                cost = 1 + i * 10 + j
+                answered = (i + j) % 2 == 0
+                start = time.monotonic()
+                r = c.check([("v", "answer" if answered else "ignore")], cost)
+                took = time.monotonic() - start
+                if answered and (r.failed or r.rule != "fake" or r.remaining != cost):
+                    bad.append(("answered", i, j, r))
+                if not answered and not (r.failed_open and "no answer" in r.message):
+                    bad.append(("ignored", i, j, r))
+                if took > 5:
+                    bad.append(("slow", i, j, took))
+
+        logging.getLogger("rld").disabled = True
+        self.addCleanup(setattr, logging.getLogger("rld"), "disabled", False)
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(bad, [])
+        rs = c.check_many([[("v", "answer")]] * 5 + [[("v", "ignore")]] * 5, cost=7)
+        self.assertEqual([(r.failed, r.remaining) for r in rs], [(False, 7)] * 5 + [(True, 0)] * 5)
+
+        async def tasks():
+            ac = rld.AsyncClient(path, timeout=0.3, log_interval=3600)
+            try:
+                async def one(i):
+                    r = await ac.check([("v", "answer" if i % 2 else "ignore")], i + 1)
+                    return i, r
+
+                return await asyncio.gather(*(one(i) for i in range(200)))
+            finally:
+                await ac.close()
+
+        for i, r in asyncio.run(tasks()):
+            if i % 2:
+                self.assertEqual((r.failed, r.rule, r.remaining), (False, "fake", i + 1))
+            else:
+                self.assertEqual((r.failed_open, r.remaining), (True, 0))
 
 
 class FailModeTest(unittest.TestCase):
