@@ -325,27 +325,28 @@ class Result:
         return self.window_ms / 1000
 
     def headers(self, now: Optional[float] = None) -> List[Tuple[str, str]]:
-        """Returns the HTTP header fields of this answer as the daemon's HTTP
-        endpoint renders them: X-RateLimit-Limit, -Remaining, -Reset (a Unix
-        time), RateLimit-Policy and RateLimit (IETF draft), and Retry-After
-        when limited. None when no limit applied (no rule, the allow or deny
-        list, or a failed call). now is a Unix time, default time.time()."""
+        """Returns the HTTP header fields of this answer, rendered as the
+        daemon's HTTP endpoint renders them: X-RateLimit-Limit, -Remaining,
+        -Reset (a Unix time), the IETF RateLimit field, and Retry-After when
+        limited. The frame carries neither the rule's sustained quota nor its
+        algorithm, so, like `rld check`, this leaves out RateLimit-Policy,
+        and gives RateLimit's t only when limited (the retry-after). None
+        when no limit applied (no rule, the allow or deny list, or a failed
+        call). now is a Unix time, default time.time()."""
         if not self._rule or not self.limit:
             return []
         now_ns = time.time_ns() if now is None else int(now * 1e9)
-        item = _sf_string(self._rule)
-        policy = f"{item};q={self.limit}"
-        if self.window_ms > 0:
-            policy += f";w={_seconds(self.window_ms)}"
+        ratelimit = f"{_sf_string(self._rule)};r={self.remaining}"
         h = [
             ("X-RateLimit-Limit", str(self.limit)),
             ("X-RateLimit-Remaining", str(self.remaining)),
             ("X-RateLimit-Reset", str((now_ns + self.reset_ms * 1_000_000 + 999_999_999) // 1_000_000_000)),
-            ("RateLimit-Policy", policy),
-            ("RateLimit", f"{item};r={self.remaining};t={_seconds(self.reset_ms)}"),
+            ("RateLimit", ratelimit),
         ]
         if self.status == LIMITED:
-            h.append(("Retry-After", str(max(1, _seconds(self.retry_after_ms)))))
+            retry = str(max(1, _seconds(self.retry_after_ms)))
+            h[-1] = ("RateLimit", f"{ratelimit};t={retry}")
+            h.append(("Retry-After", retry))
         return h
 
     def __repr__(self) -> str:

@@ -156,9 +156,19 @@ class CorpusTest(unittest.TestCase):
             ("X-RateLimit-Limit", "30"),
             ("X-RateLimit-Remaining", "0"),
             ("X-RateLimit-Reset", "1700000042"),
-            ("RateLimit-Policy", '"search";q=30;w=60'),
-            ("RateLimit", '"search";r=0;t=41'),
+            ("RateLimit", '"search";r=0;t=2'),
             ("Retry-After", "2"),
+        ])
+        # An allowed answer: RateLimit without t (the frame does not say
+        # when quota comes back), and no Retry-After.
+        for _, name, frame, _ in self.decode_lines():
+            if name == "allowed":
+                r = rld.Result.from_response(rld.decode_response(frame))
+        self.assertEqual(r.headers(now=1_700_000_000), [
+            ("X-RateLimit-Limit", "10"),
+            ("X-RateLimit-Remaining", "9"),
+            ("X-RateLimit-Reset", "1700000006"),
+            ("RateLimit", '"per-key";r=9'),
         ])
 
 

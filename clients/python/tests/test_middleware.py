@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 
 from rldtest import Daemon, env, poll, rld, unique
 
-RATE_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit")
+RATE_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit")
 
 
 def get(url, headers=None):
@@ -70,7 +70,7 @@ class Sequence:
             self.assertEqual(h["X-App"], "hello")
             self.assertEqual(h["X-RateLimit-Limit"], "5")
             self.assertEqual(h["X-RateLimit-Remaining"], str(4 - i))
-            self.assertEqual(h["RateLimit-Policy"], '"five";q=5;w=3600')
+            self.assertEqual(h["RateLimit"], f'"five";r={4 - i}')
             self.assertIsNone(h["Retry-After"])
         self.assertEqual(statuses, [200] * 5)
         status, h, body = get(base + "/limited", {"X-API-Key": key})
@@ -79,6 +79,7 @@ class Sequence:
             self.assertIsNotNone(h[name], name)
         self.assertEqual(h["X-RateLimit-Remaining"], "0")
         self.assertGreaterEqual(int(h["Retry-After"]), 1)
+        self.assertEqual(h["RateLimit"], f'"five";r=0;t={h["Retry-After"]}')
         self.assertEqual(h["Content-Type"], "application/json")
         doc = json.loads(body)
         self.assertEqual(doc["error"]["code"], "RATE_LIMIT_EXCEEDED")
@@ -169,7 +170,7 @@ class KillUnderLoadTest(unittest.TestCase):
                 with lock:
                     if status != 200:
                         bad.append(status)
-                    elif h.get("RateLimit-Policy") == '"match-a";q=1000;w=3600':
+                    elif h.get("X-RateLimit-Limit") == "1000":
                         seen["limited"] += 1
                     else:
                         seen["open"] += 1
