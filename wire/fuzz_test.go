@@ -18,6 +18,10 @@ func fuzzSeeds() [][]byte {
 	errRes := wire.AppendResponse(nil, &wire.Response{Op: wire.OpSettle, ID: 2,
 		Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")})
 	peek := wire.AppendRequest(nil, &wire.Request{Op: wire.OpPeek, ID: 3, Descs: descs("k", "")})
+	admin := wire.AppendRequest(nil, &wire.Request{Op: wire.OpAdmin, ID: 4, Body: []byte(`{"op":"config"}`)})
+	adminRes := wire.AppendAdminResponse(nil, &wire.AdminResponse{ID: 4, Payload: []byte(`{"hash":"00"}`)})
+	adminErr := wire.AppendAdminResponse(nil, &wire.AdminResponse{ID: 5, Code: wire.CodeForbidden,
+		Payload: []byte(`{"error":{"code":"forbidden","message":"uid 1000"}}`)})
 
 	tooLong := bytes.Clone(req)
 	binary.BigEndian.PutUint32(tooLong, wire.MaxFrame)
@@ -29,7 +33,8 @@ func fuzzSeeds() [][]byte {
 	badStatus[12] = 9
 
 	return [][]byte{
-		req, res, ping, pong, errRes, peek,
+		req, res, ping, pong, errRes, peek, admin, adminRes, adminErr,
+		frame(wire.Version, wire.OpAdmin, 0, 6), // an ADMIN request without a body
 		cat(req, ping), // two frames: neither decoder takes it whole
 		req[:len(req)-1], res[:20], ping[:4],
 		tooLong, badCount, emptyName, badStatus,
@@ -67,6 +72,15 @@ func FuzzDecode(f *testing.F) {
 			}
 		} else if _, ok := err.(*wire.Error); !ok {
 			t.Fatalf("DecodeResponse error %v is not a *wire.Error", err)
+		}
+
+		ares := wire.AdminResponse{ID: 9, Code: wire.CodeInternal, Payload: []byte("stale")}
+		if err := wire.DecodeAdminResponse(in, &ares); err == nil {
+			if out := wire.AppendAdminResponse(nil, &ares); !bytes.Equal(out, in) {
+				t.Fatalf("admin response re-encodes differently:\n in %x\nout %x", in, out)
+			}
+		} else if _, ok := err.(*wire.Error); !ok {
+			t.Fatalf("DecodeAdminResponse error %v is not a *wire.Error", err)
 		}
 	})
 }

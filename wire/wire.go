@@ -16,7 +16,10 @@
 //	u8  count    number of descriptors (≤ MaxDescriptors)
 //	count × { u8 name length, name, u16 value length, value }
 //
-// A PING request has an empty body. Every response body is:
+// A PING request has an empty body. An ADMIN request's body is a JSON
+// object (1 to MaxAdminBody bytes), and its response body is a u16 error
+// code followed by a JSON payload (see AdminResponse). Every other
+// response body is:
 //
 //	u8  status       Status
 //	u64 limit        0 when no limit applied
@@ -56,6 +59,9 @@ const (
 	MaxRuleLen = 255
 	// MaxMessageLen is the longest error message in a response.
 	MaxMessageLen = 1024
+	// MaxAdminBody is the longest ADMIN request body (its JSON) and the
+	// longest ADMIN response payload: what fits in a frame.
+	MaxAdminBody = MaxFrame - HeaderSize - 2
 )
 
 // Op is a frame's operation.
@@ -70,6 +76,7 @@ const (
 	OpAcquire Op = 0x05 // reserved: take a concurrency slot
 	OpRelease Op = 0x06 // reserved: give a concurrency slot back
 	OpSettle  Op = 0x07 // reserved: settle a cost known after the answer
+	OpAdmin   Op = 0x08 // an admin operation: a JSON request, a JSON answer
 
 	// OpResponse marks a response frame.
 	OpResponse Op = 0x80
@@ -128,11 +135,13 @@ const (
 	CodeBadFlags      Code = 10 // unknown request flag bits set
 	CodeUnavailable   Code = 11 // the shared store is unreachable and the rule fails closed
 	CodeBadCost       Code = 12 // cost out of range
+	CodeForbidden     Code = 13 // the peer may not use this op (an ADMIN frame from a uid not allowed)
+	CodeNotFound      Code = 14 // an admin operation named something that does not exist
 )
 
 var codeNames = [...]string{"none", "malformed", "frame_too_large", "unknown_op", "bad_version",
 	"too_large", "cost_too_large", "internal", "overloaded", "not_supported", "bad_flags",
-	"unavailable", "bad_cost"}
+	"unavailable", "bad_cost", "forbidden", "not_found"}
 
 // String returns the code's name, e.g. "malformed".
 func (c Code) String() string {
@@ -180,6 +189,13 @@ var (
 	ErrNotResponse = &Error{CodeMalformed, "not a response frame"}
 	// ErrMessageTooLong: a response message longer than MaxMessageLen.
 	ErrMessageTooLong = &Error{CodeTooLarge, "message too long"}
+	// ErrEmptyAdmin: an ADMIN request without a body.
+	ErrEmptyAdmin = &Error{CodeMalformed, "admin request without a body"}
+	// ErrAdminTooLarge: an ADMIN request body above MaxAdminBody.
+	ErrAdminTooLarge = &Error{CodeTooLarge, "admin request body too long"}
+	// ErrNotAdmin: DecodeAdminResponse was given a frame that does not
+	// answer an ADMIN request.
+	ErrNotAdmin = &Error{CodeMalformed, "not an admin response frame"}
 )
 
 // CodeOf returns the code of err if it is an *Error, else CodeInternal.
@@ -207,14 +223,17 @@ type Header struct {
 	ID      uint32
 }
 
-// Request is a decoded request frame. Descriptors alias the frame. A Request
-// is a plain value: one goroutine decodes into it and reads it.
+// Request is a decoded request frame. Descriptors and Body alias the
+// frame. A Request is a plain value: one goroutine decodes into it and
+// reads it.
 type Request struct {
 	Op    Op
 	Flags uint16
 	ID    uint32
 	Cost  uint32
 	Descs []Descriptor
+	// Body is an ADMIN request's JSON; nil for the other ops.
+	Body []byte
 }
 
 // Response is a decoded response frame. Rule and Message alias the frame.
@@ -317,6 +336,9 @@ func AppendRequest(dst []byte, r *Request) []byte {
 			dst = append(dst, d.Value...)
 		}
 	}
+	if r.Op == OpAdmin {
+		dst = append(dst, r.Body...)
+	}
 	return finishFrame(dst, start)
 }
 
@@ -326,6 +348,7 @@ func AppendRequest(dst []byte, r *Request) []byte {
 func DecodeRequest(f []byte, r *Request) error {
 	r.Descs = r.Descs[:0]
 	r.Cost = 0
+	r.Body = nil
 	// The header is read field by field rather than through ParseHeader:
 	// a Header value is copied through memory, which costs more than the
 	// rest of a typical decode.
@@ -356,6 +379,15 @@ func DecodeRequest(f []byte, r *Request) error {
 		if len(b) != 0 {
 			return ErrTrailing
 		}
+		return nil
+	case OpAdmin:
+		switch {
+		case len(b) == 0:
+			return ErrEmptyAdmin
+		case len(b) > MaxAdminBody:
+			return ErrAdminTooLarge
+		}
+		r.Body = b[:len(b):len(b)]
 		return nil
 	case OpCheck, OpPeek:
 	default:
@@ -491,5 +523,52 @@ func DecodeResponse(f []byte, r *Response) error {
 	if len(b) != ml {
 		return ErrTrailing
 	}
+	return nil
+}
+
+// AdminResponse is the answer to an ADMIN request. Its body is a u16 code
+// (CodeNone on success) followed by a JSON payload: the operation's
+// result, or an error object. Payload aliases the frame it was decoded
+// from.
+type AdminResponse struct {
+	ID      uint32
+	Flags   uint16
+	Code    Code
+	Payload []byte
+}
+
+// AppendAdminResponse appends the encoding of r to dst. The payload is
+// written as given; the caller keeps it within MaxAdminBody.
+func AppendAdminResponse(dst []byte, r *AdminResponse) []byte {
+	start := len(dst)
+	dst = appendHeader(dst, OpAdmin|OpResponse, r.Flags, r.ID)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(r.Code))
+	dst = append(dst, r.Payload...)
+	return finishFrame(dst, start)
+}
+
+// DecodeAdminResponse decodes the complete ADMIN response frame f into r.
+func DecodeAdminResponse(f []byte, r *AdminResponse) error {
+	*r = AdminResponse{}
+	h, err := ParseHeader(f)
+	r.ID, r.Flags = h.ID, h.Flags
+	if err != nil {
+		return err
+	}
+	if err := checkSize(h.Length, f); err != nil {
+		return err
+	}
+	if h.Version != Version {
+		return ErrBadVersion
+	}
+	if h.Op != OpAdmin|OpResponse {
+		return ErrNotAdmin
+	}
+	b := f[HeaderSize:]
+	if len(b) < 2 {
+		return ErrTruncated
+	}
+	r.Code = Code(binary.BigEndian.Uint16(b))
+	r.Payload = b[2:len(b):len(b)]
 	return nil
 }
