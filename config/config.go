@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -122,6 +123,8 @@ type Config struct {
 	Deny   []string `toml:"deny"`
 	Server Server   `toml:"server"`
 	Store  Store    `toml:"store"`
+	Admin  Admin    `toml:"admin"`
+	Log    Log      `toml:"log"`
 	// Rules are evaluated in this order.
 	Rules []Rule `toml:"rule"`
 }
@@ -149,6 +152,10 @@ type Server struct {
 	LogLevel string `toml:"log_level"`
 	// LogFormat is text or json.
 	LogFormat string `toml:"log_format"`
+	// ConfigPoll is how often the daemon hashes its configuration file
+	// and reloads it when the content changed; 0 turns polling off
+	// (SIGHUP still reloads).
+	ConfigPoll Duration `toml:"config_poll"`
 }
 
 // Store is the [store] table: the embedded store's bounds, or the Redis
@@ -259,6 +266,17 @@ func Default() *Config {
 			DrainTimeout:   Duration(DefaultDrainTimeout),
 			LogLevel:       DefaultLogLevel,
 			LogFormat:      DefaultLogFormat,
+			ConfigPoll:     Duration(DefaultConfigPoll),
+		},
+		Admin: Admin{
+			HTTP:       DefaultAdminHTTP,
+			SocketUIDs: slices.Clone(DefaultSocketUIDs),
+		},
+		Log: Log{
+			Decisions:       DefaultDecisions,
+			DeniedRate:      DefaultDeniedRate,
+			DeniedPerSecond: DefaultDeniedPerSecond,
+			AllowedRate:     DefaultAllowedRate,
 		},
 		Store: Store{
 			MaxKeys:       DefaultMaxKeys,

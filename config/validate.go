@@ -37,6 +37,8 @@ func (c *Config) validate() []string {
 	}
 	c.Server.validate(&p)
 	c.Store.validate(&p)
+	c.Admin.validate(&p)
+	c.Log.validate(&p)
 	seen := make(map[string]int, len(c.Rules))
 	for i := range c.Rules {
 		r := &c.Rules[i]
@@ -83,6 +85,9 @@ func (s *Server) validate(p *problems) {
 	}
 	if s.DrainTimeout < 0 {
 		p.add("server.drain_timeout = %q: must not be negative", s.DrainTimeout)
+	}
+	if s.ConfigPoll < 0 {
+		p.add("server.config_poll = %q: must not be negative (0 turns polling off)", s.ConfigPoll)
 	}
 	switch s.LogLevel {
 	case "debug", "info", "warn", "error":
