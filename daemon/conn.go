@@ -47,13 +47,16 @@ type frameState struct {
 	res wire.Response
 	dec policy.Decision
 	sc  policy.Scratch
+	obs *observer
+	os  obsScratch
 	out []byte // a concurrent frame's answer
 }
 
-func newFrameState() frameState {
+func newFrameState(obs *observer) frameState {
 	return frameState{
 		req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)},
 		sc:  policy.Scratch{Batch: true}, // counted when the answers are written
+		obs: obs,
 	}
 }
 
@@ -63,7 +66,7 @@ func (d *Daemon) newConn(c *net.UnixConn) *conn {
 		c:          c,
 		in:         make([]byte, readBufSize),
 		out:        make([]byte, 0, outBufSize),
-		fs:         newFrameState(),
+		fs:         newFrameState(d.ops.obs),
 		concurrent: d.fleet != nil,
 	}
 }
@@ -180,7 +183,12 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 		}
 		start += n
 		served++
-		if cn.concurrent {
+		if wire.Op(frame[5]) == wire.OpAdmin {
+			// Admin frames are rare: answered in order, inline, after
+			// the frames before them.
+			cn.answerFrames(ctx, p, now)
+			cn.out = cn.d.answerAdmin(ctx, cn.c, frame, cn.out)
+		} else if cn.concurrent {
 			cn.frames = append(cn.frames, frame)
 		} else {
 			cn.out = cn.fs.answer(ctx, p, now, frame, cn.out)
@@ -206,7 +214,7 @@ func (cn *conn) answerFrames(ctx context.Context, p *policy.Policy, now time.Tim
 		cn.out = cn.fs.answer(ctx, p, now, cn.frames[0], cn.out)
 	default:
 		for len(cn.slots) < n {
-			cn.slots = append(cn.slots, newFrameState())
+			cn.slots = append(cn.slots, newFrameState(cn.d.ops.obs))
 		}
 		cn.wg.Add(n)
 		for i, f := range cn.frames {
@@ -239,6 +247,9 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 		return wire.AppendResponse(out, res)
 	}
 	p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+	if req.Op == wire.OpCheck {
+		fs.obs.observe(p, &fs.dec, req.Descs, now, &fs.os)
+	}
 	fillResponse(res, &fs.dec)
 	fs.dec.Err = nil // not kept past its answer
 	res.Op, res.ID = req.Op, req.ID

@@ -32,6 +32,8 @@ type Options struct {
 	Socket string
 	// HTTP, when non-nil, replaces server.http ("" disables HTTP).
 	HTTP *string
+	// AdminHTTP, when non-nil, replaces admin.http ("" disables it).
+	AdminHTTP *string
 	// Logger receives the daemon's logs; nil means one built from the
 	// configuration's log_level and log_format on stderr.
 	Logger *slog.Logger
@@ -61,6 +63,8 @@ type Daemon struct {
 	ln       *net.UnixListener
 	httpLn   net.Listener
 	httpSrv  *fasthttp.Server
+
+	ops opsState // config hash, decision log, admin API
 
 	connsMu sync.Mutex // guards conns
 	conns   map[*net.UnixConn]struct{}
@@ -104,6 +108,10 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.conf.Store(cfg)
 	d.policy.Store(p)
+	if err := d.initOps(cfg, data); err != nil {
+		d.closeStore()
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -251,9 +259,11 @@ func (d *Daemon) Reload() error {
 		d.log.Warn("[store] settings changed; they take effect on restart")
 		cfg.Store = old.Store
 	}
+	keepOpsSettings(d.log, old, cfg)
 	d.conf.Store(cfg)
 	d.policy.Store(p)
 	d.lastConfig = data
+	d.setLoaded(data)
 	reloadsOK.Inc()
 	lastReloadOK.Set(1)
 	d.log.Info("config reloaded", slog.String("path", d.opts.ConfigPath), slog.Int("rules", len(cfg.Rules)))
@@ -293,8 +303,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	if err := d.startAdminHTTP(); err != nil {
+		ln.Close()
+		if d.httpSrv != nil {
+			_ = d.httpSrv.Shutdown()
+		}
+		return err
+	}
 	sweepCtx, stopSweep := context.WithCancel(context.Background())
 	defer stopSweep()
+	if poll := time.Duration(d.cfg().Server.ConfigPoll); poll > 0 {
+		go d.pollConfig(sweepCtx, poll)
+	}
 	if d.mem != nil {
 		go d.mem.Run(sweepCtx, time.Duration(d.cfg().Store.SweepInterval))
 	}
@@ -417,9 +437,11 @@ func (d *Daemon) shutdown(acceptDone <-chan struct{}) {
 		_ = d.httpSrv.ShutdownWithContext(ctx)
 		cancel()
 	}
+	d.stopAdminHTTP()
 	if d.fleet != nil {
 		// Every answer is out: give the leases back for the others.
 		d.fleet.close(d.log)
 	}
+	d.ops.obs.close()
 	d.log.Info("stopped")
 }

@@ -24,6 +24,7 @@ type httpScratch struct {
 	fields []header.Field
 	vals   []byte
 	body   []byte
+	os     obsScratch
 }
 
 var httpScratchPool = sync.Pool{New: func() any {
@@ -75,6 +76,17 @@ type Health struct {
 	Status string `json:"status"`
 	// Redis describes the Redis store; nil with the embedded store.
 	Redis *RedisHealth `json:"redis,omitempty"`
+	// Config is the configuration file in force.
+	Config *ConfigHealth `json:"config,omitempty"`
+}
+
+// ConfigHealth is the Config part of Health: which configuration is in
+// force, so that a rollout can be followed daemon by daemon.
+type ConfigHealth struct {
+	// Hash is ConfigHash of the file's bytes.
+	Hash string `json:"hash"`
+	// LoadedAt is when it was loaded.
+	LoadedAt time.Time `json:"loaded_at"`
 }
 
 // RedisHealth is the Redis part of Health.
@@ -104,6 +116,9 @@ type BreakerHealth struct {
 // health returns the body of /healthz.
 func (d *Daemon) health() []byte {
 	h := Health{Status: "ok"}
+	if lc := d.loaded(); lc != nil {
+		h.Config = &ConfigHealth{Hash: lc.hash, LoadedAt: lc.at}
+	}
 	if f := d.fleet; f != nil {
 		rh := &RedisHealth{Daemons: f.Peers(), Fallback: f.fallback.Active(), Breakers: []BreakerHealth{}}
 		for _, b := range f.c.Breakers() {
@@ -179,7 +194,11 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", bad)
 		return
 	}
-	dec := d.policy.Load().Check(context.Background(), now, s.descs, cost, peek, &s.sc)
+	p := d.policy.Load()
+	dec := p.Check(context.Background(), now, s.descs, cost, peek, &s.sc)
+	if !peek {
+		d.ops.obs.observe(p, &dec, s.descs, now, &s.os)
+	}
 	d.writeDecision(ctx, s, now, &dec)
 }
 

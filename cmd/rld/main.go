@@ -3,6 +3,7 @@
 //	rld [serve] [-config F] [-socket P] [-http A]
 //	rld check [-socket P] [-cost N] [-peek] [-json] name=value…
 //	rld config check F
+//	rld admin [-socket P | -http URL -token-file F] [-json] OP [args…]
 //	rld version
 package main
 
@@ -57,6 +58,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 		return configCheck(args[1:], stdout, stderr)
+	case "admin":
+		return adminCmd(args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "rld", buildVersion())
 		return 0
@@ -76,6 +79,9 @@ func usage(w io.Writer) {
   rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...
                                      ask the daemon; exit 0 allowed, 1 limited or blocked, 2 error
   rld config check FILE              validate a configuration file
+  rld admin [-socket PATH | -http URL -token-file FILE] [-json] OP [ARGS...]
+                                     run an admin op (explain, top, config); exit 0 ok,
+                                     1 refused or not found, 2 error ('rld admin help')
   rld version                        print the version
 `)
 }
@@ -96,6 +102,7 @@ func serve(args []string, stderr io.Writer) int {
 	cfgPath := fs.String("config", "rld.toml", "configuration `file`")
 	socket := fs.String("socket", "", "Unix socket `path` (overrides server.socket)")
 	httpAddr := fs.String("http", "", "HTTP listen `address` (overrides server.http; \"off\" disables)")
+	adminAddr := fs.String("admin-http", "", "admin HTTP listen `address` (overrides admin.http; \"off\" disables)")
 	if err := fs.Parse(args); err != nil {
 		return exitError
 	}
@@ -106,6 +113,13 @@ func serve(args []string, stderr io.Writer) int {
 			a = ""
 		}
 		opts.HTTP = &a
+	}
+	if *adminAddr != "" {
+		a := *adminAddr
+		if a == "off" {
+			a = ""
+		}
+		opts.AdminHTTP = &a
 	}
 	// Catch SIGHUP before the first load, so a reload sent during start-up
 	// is not fatal.

@@ -27,6 +27,9 @@ type Server struct {
 	Socket string
 	// HTTP is the HTTP check endpoint's address, host:port.
 	HTTP string
+	// AdminHTTP is the admin HTTP API's address, host:port, or "" when it
+	// does not listen (it needs admin.token_file).
+	AdminHTTP string
 
 	opts   daemon.Options
 	cancel context.CancelFunc
@@ -35,7 +38,8 @@ type Server struct {
 
 // Start writes config (rld.toml text) to a new temporary directory and
 // starts a daemon on it, overriding the socket with one in that directory
-// and HTTP with a free loopback port. Logs are discarded unless
+// and HTTP (and the admin HTTP API, which listens only when the config
+// names a token file) with free loopback ports. Logs are discarded unless
 // RLD_TEST_LOG is set.
 func Start(config string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "rld")
@@ -51,11 +55,12 @@ func Start(config string) (*Server, error) {
 	if os.Getenv("RLD_TEST_LOG") != "" {
 		logOut = os.Stderr
 	}
-	httpAddr := "127.0.0.1:0"
+	httpAddr, adminAddr := "127.0.0.1:0", "127.0.0.1:0"
 	opts := daemon.Options{
 		ConfigPath: s.ConfigPath,
 		Socket:     s.Socket,
 		HTTP:       &httpAddr,
+		AdminHTTP:  &adminAddr,
 		Logger:     slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	s.opts = opts
@@ -87,6 +92,7 @@ func (s *Server) run() error {
 		return fmt.Errorf("daemontest: daemon not ready after 10s")
 	}
 	s.HTTP = d.HTTPAddr()
+	s.AdminHTTP = d.AdminHTTPAddr()
 	return nil
 }
 

@@ -59,7 +59,8 @@ func Binary() (string, error) { return binary() }
 
 // StartProcess writes config to a new temporary directory and runs the
 // rld binary (built once per test process) on it, with its socket in that
-// directory and HTTP off, and waits until it answers a PING.
+// directory and HTTP and the admin HTTP API off, and waits until it
+// answers a PING.
 func StartProcess(config string) (*Process, error) {
 	bin, err := binary()
 	if err != nil {
@@ -75,7 +76,7 @@ func StartProcess(config string) (*Process, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("daemontest: %w", err)
 	}
-	p.cmd = exec.Command(bin, "serve", "-config", cfg, "-socket", p.Socket, "-http", "off")
+	p.cmd = exec.Command(bin, "serve", "-config", cfg, "-socket", p.Socket, "-http", "off", "-admin-http", "off")
 	p.cmd.Stderr = &syncWriter{w: &p.logs}
 	if err := p.cmd.Start(); err != nil {
 		os.RemoveAll(dir)

@@ -1,0 +1,423 @@
+// Package admin is rld's admin API: the operations an operator runs on a
+// live daemon, as plain Go values with JSON tags, and the one dispatcher
+// that the three faces — ADMIN frames on the socket, the admin HTTP API
+// and `rld admin` — call.
+//
+// The daemon implements Service. A face authenticates its caller (peer uid
+// on the socket, bearer token on HTTP), then hands the request to
+// Server.Serve, which decodes it, looks its op up in the table of ops,
+// checks the arguments and calls the Service. Adding an operation means a
+// method on Service, its argument and result types, and one entry in ops.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+)
+
+// Service is what the daemon provides to the admin faces. Implementations
+// are safe for concurrent use. A method returns an *Error for a request
+// it refuses (bad arguments, unknown rule); any other error is internal.
+type Service interface {
+	// Explain lists the rules that match a set of descriptors, with their
+	// counter keys, limits and what a check would get now, consuming
+	// nothing.
+	Explain(ctx context.Context, args ExplainArgs) (ExplainResult, error)
+	// Top lists the most denied keys of each rule since the daemon
+	// started.
+	Top(ctx context.Context, args TopArgs) (TopResult, error)
+	// Config describes the configuration in force.
+	Config(ctx context.Context) (ConfigResult, error)
+}
+
+// Request is one admin request: an op name and its arguments, as an ADMIN
+// frame's body and the CLI carry it ({"op":"explain","args":{...}}).
+type Request struct {
+	Op   string          `json:"op"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+// Descriptor is one name=value pair of a request to explain.
+type Descriptor struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// ExplainArgs are explain's arguments.
+type ExplainArgs struct {
+	Descriptors []Descriptor `json:"descriptors"`
+	// Cost is the units a check would take; 0 means 1.
+	Cost int64 `json:"cost,omitempty"`
+}
+
+// ExplainResult is explain's answer.
+type ExplainResult struct {
+	// List is "deny" or "allow" when the descriptors match the deny or
+	// allow list, which decide before any rule; "" otherwise.
+	List string `json:"list,omitempty"`
+	// Rules are the rules whose match holds, in evaluation order.
+	Rules []RuleMatch `json:"rules"`
+}
+
+// RuleMatch is one rule that matches the descriptors.
+type RuleMatch struct {
+	Rule string `json:"rule"`
+	// Key is the counter key: the rule's by descriptors as name=value,
+	// joined by ",".
+	Key string `json:"key,omitempty"`
+	// Missing names a by descriptor the request lacks: the rule does not
+	// count such a request.
+	Missing   string `json:"missing,omitempty"`
+	Tier      string `json:"tier,omitempty"`
+	Algorithm string `json:"algorithm"`
+	// Limit is the limit in force, with Period and Burst.
+	Limit     int64  `json:"limit"`
+	Period    string `json:"period"`
+	Burst     int64  `json:"burst,omitempty"`
+	Mode      string `json:"mode"`
+	Fail      string `json:"fail"`
+	Shadow    bool   `json:"shadow,omitempty"`
+	Allowed   bool   `json:"allowed"`
+	Remaining int64  `json:"remaining"`
+	ResetMs   int64  `json:"reset_ms"`
+	// RetryAfterMs is when a check of this cost would be admitted, if
+	// it would not be now; -1 means never (the cost exceeds the limit's
+	// capacity).
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
+	// Error is the store's error when it could not be read.
+	Error string `json:"error,omitempty"`
+}
+
+// TopArgs are top's arguments.
+type TopArgs struct {
+	// Rule restricts the answer to one rule; "" lists every rule that
+	// denied.
+	Rule string `json:"rule,omitempty"`
+	// N is the most keys listed per rule; 0 means DefaultTopN.
+	N int `json:"n,omitempty"`
+}
+
+// DefaultTopN is how many keys top lists per rule by default.
+const DefaultTopN = 10
+
+// TopResult is top's answer.
+type TopResult struct {
+	Rules []RuleTop `json:"rules"`
+}
+
+// RuleTop is the most denied keys of one rule.
+type RuleTop struct {
+	Rule string `json:"rule"`
+	// Denied is how many denials the rule's sketch has counted.
+	Denied uint64     `json:"denied"`
+	Keys   []KeyCount `json:"keys"`
+}
+
+// KeyCount is one denied key: it was denied at least Count−Error and at
+// most Count times.
+type KeyCount struct {
+	Key   string `json:"key"`
+	Count uint64 `json:"count"`
+	Error uint64 `json:"error"`
+}
+
+// ConfigResult is config's answer.
+type ConfigResult struct {
+	// Hash is the first 16 hex digits of the SHA-256 of the file's bytes.
+	Hash     string    `json:"hash"`
+	Path     string    `json:"path"`
+	LoadedAt time.Time `json:"loaded_at"`
+	Rules    []string  `json:"rules"`
+}
+
+// Code classifies a refused admin request.
+type Code string
+
+// Codes.
+const (
+	// CodeBadRequest: the request or its arguments are invalid.
+	CodeBadRequest Code = "bad_request"
+	// CodeUnknownOp: no such operation.
+	CodeUnknownOp Code = "unknown_op"
+	// CodeNotFound: the request names something that does not exist
+	// (a rule).
+	CodeNotFound Code = "not_found"
+	// CodeForbidden: the caller may not use the admin API.
+	CodeForbidden Code = "forbidden"
+	// CodeUnauthorized: the caller did not authenticate (admin HTTP
+	// without a bearer token).
+	CodeUnauthorized Code = "unauthorized"
+	// CodeInternal: the daemon failed.
+	CodeInternal Code = "internal"
+)
+
+// Error is a refused or failed admin request.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Errorf returns an *Error with a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Response is the answer to one admin request: Result on success, else
+// Err.
+type Response struct {
+	Result json.RawMessage `json:"result,omitempty"`
+	Err    *Error          `json:"error,omitempty"`
+}
+
+// Payload returns the response as a face sends it: the result's JSON, or
+// {"error":{"code":…,"message":…}}.
+func (r Response) Payload() []byte {
+	if r.Err == nil {
+		return r.Result
+	}
+	b, _ := json.Marshal(struct {
+		Err *Error `json:"error"`
+	}{r.Err})
+	return b
+}
+
+// ParsePayload reads a payload that Payload wrote: ok tells a result
+// from an error.
+func ParsePayload(b []byte, ok bool) Response {
+	if ok {
+		return Response{Result: b}
+	}
+	var e struct {
+		Err *Error `json:"error"`
+	}
+	if err := json.Unmarshal(b, &e); err != nil || e.Err == nil {
+		return Response{Err: Errorf(CodeInternal, "unreadable error payload %q", b)}
+	}
+	return Response{Err: e.Err}
+}
+
+// Caller says who sent an admin request, for authorisation and the logs.
+type Caller struct {
+	// Face is "socket" or "http".
+	Face string
+	// UID is the socket peer's uid; -1 when unknown or on HTTP.
+	UID int
+	// Addr is the HTTP peer's address.
+	Addr string
+	// Token is set when the HTTP peer presented the right token.
+	Token bool
+}
+
+// String describes the caller for a log line: "uid=0" or
+// "http 127.0.0.1:5000 (token)".
+func (c Caller) String() string {
+	if c.Face == "http" {
+		if c.Token {
+			return "http " + c.Addr + " (token)"
+		}
+		return "http " + c.Addr + " (no valid token)"
+	}
+	if c.UID < 0 {
+		return "uid=unknown"
+	}
+	return "uid=" + strconv.Itoa(c.UID)
+}
+
+// LogValue makes a Caller a slog attribute value.
+func (c Caller) LogValue() slog.Value { return slog.StringValue(c.String()) }
+
+// Op is one entry of the table of admin operations.
+type Op struct {
+	// Name is the op's name in requests, URLs and the CLI.
+	Name string
+	// Changes is set for an op that changes the daemon's state: each
+	// one is logged with its caller, in the daemon's log and the
+	// decision log, whether it succeeds or not.
+	Changes bool
+	// Help is a one-line description.
+	Help string
+	call func(ctx context.Context, s Service, args json.RawMessage) (any, error)
+}
+
+// ops is the table of admin operations, in the order `rld admin` lists
+// them. The operations that change counting — reset, grant, override,
+// block/unblock — join it as entries with Changes set, once the Policy can
+// be rebuilt from a configuration plus run-time changes.
+var ops = []Op{
+	{Name: "explain", Help: "the rules that match descriptors, their keys, limits and remaining, consuming nothing",
+		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {
+			var a ExplainArgs
+			if err := decodeArgs(raw, &a); err != nil {
+				return nil, err
+			}
+			if err := a.validate(); err != nil {
+				return nil, err
+			}
+			return s.Explain(ctx, a)
+		}},
+	{Name: "top", Help: "the most denied keys of each rule",
+		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {
+			var a TopArgs
+			if err := decodeArgs(raw, &a); err != nil {
+				return nil, err
+			}
+			if a.N < 0 {
+				return nil, Errorf(CodeBadRequest, "n = %d: must not be negative", a.N)
+			}
+			if a.N == 0 {
+				a.N = DefaultTopN
+			}
+			return s.Top(ctx, a)
+		}},
+	{Name: "config", Help: "the configuration in force: its hash, path, load time and rules",
+		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {
+			if err := decodeArgs(raw, &struct{}{}); err != nil {
+				return nil, err
+			}
+			return s.Config(ctx)
+		}},
+}
+
+// Ops returns the table of admin operations.
+func Ops() []Op { return append([]Op(nil), ops...) }
+
+// Lookup returns the op called name.
+func Lookup(name string) (Op, bool) {
+	for _, o := range ops {
+		if o.Name == name {
+			return o, true
+		}
+	}
+	return Op{}, false
+}
+
+// Limits of explain's arguments, those of the protocol.
+const (
+	maxDescriptors = 32
+	maxNameLen     = 64
+	maxValueLen    = 1024
+)
+
+func (a *ExplainArgs) validate() error {
+	if len(a.Descriptors) == 0 {
+		return Errorf(CodeBadRequest, "descriptors: give at least one name=value")
+	}
+	if len(a.Descriptors) > maxDescriptors {
+		return Errorf(CodeBadRequest, "descriptors: %d, at most %d", len(a.Descriptors), maxDescriptors)
+	}
+	for i, d := range a.Descriptors {
+		if d.Name == "" || len(d.Name) > maxNameLen {
+			return Errorf(CodeBadRequest, "descriptors[%d]: name %q empty or longer than %d bytes", i, d.Name, maxNameLen)
+		}
+		if len(d.Value) > maxValueLen {
+			return Errorf(CodeBadRequest, "descriptors[%d] %s: value longer than %d bytes", i, d.Name, maxValueLen)
+		}
+	}
+	if a.Cost < 0 || a.Cost > 1<<32-1 {
+		return Errorf(CodeBadRequest, "cost = %d: must be from 0 to 4294967295 (0 means 1)", a.Cost)
+	}
+	return nil
+}
+
+// decodeArgs decodes raw (absent means {}) into v, refusing unknown
+// fields.
+func decodeArgs(raw json.RawMessage, v any) error {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	if err := strictUnmarshal(raw, v); err != nil {
+		return Errorf(CodeBadRequest, "args: %v", err)
+	}
+	return nil
+}
+
+// Server runs admin requests for the faces: it decodes them, runs their
+// op on Service, and logs refusals and changes with their caller.
+type Server struct {
+	Service Service
+	// Log receives refused requests (warn), changes (info) and reads
+	// (debug).
+	Log *slog.Logger
+	// Changed, when set, is called after every request of an op that
+	// changes state, with its outcome (the decision log records it).
+	Changed func(who Caller, op string, args json.RawMessage, err *Error)
+}
+
+// Serve runs the request body (a JSON Request) for who, who the face has
+// authorised.
+func (s *Server) Serve(ctx context.Context, who Caller, body []byte) Response {
+	var req Request
+	if err := strictUnmarshal(body, &req); err != nil {
+		return s.refused(who, "", Errorf(CodeBadRequest, "request is not {\"op\":...,\"args\":{...}}: %v", err))
+	}
+	return s.Run(ctx, who, req)
+}
+
+// Run runs req for who, who the face has authorised.
+func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
+	op, ok := Lookup(req.Op)
+	if !ok {
+		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (try explain, top or config)", req.Op))
+	}
+	v, err := op.call(ctx, s.Service, req.Args)
+	var res Response
+	if err == nil {
+		b, merr := json.Marshal(v)
+		if merr != nil {
+			err = fmt.Errorf("cannot encode the answer: %w", merr)
+		}
+		res.Result = b
+	}
+	if err != nil {
+		var ae *Error
+		if !errors.As(err, &ae) {
+			ae = Errorf(CodeInternal, "%v", err)
+		}
+		res = Response{Err: ae}
+	}
+	switch {
+	case op.Changes:
+		s.logger().Info("admin change", slog.Any("who", who), slog.String("op", op.Name),
+			slog.String("args", string(req.Args)), slog.Bool("ok", res.Err == nil), slog.Any("error", errOrNil(res.Err)))
+		if s.Changed != nil {
+			s.Changed(who, op.Name, req.Args, res.Err)
+		}
+	case res.Err != nil:
+		s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op.Name), slog.Any("error", res.Err))
+	default:
+		s.logger().Debug("admin request", slog.Any("who", who), slog.String("op", op.Name))
+	}
+	return res
+}
+
+// Refuse answers a request that the face did not authorise, and logs it
+// with its caller.
+func (s *Server) Refuse(who Caller, code Code, reason string) Response {
+	return s.refused(who, "", &Error{Code: code, Message: reason})
+}
+
+func (s *Server) refused(who Caller, op string, e *Error) Response {
+	s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op), slog.Any("error", e))
+	return Response{Err: e}
+}
+
+func (s *Server) logger() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
+
+func errOrNil(e *Error) error {
+	if e == nil {
+		return nil
+	}
+	return e
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rld/rld/admin"
+)
+
+// adminCmd runs `rld admin [flags] OP [args]`: over the socket by default
+// (the caller's uid must be in admin.socket_uids), over the admin HTTP API
+// with -http and -token-file. Exit codes: 0 ok, 1 refused or not found,
+// 2 error.
+func adminCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	httpURL := fs.String("http", "", "use the admin HTTP API at this `URL` (http://127.0.0.1:9465) instead of the socket")
+	tokenFile := fs.String("token-file", "", "`file` holding the admin HTTP API's bearer token (with -http)")
+	asJSON := fs.Bool("json", false, "print the answer's JSON")
+	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long")
+	fs.Usage = func() { adminUsage(stderr, fs) }
+	if err := fs.Parse(args); err != nil {
+		return exitError
+	}
+	if fs.NArg() == 0 {
+		adminUsage(stderr, fs)
+		return exitError
+	}
+	opName, opArgs := fs.Arg(0), fs.Args()[1:]
+	if opName == "help" {
+		adminUsage(stdout, fs)
+		return 0
+	}
+	req, err := adminRequest(opName, opArgs)
+	if err != nil {
+		fmt.Fprintln(stderr, "rld admin:", err)
+		return exitError
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	var res admin.Response
+	if *httpURL != "" {
+		token := ""
+		if *tokenFile != "" {
+			b, err := os.ReadFile(*tokenFile)
+			if err != nil {
+				fmt.Fprintln(stderr, "rld admin: cannot read -token-file:", err)
+				return exitError
+			}
+			token = strings.TrimRight(string(b), "\r\n")
+		}
+		res, err = admin.CallHTTP(ctx, *httpURL, token, req)
+	} else {
+		res, err = admin.CallSocket(ctx, *socket, req)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "rld admin:", err)
+		return exitError
+	}
+	if res.Err != nil {
+		fmt.Fprintf(stderr, "rld admin %s: %s: %s\n", opName, res.Err.Code, res.Err.Message)
+		switch res.Err.Code {
+		case admin.CodeForbidden, admin.CodeUnauthorized, admin.CodeNotFound, admin.CodeUnknownOp:
+			return exitDenied
+		}
+		return exitError
+	}
+	if *asJSON {
+		fmt.Fprintln(stdout, string(res.Result))
+		return 0
+	}
+	if err := printAdmin(stdout, opName, res.Result); err != nil {
+		fmt.Fprintln(stderr, "rld admin:", err)
+		return exitError
+	}
+	return 0
+}
+
+func adminUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "usage: rld admin [-socket PATH | -http URL -token-file FILE] [-json] OP [ARGS...]")
+	fmt.Fprintln(w, "\nops:")
+	fmt.Fprintln(w, "  explain [-cost N] name=value...   the rules that match, their keys, limits and remaining (consumes nothing)")
+	fmt.Fprintln(w, "  top [-rule NAME] [-n N]            the most denied keys of each rule")
+	fmt.Fprintln(w, "  config                             the configuration in force: hash, path, load time, rules")
+	fmt.Fprintln(w, "\nexit status: 0 ok, 1 refused or not found, 2 error\n\nflags:")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
+// adminRequest builds the request of op from its command-line arguments.
+func adminRequest(op string, args []string) (admin.Request, error) {
+	fs := flag.NewFlagSet(op, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var v any
+	switch op {
+	case "explain":
+		cost := fs.Int64("cost", 0, "units a check would take")
+		if err := fs.Parse(args); err != nil {
+			return admin.Request{}, fmt.Errorf("explain: %w", err)
+		}
+		a := admin.ExplainArgs{Cost: *cost}
+		for _, kv := range fs.Args() {
+			name, value, ok := strings.Cut(kv, "=")
+			if !ok || name == "" {
+				return admin.Request{}, fmt.Errorf("explain: descriptor %q is not name=value", kv)
+			}
+			a.Descriptors = append(a.Descriptors, admin.Descriptor{Name: name, Value: value})
+		}
+		v = a
+	case "top":
+		rule := fs.String("rule", "", "only this rule")
+		n := fs.Int("n", 0, "keys per rule")
+		if err := fs.Parse(args); err != nil {
+			return admin.Request{}, fmt.Errorf("top: %w", err)
+		}
+		v = admin.TopArgs{Rule: *rule, N: *n}
+	default:
+		// config, and ops this CLI does not know: arguments are
+		// name=value pairs of a JSON object of strings.
+		obj := map[string]string{}
+		for _, kv := range args {
+			name, value, ok := strings.Cut(kv, "=")
+			if !ok || name == "" {
+				return admin.Request{}, fmt.Errorf("%s: argument %q is not name=value", op, kv)
+			}
+			obj[name] = value
+		}
+		if len(obj) > 0 {
+			v = obj
+		}
+	}
+	req := admin.Request{Op: op}
+	if v != nil {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return admin.Request{}, err
+		}
+		req.Args = b
+	}
+	return req, nil
+}
+
+// printAdmin prints an op's result for a reader.
+func printAdmin(w io.Writer, op string, result json.RawMessage) error {
+	switch op {
+	case "explain":
+		var r admin.ExplainResult
+		if err := json.Unmarshal(result, &r); err != nil {
+			return fmt.Errorf("unreadable answer: %w", err)
+		}
+		if r.List != "" {
+			fmt.Fprintf(w, "%s list: matched; it decides before any rule\n", r.List)
+		}
+		if len(r.Rules) == 0 {
+			fmt.Fprintln(w, "no rule matches")
+		}
+		for _, m := range r.Rules {
+			fmt.Fprintf(w, "%s: ", m.Rule)
+			if m.Missing != "" {
+				fmt.Fprintf(w, "not counted (no %s descriptor)\n", m.Missing)
+				continue
+			}
+			limit := fmt.Sprintf("%d/%s", m.Limit, m.Period)
+			if m.Burst > 0 {
+				limit += fmt.Sprintf(" burst %d", m.Burst)
+			}
+			if m.Tier != "" {
+				limit += " tier " + m.Tier
+			}
+			fmt.Fprintf(w, "key %s %s %s %s fail=%s", m.Key, m.Algorithm, limit, m.Mode, m.Fail)
+			if m.Shadow {
+				fmt.Fprint(w, " shadow")
+			}
+			switch {
+			case m.Error != "":
+				fmt.Fprintf(w, " error: %s\n", m.Error)
+			case m.Allowed:
+				fmt.Fprintf(w, " remaining=%d reset=%dms\n", m.Remaining, m.ResetMs)
+			default:
+				fmt.Fprintf(w, " remaining=%d limited retry_after=%dms\n", m.Remaining, m.RetryAfterMs)
+			}
+		}
+	case "top":
+		var r admin.TopResult
+		if err := json.Unmarshal(result, &r); err != nil {
+			return fmt.Errorf("unreadable answer: %w", err)
+		}
+		if len(r.Rules) == 0 {
+			fmt.Fprintln(w, "no denials yet")
+		}
+		for _, rt := range r.Rules {
+			fmt.Fprintf(w, "%s: %d denied\n", rt.Rule, rt.Denied)
+			for _, k := range rt.Keys {
+				fmt.Fprintf(w, "  %d\t(±%d)\t%s\n", k.Count, k.Error, k.Key)
+			}
+		}
+	case "config":
+		var r admin.ConfigResult
+		if err := json.Unmarshal(result, &r); err != nil {
+			return fmt.Errorf("unreadable answer: %w", err)
+		}
+		fmt.Fprintf(w, "%s hash %s loaded %s, %d rules\n", r.Path, r.Hash, r.LoadedAt.Format(time.RFC3339), len(r.Rules))
+		for _, s := range r.Rules {
+			fmt.Fprintln(w, s)
+		}
+	default:
+		fmt.Fprintln(w, string(result))
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/rld/rld/config"
+)
+
+// loadedConfig describes the configuration file in force.
+type loadedConfig struct {
+	hash string // ConfigHash of its bytes
+	path string
+	at   time.Time
+}
+
+// ConfigHash returns what /healthz, rld_config_info and `rld admin config`
+// show of a configuration file: the first 16 hex digits of the SHA-256 of
+// its bytes.
+func ConfigHash(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:8])
+}
+
+// configInfo is the rld_config_info{hash="…"} series in force; a load
+// replaces it. The metrics are the process's: with several daemons in one
+// process (tests), the last load wins.
+var configInfo struct {
+	mu   sync.Mutex // guards name
+	name string
+}
+
+var configLoadedAt = metrics.NewGauge(`rld_config_last_load_timestamp_seconds`, nil)
+
+// setLoaded records data as the configuration in force.
+func (d *Daemon) setLoaded(data []byte) {
+	lc := &loadedConfig{hash: ConfigHash(data), path: d.opts.ConfigPath, at: time.Now()}
+	d.ops.loaded.Store(lc)
+	configInfo.mu.Lock()
+	if configInfo.name != "" {
+		metrics.UnregisterMetric(configInfo.name)
+	}
+	configInfo.name = `rld_config_info{hash="` + lc.hash + `"}`
+	metrics.GetOrCreateGauge(configInfo.name, nil).Set(1)
+	configInfo.mu.Unlock()
+	configLoadedAt.Set(float64(lc.at.UnixMilli()) / 1000)
+	lastReloadOK.Set(1)
+	if d.ops.obs != nil {
+		d.ops.obs.writeConfig(lc.hash, lc.path, len(d.cfg().Rules))
+	}
+}
+
+// loaded returns the configuration file in force.
+func (d *Daemon) loaded() *loadedConfig { return d.ops.loaded.Load() }
+
+// pollConfig hashes the configuration file every interval and reloads it
+// when its content differs from the one in force, until ctx is done. A
+// content that failed to load is not tried again until it changes: the
+// log says so once, not at every poll.
+func (d *Daemon) pollConfig(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failed := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		data, err := os.ReadFile(d.opts.ConfigPath)
+		if err != nil {
+			if failed != "read error" {
+				d.log.Warn("config poll: cannot read the file; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", err))
+				failed = "read error"
+			}
+			continue
+		}
+		h := ConfigHash(data)
+		if h == d.loaded().hash || h == failed {
+			continue
+		}
+		d.log.Info("config file changed; reloading", slog.String("path", d.opts.ConfigPath), slog.String("hash", h))
+		if err := d.Reload(); err != nil {
+			failed = h
+			continue
+		}
+		failed = ""
+	}
+}
+
+// keepOpsSettings keeps old's [admin] and [log] tables, and the poll
+// interval, in cfg, a reload's new configuration: they take effect on
+// restart, as [server] does.
+func keepOpsSettings(log *slog.Logger, old, cfg *config.Config) {
+	if !reflect.DeepEqual(old.Admin, cfg.Admin) {
+		log.Warn("[admin] settings changed; they take effect on restart")
+		cfg.Admin = old.Admin
+	}
+	if old.Log != cfg.Log {
+		log.Warn("[log] settings changed; they take effect on restart")
+		cfg.Log = old.Log
+	}
+}
