@@ -35,7 +35,7 @@ func fuzzSeeds() [][]byte {
 	return [][]byte{
 		req, res, ping, pong, errRes, peek, admin, adminRes, adminErr,
 		frame(wire.Version, wire.OpAdmin, 0, 6), // an ADMIN request without a body
-		cat(req, ping), // two frames: neither decoder takes it whole
+		cat(req, ping),                          // two frames: neither decoder takes it whole
 		req[:len(req)-1], res[:20], ping[:4],
 		tooLong, badCount, emptyName, badStatus,
 		frame(wire.Version, wire.OpReset, 0, 4),
