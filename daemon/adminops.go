@@ -161,7 +161,7 @@ func (d *Daemon) startAdminHTTP() error {
 	case addr == "":
 		return nil
 	case !d.ops.hasTok:
-		d.log.Info("admin HTTP API off: no admin.token_file", slog.String("admin_http", addr))
+		d.log.Info("admin HTTP API off: no admin.token_file", slog.String("admin_addr", addr))
 		return nil
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -184,7 +184,7 @@ func (d *Daemon) startAdminHTTP() error {
 			d.log.Error("admin http server stopped", slog.Any("error", err))
 		}
 	}()
-	d.log.Info("admin HTTP API listening", slog.String("admin_http", ln.Addr().String()))
+	d.log.Info("admin HTTP API listening", slog.String("admin_addr", ln.Addr().String()))
 	return nil
 }
 

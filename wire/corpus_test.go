@@ -134,7 +134,7 @@ func corpusCases() []corpusLine {
 		Limit: 7, Remaining: 6, ResetMs: 100, WindowMs: 700, Rule: bytes.Repeat([]byte("r"), wire.MaxRuleLen)})
 	dec("rule-non-ascii", wire.Response{Op: wire.OpCheck, ID: 113, Status: wire.StatusAllowed,
 		Limit: 7, Remaining: 6, ResetMs: 100, WindowMs: 700, Rule: []byte("règle \"q\"\\\x00\xff")})
-	for c := wire.CodeMalformed; c <= wire.CodeBadCost; c++ {
+	for c := wire.CodeMalformed; c <= wire.CodeNotFound; c++ {
 		op := wire.OpCheck
 		switch c {
 		case wire.CodeUnknownOp:
