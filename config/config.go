@@ -137,6 +137,14 @@ type Server struct {
 	SocketMode string `toml:"socket_mode"`
 	// HTTP is the host:port of the HTTP listener; "" disables it.
 	HTTP string `toml:"http"`
+	// HTTPSocket is the path of a Unix socket serving the same HTTP
+	// endpoints as HTTP (for nginx's auth_request); "" disables it. Its
+	// directory is created and its mode is SocketMode.
+	HTTPSocket string `toml:"http_socket"`
+	// TrustedProxies lists the peers of the HTTP endpoints (CIDRs, bare
+	// addresses, or "unix" for the HTTP socket) whose X-Real-IP,
+	// X-Forwarded-For and ip= argument name the client's address.
+	TrustedProxies []string `toml:"trusted_proxies"`
 	// MaxConnections bounds concurrent socket connections.
 	MaxConnections int `toml:"max_connections"`
 	// MaxInflight bounds requests in flight on one connection.

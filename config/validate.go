@@ -71,6 +71,7 @@ func (s *Server) validate(p *problems) {
 			p.add("server.http = %q: not host:port (\"\" disables HTTP): %v", s.HTTP, err)
 		}
 	}
+	s.validateHTTP(p)
 	if s.MaxConnections <= 0 {
 		p.add("server.max_connections = %d: must be positive", s.MaxConnections)
 	}

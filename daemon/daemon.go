@@ -63,6 +63,10 @@ type Daemon struct {
 	ln       *net.UnixListener
 	httpLn   net.Listener
 	httpSrv  *fasthttp.Server
+	// httpSockLn is server.http_socket's listener; trust is
+	// server.trusted_proxies (both fixed at start).
+	httpSockLn *net.UnixListener
+	trust      trustList
 
 	ops opsState // config hash, decision log, admin API
 
@@ -97,6 +101,7 @@ func New(opts Options) (*Daemon, error) {
 		ready:      make(chan struct{}),
 		conns:      make(map[*net.UnixConn]struct{}),
 		lastConfig: data,
+		trust:      newTrustList(cfg.Server.TrustedProxies),
 	}
 	if err := d.openStore(&cfg.Store); err != nil {
 		return nil, err
@@ -251,7 +256,7 @@ func (d *Daemon) Reload() error {
 		return fmt.Errorf("cannot reload config: %w", err)
 	}
 	old := d.cfg()
-	if old.Server != cfg.Server {
+	if !reflect.DeepEqual(old.Server, cfg.Server) {
 		d.log.Warn("[server] settings changed; they take effect on restart")
 		cfg.Server = old.Server
 	}
@@ -307,6 +312,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		ln.Close()
 		if d.httpSrv != nil {
 			_ = d.httpSrv.Shutdown()
+		}
+		return err
+	}
+	if err := d.listenHTTPSocket(srv); err != nil {
+		ln.Close()
+		if d.httpLn != nil {
+			d.httpLn.Close()
+		}
+		if d.ops.httpLn != nil {
+			d.ops.httpLn.Close()
 		}
 		return err
 	}

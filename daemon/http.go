@@ -48,7 +48,7 @@ func (d *Daemon) newHTTPServer() *fasthttp.Server {
 
 func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
-	case "/v1/check":
+	case "/v1/check", "/v1/auth":
 		d.serveCheck(ctx)
 	case "/metrics":
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
@@ -189,6 +189,9 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 			}
 		}
 	}
+	if bad == "" {
+		bad = d.addClientIP(ctx, s)
+	}
 	if bad != "" {
 		countFrameError(wire.CodeMalformed)
 		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", bad)
@@ -198,6 +201,10 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	dec := p.Check(context.Background(), now, s.descs, cost, peek, &s.sc)
 	if !peek {
 		d.ops.obs.observe(p, &dec, s.descs, now, &s.os)
+	}
+	if string(ctx.Path()) == "/v1/auth" {
+		d.writeAuth(ctx, s, now, &dec)
+		return
 	}
 	d.writeDecision(ctx, s, now, &dec)
 }

@@ -1,0 +1,227 @@
+package daemon
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/header"
+	"github.com/rld/rld/policy"
+	"github.com/rld/rld/wire"
+)
+
+// trustList is server.trusted_proxies, parsed.
+type trustList struct {
+	unix     bool // peers of the HTTP Unix socket are trusted
+	prefixes []netip.Prefix
+}
+
+// newTrustList parses entries, which config validation has checked.
+func newTrustList(entries []string) trustList {
+	var t trustList
+	for _, e := range entries {
+		p, err := config.ParseTrusted(e)
+		switch {
+		case err != nil:
+			continue
+		case !p.IsValid():
+			t.unix = true
+		default:
+			t.prefixes = append(t.prefixes, p)
+		}
+	}
+	return t
+}
+
+// contains reports whether a is in a trusted CIDR.
+func (t *trustList) contains(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range t.prefixes {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// listenHTTPSocket serves the HTTP endpoints on server.http_socket too,
+// when it is set, with the same handler as the TCP listener. The socket
+// is created like the main one (parent directory, socket_mode) and is
+// removed when the HTTP server shuts down.
+func (d *Daemon) listenHTTPSocket(srv config.Server) error {
+	if srv.HTTPSocket == "" {
+		return nil
+	}
+	ln, err := listenUnix(srv.HTTPSocket, srv.SocketFileMode())
+	if err != nil {
+		return fmt.Errorf("http_socket: %w", err)
+	}
+	if d.httpSrv == nil {
+		d.httpSrv = d.newHTTPServer()
+	}
+	d.httpSockLn = ln
+	go func() {
+		if err := d.httpSrv.Serve(ln); err != nil {
+			d.log.Error("http socket server stopped", slog.Any("error", err))
+		}
+	}()
+	return nil
+}
+
+// HTTPSocket returns the path of the HTTP Unix socket, or "" when it is
+// off or not listening yet.
+func (d *Daemon) HTTPSocket() string {
+	select {
+	case <-d.ready:
+	default:
+		return ""
+	}
+	if d.httpSockLn == nil {
+		return ""
+	}
+	return d.cfg().Server.HTTPSocket
+}
+
+// addClientIP gives an HTTP check its ip descriptor and returns "" or why
+// the request is refused.
+//
+//   - A peer in server.trusted_proxies (a TCP peer in one of its CIDRs, or
+//     a peer of the HTTP socket when it lists "unix") names the client:
+//     an ip= query argument wins, then X-Real-IP, then the right-most
+//     address of X-Forwarded-For that is not itself a trusted proxy (the
+//     left-most when all are). With none of them, a TCP peer's own
+//     address is the ip.
+//   - Any other peer is the client: its TCP address is the ip (a peer of
+//     the Unix socket has none, and the check gets no ip descriptor); an
+//     ip= argument is refused, and the headers are ignored.
+func (d *Daemon) addClientIP(ctx *fasthttp.RequestCtx, s *httpScratch) string {
+	var peer netip.Addr
+	trusted := false
+	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		peer, _ = netip.AddrFromSlice(ta.IP)
+		peer = peer.Unmap()
+		trusted = d.trust.contains(peer)
+	} else {
+		trusted = d.trust.unix
+	}
+	for _, ds := range s.descs {
+		if string(ds.Name) == "ip" {
+			if !trusted {
+				return "ip= is accepted only from a peer listed in server.trusted_proxies; other peers are identified by their address"
+			}
+			return ""
+		}
+	}
+	ip := peer
+	if trusted {
+		realIP, fwd := forwardHeaders(&ctx.Request.Header)
+		if v := realIP; len(v) > 0 {
+			a, err := netip.ParseAddr(strings.TrimSpace(string(v)))
+			if err != nil {
+				return fmt.Sprintf("X-Real-IP %q from a trusted proxy is not an IP address", v)
+			}
+			ip = a.Unmap()
+		} else if v := fwd; len(v) > 0 {
+			a, err := d.forwardedFor(string(v))
+			if err != nil {
+				return err.Error()
+			}
+			ip = a
+		}
+	}
+	if !ip.IsValid() {
+		return ""
+	}
+	if len(s.descs) == wire.MaxDescriptors {
+		return fmt.Sprintf("too many descriptors (at most %d, the client's ip included)", wire.MaxDescriptors)
+	}
+	start := len(s.vals)
+	s.vals = ip.AppendTo(s.vals)
+	s.descs = append(s.descs, wire.Descriptor{Name: ipName, Value: s.vals[start:len(s.vals):len(s.vals)]})
+	return ""
+}
+
+var ipName = []byte("ip")
+
+// forwardHeaders returns the X-Real-IP and X-Forwarded-For fields, their
+// names matched in any case (the server keeps names as sent).
+func forwardHeaders(h *fasthttp.RequestHeader) (realIP, fwd []byte) {
+	for k, v := range h.All() {
+		switch {
+		case bytes.EqualFold(k, xRealIP):
+			realIP = v
+		case bytes.EqualFold(k, xForwardedFor):
+			if len(fwd) > 0 {
+				// Several fields make one list, in order.
+				fwd = append(append(append([]byte(nil), fwd...), ','), v...)
+			} else {
+				fwd = v
+			}
+		}
+	}
+	return realIP, fwd
+}
+
+var (
+	xRealIP       = []byte("X-Real-IP")
+	xForwardedFor = []byte("X-Forwarded-For")
+)
+
+// forwardedFor returns the right-most address of an X-Forwarded-For list
+// that is not a trusted proxy, or the left-most when all are.
+func (d *Daemon) forwardedFor(list string) (netip.Addr, error) {
+	var last netip.Addr
+	for rest := list; rest != ""; {
+		i := strings.LastIndexByte(rest, ',')
+		item := strings.TrimSpace(rest[i+1:])
+		rest = rest[:max(i, 0)]
+		a, err := netip.ParseAddr(item)
+		if err != nil {
+			return netip.Addr{}, fmt.Errorf("X-Forwarded-For %q from a trusted proxy: %q is not an IP address", list, item)
+		}
+		last = a.Unmap()
+		if !d.trust.contains(last) {
+			return last, nil
+		}
+		if i < 0 {
+			break
+		}
+	}
+	if !last.IsValid() {
+		return netip.Addr{}, fmt.Errorf("X-Forwarded-For %q from a trusted proxy names no address", list)
+	}
+	return last, nil
+}
+
+// writeAuth answers a check of /v1/auth, for nginx's auth_request, which
+// passes only 2xx, 401 and 403: 200 when allowed, 403 otherwise, with the
+// same rate-limit header fields as /v1/check and X-RateLimit-Decision
+// (allowed, allowed-degraded, limited, blocked or error) saying which.
+// The body is empty: nginx discards a subrequest's body.
+func (d *Daemon) writeAuth(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
+	a := answerOf(dec)
+	s.fields, s.vals = header.AppendFields(s.fields[:0], s.vals[:0], a, now)
+	for _, f := range s.fields {
+		ctx.Response.Header.SetBytesV(f.Name, f.Value)
+	}
+	ctx.Response.Header.Set("X-RateLimit-Decision", dec.Status.String())
+	if dec.Degraded {
+		ctx.Response.Header.Set("X-RateLimit-Policy", "degraded")
+	}
+	switch dec.Status {
+	case wire.StatusAllowed, wire.StatusAllowedDegraded:
+		ctx.SetStatusCode(fasthttp.StatusOK)
+	default:
+		if dec.Status == wire.StatusError {
+			ctx.Response.Header.Set("X-RateLimit-Error", dec.Code.String())
+		}
+		ctx.SetStatusCode(fasthttp.StatusForbidden)
+	}
+}
