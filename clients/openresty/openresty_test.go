@@ -1,0 +1,269 @@
+package openresty_test
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/clients/internal/nginxtest"
+	"github.com/rld/rld/daemon/daemontest"
+)
+
+var (
+	repo   = nginxtest.RepoDir()
+	corpus = filepath.Join(repo, "clients", "testdata", "golden.tsv")
+)
+
+// replay runs the corpus at path through rld.lua inside nginx and returns
+// what the replay script printed.
+func replay(t *testing.T, path string) string {
+	t.Helper()
+	n := nginxtest.Start(t, true, `
+  server {
+    listen 127.0.0.1:PORT;
+    location /corpus {
+      default_type text/plain;
+      set $corpus `+path+`;
+      content_by_lua_file `+repo+`/clients/openresty/testdata/replay.lua;
+    }
+  }`)
+	resp, err := http.Get(n.URL + "/corpus")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	require.Equal(t, 200, resp.StatusCode, "%s\n%s", b, n.ErrorLog())
+	return string(b)
+}
+
+func TestCorpus(t *testing.T) {
+	out := replay(t, corpus)
+	require.True(t, strings.HasPrefix(out, "ok "), "rld.lua does not match the golden corpus:\n%s", out)
+	t.Log(strings.TrimSpace(out))
+}
+
+// TestCorpusGuards: a golden answer with one byte changed makes the
+// replay fail.
+func TestCorpusGuards(t *testing.T) {
+	data, err := os.ReadFile(corpus)
+	require.NoError(t, err)
+	lines := strings.Split(string(data), "\n")
+	changed := false
+	for i, l := range lines {
+		f := strings.Split(l, "\t")
+		if f[0] == "decode" && f[1] == "worked-example" {
+			// The limit, 30 (0x1e), becomes 31.
+			f[2] = strings.Replace(f[2], "000000000000001e", "000000000000001f", 1)
+			lines[i] = strings.Join(f, "\t")
+			changed = true
+		}
+	}
+	require.True(t, changed)
+	bad := filepath.Join(t.TempDir(), "golden.tsv")
+	require.NoError(t, os.WriteFile(bad, []byte(strings.Join(lines, "\n")), 0o644))
+	out := replay(t, bad)
+	assert.Contains(t, out, "FAIL worked-example limit 31 want 30")
+}
+
+// rldConfig limits /limited to 5 per hour per API key and blocks one IP.
+const rldConfig = `
+deny = ["ip=203.0.113.66"]
+
+[[rule]]
+name = "page"
+match = { endpoint = "/limited" }
+by = ["api_key"]
+limit = 5
+period = "1h"
+`
+
+// luaConf is the nginx configuration of docs/clients.md with the test's
+// socket, a generous timeout for a shared machine, and a fail-closed
+// location beside it.
+const luaConf = `
+  lua_shared_dict rld 1m;
+  set_real_ip_from 127.0.0.1;
+  real_ip_header X-Real-IP;
+  server {
+    listen 127.0.0.1:PORT;
+    root WWW;
+    location / {
+      access_by_lua_block {
+        require("rld").access{ socket = "unix:SOCK", timeout = 1000, shared_dict = "rld", log_interval = 60 }
+      }
+    }
+    location /closed {
+      access_by_lua_block {
+        require("rld").access{ socket = "unix:SOCK", timeout = 1000, shared_dict = "rld", fail_open = false, fail_status = 503 }
+      }
+    }
+    location = /rld-failures {
+      content_by_lua_block { ngx.say(require("rld").failures("rld")) }
+    }
+  }`
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func get(t *testing.T, url string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	require.NoError(t, err)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+// www makes a document root holding the static files the tests fetch.
+func www(t *testing.T) string {
+	dir := t.TempDir()
+	for _, f := range []string{"limited", "closed", "free"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("hello from "+f+"\n"), 0o644))
+	}
+	return dir
+}
+
+func startLua(t *testing.T) (*daemontest.Process, *nginxtest.Nginx) {
+	p, err := daemontest.StartProcess(rldConfig)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	n := nginxtest.Start(t, true, strings.NewReplacer("SOCK", p.Socket, "WWW", www(t)).Replace(luaConf))
+	return p, n
+}
+
+// sequence asserts that key gets exactly 5 × 200, then 429 with the
+// headers.
+func sequence(t *testing.T, n *nginxtest.Nginx, key string) {
+	t.Helper()
+	for i := 1; i <= 5; i++ {
+		r := get(t, n.URL+"/limited", "X-API-Key", key)
+		require.Equal(t, 200, r.status, "request %d: %s\n%s", i, r.body, n.ErrorLog())
+		assert.Equal(t, "hello from limited\n", r.body)
+		assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
+		assert.Equal(t, strconv.Itoa(5-i), r.header.Get("X-RateLimit-Remaining"))
+		assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
+		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.header.Get("RateLimit"))
+		assert.Empty(t, r.header.Get("Retry-After"))
+	}
+	r := get(t, n.URL+"/limited", "X-API-Key", key)
+	require.Equal(t, 429, r.status, "request 6: %s", r.body)
+	assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
+	assert.Equal(t, "0", r.header.Get("X-RateLimit-Remaining"))
+	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
+	require.NoError(t, err)
+	now := time.Now().Unix()
+	assert.True(t, reset > now && reset <= now+3600+2, "X-RateLimit-Reset %d is a Unix time within the hour", reset)
+	assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
+	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.header.Get("RateLimit"))
+	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
+	require.NoError(t, err)
+	assert.True(t, retry >= 1 && retry <= 720, "Retry-After %d: one token of 5 per hour", retry)
+	assert.Equal(t, "application/json", r.header.Get("Content-Type"))
+	assert.Contains(t, r.body, `{"error":{"code":"RATE_LIMIT_EXCEEDED","message":"rate limit \"page\" exceeded; retry after `+strconv.Itoa(retry)+`s","details":{"rule":"page","limit":5,"window_seconds":3600,"retry_after_seconds":`+strconv.Itoa(retry)+`,"reset_at":`)
+}
+
+func TestLuaAccess(t *testing.T) {
+	p, n := startLua(t)
+	sequence(t, n, "k1")
+	// Another key has its own count; a path with doubled slashes and a
+	// query is the same endpoint.
+	r := get(t, n.URL+"//limited?x=1", "X-API-Key", "k2")
+	assert.Equal(t, 200, r.status)
+	assert.Equal(t, "4", r.header.Get("X-RateLimit-Remaining"))
+
+	// The deny-listed IP (through set_real_ip_from / real_ip_header) is
+	// blocked.
+	r = get(t, n.URL+"/free", "X-Real-IP", "203.0.113.66")
+	assert.Equal(t, 403, r.status)
+	assert.Equal(t, `{"error":{"code":"BLOCKED","message":"request blocked by the deny list"}}`+"\n", r.body)
+	r = get(t, n.URL+"/free", "X-Real-IP", "203.0.113.67")
+	assert.Equal(t, 200, r.status)
+	assert.Empty(t, r.header.Get("X-RateLimit-Limit"), "no rule applies to /free")
+	assert.Equal(t, "0\n", get(t, n.URL+"/rld-failures").body)
+
+	// rld killed: the location fails open, with the page and no error.
+	p.Kill()
+	for i := 0; i < 10; i++ {
+		r := get(t, n.URL+"/limited", "X-API-Key", "k1")
+		require.Equal(t, 200, r.status, r.body)
+		assert.Equal(t, "hello from limited\n", r.body)
+		assert.Empty(t, r.header.Get("X-RateLimit-Limit"))
+	}
+	// The fail-closed location answers its status.
+	r = get(t, n.URL+"/closed", "X-API-Key", "k1")
+	assert.Equal(t, 503, r.status)
+	assert.Contains(t, r.body, "RATE_LIMIT_UNAVAILABLE")
+	assert.Equal(t, "11\n", get(t, n.URL+"/rld-failures").body, "every failure counted in the shared dict")
+	assert.Equal(t, 1, strings.Count(n.ErrorLog(), "rld: cannot check"), "logged once per interval:\n%s", n.ErrorLog())
+
+	// rld again on the same socket: limits apply again, nginx untouched.
+	require.NoError(t, p.Restart())
+	sequence(t, n, "k3")
+	assert.Equal(t, 200, get(t, n.URL+"/closed", "X-API-Key", "k1").status)
+}
+
+// TestLuaKillUnderLoad: while requests flow, rld is SIGKILLed and
+// restarted; nginx never answers 5xx.
+func TestLuaKillUnderLoad(t *testing.T) {
+	p, n := startLua(t)
+	var stop atomic.Bool
+	var total, bad atomic.Int64
+	var firstBad atomic.Value
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				resp, err := http.Get(n.URL + "/free")
+				if err != nil {
+					firstBad.CompareAndSwap(nil, err.Error())
+					bad.Add(1)
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				total.Add(1)
+				if resp.StatusCode >= 500 || string(b) != "hello from free\n" {
+					firstBad.CompareAndSwap(nil, strconv.Itoa(resp.StatusCode)+" "+string(b))
+					bad.Add(1)
+				}
+			}
+		}(w)
+	}
+	waitFor := func(n int64) {
+		deadline := time.Now().Add(20 * time.Second)
+		for start := total.Load(); total.Load() < start+n; {
+			require.True(t, time.Now().Before(deadline), "no progress")
+			time.Sleep(5 * time.Millisecond) // polling the request count
+		}
+	}
+	for round := 0; round < 3; round++ {
+		waitFor(200)
+		p.Kill()
+		waitFor(200)
+		require.NoError(t, p.Restart())
+	}
+	waitFor(200)
+	stop.Store(true)
+	wg.Wait()
+	assert.Zero(t, bad.Load(), "of %d requests; first: %v", total.Load(), firstBad.Load())
+}

@@ -1,0 +1,521 @@
+-- rld.lua: the OpenResty / nginx (lua-nginx-module) client of rld, the
+-- rate-limit daemon. One file, no dependency beyond what OpenResty and
+-- Debian's libnginx-mod-http-lua ship (cosockets, ngx.*).
+--
+--   local rld = require "rld"
+--   -- in access_by_lua_block, the one-call helper:
+--   rld.access{ socket = "unix:/run/rld/rld.sock", api_key_header = "X-API-Key" }
+--   -- or by hand:
+--   local c = rld.new{ timeout = 5 }
+--   local res, err = c:check({ {"api_key", "sk_123"}, {"endpoint", "/v1/search"} }, 1)
+--
+-- It speaks the binary protocol of docs/protocol.md on the daemon's Unix
+-- socket, one request at a time per connection, with connections kept in
+-- the cosocket pool (setkeepalive). docs/clients.md describes it.
+
+local ngx = ngx
+local byte, char, sub, find, gsub = string.byte, string.char, string.sub, string.find, string.gsub
+local concat, sort = table.concat, table.sort
+local floor = math.floor
+local type, pairs, ipairs, tostring, tonumber, setmetatable = type, pairs, ipairs, tostring, tonumber, setmetatable
+
+local _M = { _VERSION = "1.0" }
+
+-- Ops, statuses and limits of the protocol (docs/protocol.md).
+_M.OP_CHECK, _M.OP_PEEK, _M.OP_PING = 1, 2, 3
+_M.ALLOWED, _M.LIMITED, _M.BLOCKED, _M.ALLOWED_DEGRADED, _M.ERROR = 0, 1, 2, 3, 4
+_M.STATUS_NAMES = { [0] = "allowed", "limited", "blocked", "allowed-degraded", "error" }
+_M.ERROR_NAMES = { [0] = "none", "malformed", "frame_too_large", "unknown_op", "bad_version",
+    "too_large", "cost_too_large", "internal", "overloaded", "not_supported", "bad_flags",
+    "unavailable", "bad_cost" }
+local MAX_FRAME, MAX_DESCS, MAX_NAME, MAX_VALUE, MAX_MESSAGE = 16384, 32, 64, 1024, 1024
+local MAX_U32 = 4294967295
+
+local function u16(n)
+    return char(floor(n / 256) % 256, n % 256)
+end
+
+local function u32(n)
+    return char(floor(n / 16777216) % 256, floor(n / 65536) % 256, floor(n / 256) % 256, n % 256)
+end
+
+local function rd16(s, i)
+    local a, b = byte(s, i, i + 1)
+    return a * 256 + b
+end
+
+local function rd32(s, i)
+    local a, b, c, d = byte(s, i, i + 3)
+    return ((a * 256 + b) * 256 + c) * 256 + d
+end
+
+-- rd64 reads 8 bytes as a Lua number, or returns nil above 2^53, where a
+-- Lua number no longer holds every integer exactly.
+local function rd64(s, i)
+    local hi, lo = rd32(s, i), rd32(s, i + 4)
+    if hi > 2097152 or (hi == 2097152 and lo > 0) then
+        return nil
+    end
+    return hi * 4294967296 + lo
+end
+
+-- pairs_of turns descriptors into a list of {name, value}: a list of pairs
+-- stays as it is (order kept, duplicate names allowed); a map
+-- {api_key = "k"} is sorted by name.
+local function pairs_of(descs)
+    if descs == nil then
+        return {}
+    end
+    if descs[1] ~= nil or next(descs) == nil then
+        return descs
+    end
+    local list = {}
+    for k, v in pairs(descs) do
+        list[#list + 1] = { k, v }
+    end
+    sort(list, function(a, b) return a[1] < b[1] end)
+    return list
+end
+
+--- encode(id, op, cost, descs) returns the request frame (a string), or
+-- nil and an error for a request the protocol cannot carry (more than 32
+-- descriptors, an empty or 65-byte name, a 1025-byte value, a cost that
+-- does not fit in 4 bytes, a frame over 16384 bytes). CHECK (1) and PEEK
+-- (2) carry cost and descriptors; other ops have an empty body.
+function _M.encode(id, op, cost, descs)
+    local parts
+    if op == 1 or op == 2 then
+        cost = cost or 1
+        if type(cost) ~= "number" or cost < 0 or cost > MAX_U32 or cost ~= floor(cost) then
+            return nil, "cost " .. tostring(cost) .. " is not a whole number from 0 to 4294967295"
+        end
+        local list = pairs_of(descs)
+        local n = #list
+        if n > MAX_DESCS then
+            return nil, n .. " descriptors, more than " .. MAX_DESCS
+        end
+        parts = { "", "", u32(cost), char(n) }
+        local size = 16 + 1
+        for i = 1, n do
+            local name, value = tostring(list[i][1]), tostring(list[i][2] or "")
+            local nl, vl = #name, #value
+            if nl == 0 or nl > MAX_NAME then
+                return nil, "descriptor name of " .. nl .. " bytes (1 to 64)"
+            end
+            if vl > MAX_VALUE then
+                return nil, "descriptor " .. name .. ": value of " .. vl .. " bytes (at most 1024)"
+            end
+            size = size + 3 + nl + vl
+            parts[#parts + 1] = char(nl) .. name .. u16(vl) .. value
+        end
+        if size > MAX_FRAME then
+            return nil, "frame of " .. size .. " bytes, more than " .. MAX_FRAME
+        end
+        parts[1] = u32(size - 4)
+    else
+        parts = { u32(8), "" }
+    end
+    parts[2] = char(1, op) .. "\0\0" .. u32(id)
+    return concat(parts)
+end
+
+--- decode(frame) decodes a complete response frame (length prefix
+-- included) into a table {id, op, flags, status, limit, remaining, reset,
+-- retry, window, rule, code, message} (times in milliseconds; op is the
+-- byte as sent, e.g. 129), or returns nil and an error. Unknown flag bits
+-- are passed through. A limit or remaining above 2^53, which a Lua number
+-- cannot hold exactly, is refused.
+function _M.decode(f)
+    local n = #f
+    if n < 12 then
+        return nil, "truncated frame: " .. n .. " bytes"
+    end
+    local length = rd32(f, 1)
+    if length < 8 then
+        return nil, "length field " .. length .. " below 8"
+    end
+    if length > MAX_FRAME - 4 then
+        return nil, "length field " .. length .. " above 16380"
+    end
+    if n < length + 4 then
+        return nil, "truncated frame: " .. n .. " bytes, length field says " .. (length + 4)
+    end
+    if n > length + 4 then
+        return nil, (n - length - 4) .. " bytes left over after the frame"
+    end
+    if byte(f, 5) ~= 1 then
+        return nil, "bad version " .. byte(f, 5)
+    end
+    local op = byte(f, 6)
+    if op < 128 then
+        return nil, "op " .. op .. " is not a response (0x80 unset)"
+    end
+    if n < 12 + 34 then
+        return nil, "truncated response body: " .. (n - 12) .. " bytes"
+    end
+    local status = byte(f, 13)
+    if status > 4 then
+        return nil, "unknown status " .. status
+    end
+    local rl = byte(f, 42)
+    if n < 42 + rl + 4 then
+        return nil, "rule of " .. rl .. " bytes runs past the end"
+    end
+    local p = 43 + rl
+    local ml = rd16(f, p + 2)
+    if ml > MAX_MESSAGE then
+        return nil, "message of " .. ml .. " bytes, more than 1024"
+    end
+    if n < p + 3 + ml then
+        return nil, "message of " .. ml .. " bytes runs past the end"
+    end
+    if n > p + 3 + ml then
+        return nil, "bytes left over after the message"
+    end
+    local limit, remaining = rd64(f, 14), rd64(f, 22)
+    if not limit or not remaining then
+        return nil, "limit or remaining above 2^53"
+    end
+    return {
+        id = rd32(f, 9),
+        op = op,
+        flags = rd16(f, 7),
+        status = status,
+        limit = limit,
+        remaining = remaining,
+        reset = rd32(f, 30),
+        retry = rd32(f, 34),
+        window = rd32(f, 38),
+        rule = sub(f, 43, 42 + rl),
+        code = rd16(f, p),
+        message = sub(f, p + 4, p + 3 + ml),
+    }
+end
+
+local Client = {}
+Client.__index = Client
+
+--- new(opts) returns a client. opts (all optional):
+--   socket        "unix:/run/rld/rld.sock"
+--   timeout       5 (ms): connect, send and receive, each
+--   pool_size     64 connections kept per nginx worker
+--   keepalive     60000 (ms) a pooled connection may idle
+function _M.new(opts)
+    opts = opts or {}
+    local c = {
+        socket = opts.socket or "unix:/run/rld/rld.sock",
+        timeout = opts.timeout or 5,
+        pool_size = opts.pool_size or 64,
+        keepalive = opts.keepalive or 60000,
+    }
+    return setmetatable(c, Client)
+end
+
+local next_id = 0
+
+-- retryable reports whether a failed exchange on a pooled connection
+-- may be repeated on a new one: the daemon closed it (a restart, an idle
+-- timeout) before the request reached it.
+local function retryable(err)
+    return err == "closed" or err == "broken pipe" or err == "connection reset by peer"
+end
+
+-- exchange sends one request and returns the decoded answer, or nil and
+-- an error.
+function Client:exchange(op, descs, cost)
+    next_id = (next_id + 1) % 4294967296
+    local id = next_id
+    local frame, err = _M.encode(id, op, cost, descs)
+    if not frame then
+        return nil, err
+    end
+    for attempt = 1, 2 do
+        local sock = ngx.socket.tcp()
+        sock:settimeouts(self.timeout, self.timeout, self.timeout)
+        local ok, cerr = sock:connect(self.socket)
+        if not ok then
+            return nil, "connect " .. self.socket .. ": " .. tostring(cerr)
+        end
+        local reused = sock:getreusedtimes() > 0
+        local res
+        ok, err = sock:send(frame)
+        if ok then
+            res, err = self:receive(sock, id)
+        end
+        if res then
+            sock:setkeepalive(self.keepalive, self.pool_size)
+            return res
+        end
+        sock:close()
+        if not (reused and attempt == 1 and retryable(err)) then
+            return nil, err
+        end
+    end
+end
+
+-- receive reads frames until the one answering id.
+function Client:receive(sock, id)
+    while true do
+        local head, err = sock:receive(4)
+        if not head then
+            return nil, err
+        end
+        local length = rd32(head, 1)
+        if length < 8 or length > MAX_FRAME - 4 then
+            return nil, "bad length field " .. length
+        end
+        local body
+        body, err = sock:receive(length)
+        if not body then
+            return nil, err
+        end
+        local res, derr = _M.decode(head .. body)
+        if not res then
+            return nil, "bad answer: " .. derr
+        end
+        if res.id == id then
+            res.allowed = res.status == 0 or res.status == 3
+            res.status_name = _M.STATUS_NAMES[res.status]
+            return res
+        end
+    end
+end
+
+--- check(descriptors, cost) asks whether a request may go and takes cost
+-- (default 1) when it may. descriptors is a list of {name, value} or a
+-- map {name = value}. Returns the decoded answer, with .allowed (true for
+-- allowed and allowed-degraded) and .status_name, or nil and an error when
+-- the daemon could not be asked. An answer may have status ERROR (4):
+-- see .code and .message.
+function Client:check(descs, cost)
+    return self:exchange(1, descs, cost)
+end
+
+--- peek(descriptors, cost) decides as check would but takes nothing.
+function Client:peek(descs, cost)
+    return self:exchange(2, descs, cost)
+end
+
+--- ping() returns a PING's answer, or nil and an error.
+function Client:ping()
+    return self:exchange(3)
+end
+
+_M.Client = Client
+
+-- Header rendering, the same as rld's HTTP endpoint (package header).
+
+local function seconds(ms)
+    if ms <= 0 then
+        return 0
+    end
+    return floor((ms + 999) / 1000)
+end
+
+-- sf_string renders a rule name as a structured-field string.
+local function sf_string(s)
+    return '"' .. gsub(s, '[%c"\\\128-\255]', function(c)
+        if c == '"' or c == "\\" then
+            return "\\" .. c
+        end
+        return "?"
+    end) .. '"'
+end
+
+local function num(n)
+    return string.format("%.0f", n)
+end
+
+--- headers(res, now) returns the response header fields for an answer, a
+-- table name -> value: X-RateLimit-Limit, X-RateLimit-Remaining,
+-- X-RateLimit-Reset (Unix seconds), RateLimit-Policy, RateLimit, and
+-- Retry-After when limited. It is empty when no limit applied (no rule,
+-- or the allow and deny lists).
+function _M.headers(res, now)
+    local h = {}
+    if res.rule == "" or res.limit == 0 then
+        return h
+    end
+    now = now or ngx.now()
+    local item = sf_string(res.rule)
+    h["X-RateLimit-Limit"] = num(res.limit)
+    h["X-RateLimit-Remaining"] = num(res.remaining)
+    h["X-RateLimit-Reset"] = num(floor(now + res.reset / 1000 + 0.999999999))
+    local policy = item .. ";q=" .. num(res.limit)
+    if res.window > 0 then
+        policy = policy .. ";w=" .. seconds(res.window)
+    end
+    h["RateLimit-Policy"] = policy
+    h["RateLimit"] = item .. ";r=" .. num(res.remaining) .. ";t=" .. seconds(res.reset)
+    if res.status == 1 then
+        h["Retry-After"] = tostring(math.max(1, seconds(math.max(res.retry, 1))))
+    end
+    return h
+end
+
+local function json_string(s)
+    return '"' .. gsub(s, '[%c"\\]', function(c)
+        if c == '"' or c == "\\" then
+            return "\\" .. c
+        end
+        return string.format("\\u%04x", byte(c))
+    end) .. '"'
+end
+
+--- limited_body(res, now) returns the JSON body of a 429, the same as
+-- rld's HTTP endpoint writes.
+function _M.limited_body(res, now)
+    now = now or ngx.now()
+    local retry = math.max(1, seconds(math.max(res.retry, 1)))
+    return '{"error":{"code":"RATE_LIMIT_EXCEEDED","message":'
+        .. json_string("rate limit " .. json_string(res.rule) .. " exceeded; retry after " .. retry .. "s")
+        .. ',"details":{"rule":' .. json_string(res.rule)
+        .. ',"limit":' .. num(res.limit)
+        .. ',"window_seconds":' .. seconds(res.window)
+        .. ',"retry_after_seconds":' .. retry
+        .. ',"reset_at":' .. num(floor(now + res.reset / 1000 + 0.999999999))
+        .. "}}}\n"
+end
+
+_M.BLOCKED_BODY = '{"error":{"code":"BLOCKED","message":"request blocked by the deny list"}}\n'
+
+-- The access helper.
+
+local clients = setmetatable({}, { __mode = "k" })
+local last_log = 0 -- per worker, when there is no shared dict
+
+-- failed counts a failure to ask the daemon and logs it at most once per
+-- interval (across workers when a shared dict is configured).
+local function failed(opts, err)
+    local interval = opts.log_interval or 10
+    local dict = opts.shared_dict and ngx.shared[opts.shared_dict]
+    if dict then
+        local n = dict:incr("rld:failures", 1, 0)
+        if dict:add("rld:logged", true, interval) then
+            ngx.log(ngx.WARN, "rld: cannot check (", err, "); ", n, " failures so far; failing ",
+                opts.fail_open == false and "closed" or "open")
+        end
+        return
+    end
+    local now = ngx.now()
+    if now - last_log >= interval then
+        last_log = now
+        ngx.log(ngx.WARN, "rld: cannot check (", err, "); failing ", opts.fail_open == false and "closed" or "open")
+    end
+end
+
+--- failures(dict_name) returns how many checks failed to reach the daemon,
+-- as counted in the shared dict.
+function _M.failures(dict_name)
+    local dict = ngx.shared[dict_name]
+    return dict and dict:get("rld:failures") or 0
+end
+
+-- endpoint returns the request path without query and with slashes
+-- collapsed.
+local function endpoint()
+    local uri = ngx.var.uri or "/"
+    if find(uri, "//", 1, true) then
+        uri = gsub(uri, "//+", "/")
+    end
+    return uri
+end
+
+--- descriptors(opts) returns the descriptors of the current request:
+-- ip (ngx.var.remote_addr, which honours set_real_ip_from and
+-- real_ip_header), api_key (from the header opts.api_key_header, when
+-- present), endpoint (the normalised path), method, then the pairs of
+-- opts.descriptors (a list of {name, value} or a map) and of
+-- opts.descriptors_fn() (per request). Set opts.ip, opts.endpoint or
+-- opts.method to false to leave one out.
+function _M.descriptors(opts)
+    local d = {}
+    if opts.ip ~= false then
+        d[#d + 1] = { "ip", ngx.var.remote_addr }
+    end
+    local hdr = opts.api_key_header
+    if hdr == nil then
+        hdr = "X-API-Key"
+    end
+    if hdr then
+        local var = opts._api_key_var
+        if not var then
+            var = "http_" .. gsub(hdr:lower(), "-", "_")
+            opts._api_key_var = var
+        end
+        local key = ngx.var[var]
+        if key and key ~= "" then
+            d[#d + 1] = { "api_key", key }
+        end
+    end
+    if opts.endpoint ~= false then
+        d[#d + 1] = { "endpoint", endpoint() }
+    end
+    if opts.method ~= false then
+        d[#d + 1] = { "method", ngx.req.get_method() }
+    end
+    for _, list in ipairs({ opts.descriptors or false, opts.descriptors_fn and opts.descriptors_fn() or false }) do
+        if list then
+            for _, p in ipairs(pairs_of(list)) do
+                d[#d + 1] = p
+            end
+        end
+    end
+    return d
+end
+
+--- access(opts) checks the current request from access_by_lua_block.
+-- Allowed: it sets the rate-limit header fields and returns the answer.
+-- Limited: it answers 429 with Retry-After and a JSON body. Blocked: 403.
+-- When the daemon cannot be asked (down, slow, an error answer) it fails
+-- open (returns nil and the error) or, with fail_open = false, answers
+-- fail_status (503); either way the failure is counted in the shared
+-- dict opts.shared_dict and logged at most once per log_interval seconds.
+-- opts: the options of new(), of descriptors(), and cost (a number or a
+-- function returning one), fail_open, fail_status, shared_dict,
+-- log_interval.
+function _M.access(opts)
+    opts = opts or {}
+    local c = clients[opts]
+    if not c then
+        c = _M.new(opts)
+        clients[opts] = c
+    end
+    local cost = opts.cost
+    if type(cost) == "function" then
+        cost = cost()
+    end
+    local res, err = c:check(_M.descriptors(opts), cost)
+    if res and res.status == 4 then
+        res, err = nil, "error answer " .. (_M.ERROR_NAMES[res.code] or tostring(res.code)) .. ": " .. res.message
+    end
+    if not res then
+        failed(opts, err)
+        if opts.fail_open == false then
+            local status = opts.fail_status or 503
+            ngx.status = status
+            ngx.header["Content-Type"] = "application/json"
+            ngx.say('{"error":{"code":"RATE_LIMIT_UNAVAILABLE","message":"the rate limiter cannot be reached"}}')
+            return ngx.exit(ngx.HTTP_OK)
+        end
+        return nil, err
+    end
+    local now = ngx.now()
+    for k, v in pairs(_M.headers(res, now)) do
+        ngx.header[k] = v
+    end
+    if res.status == 1 then
+        ngx.status = 429
+        ngx.header["Content-Type"] = "application/json"
+        ngx.print(_M.limited_body(res, now))
+        return ngx.exit(ngx.HTTP_OK)
+    elseif res.status == 2 then
+        ngx.status = 403
+        ngx.header["Content-Type"] = "application/json"
+        ngx.print(_M.BLOCKED_BODY)
+        return ngx.exit(ngx.HTTP_OK)
+    end
+    return res
+end
+
+return _M
