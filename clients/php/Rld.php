@@ -1,0 +1,449 @@
+<?php
+// Rld.php: the PHP client of rld, the rate-limit daemon (PHP 8.1+, the
+// standard library only). It speaks the binary protocol of
+// docs/protocol.md on the daemon's Unix socket, over one persistent
+// connection per PHP-FPM worker (pfsockopen), so a request pays no
+// connect. docs/clients.md describes it.
+//
+//   require '/usr/share/rld/Rld.php';
+//   $rld = new Rld('/run/rld/rld.sock');
+//   if (!$rld->enforce(Rld::requestDescriptors())) {
+//       return; // 429 or 403 sent, with the rate-limit headers
+//   }
+
+declare(strict_types=1);
+
+/**
+ * Rld asks rld whether a request may go through.
+ */
+final class Rld
+{
+    public const OP_CHECK = 1;
+    public const OP_PEEK = 2;
+    public const OP_PING = 3;
+
+    public const ALLOWED = 0;
+    public const LIMITED = 1;
+    public const BLOCKED = 2;
+    public const ALLOWED_DEGRADED = 3;
+    public const ERROR = 4;
+
+    public const STATUS_NAMES = ['allowed', 'limited', 'blocked', 'allowed-degraded', 'error'];
+
+    private const MAX_FRAME = 16384;
+    private const MAX_DESCS = 32;
+    private const MAX_NAME = 64;
+    private const MAX_VALUE = 1024;
+    private const MAX_MESSAGE = 1024;
+
+    private static int $nextId = 0;
+
+    /** @var string|null why the last call could not ask the daemon */
+    public ?string $lastError = null;
+
+    /**
+     * @param string $socket      the daemon's Unix socket
+     * @param float  $timeout     seconds for connect, write and read, each
+     * @param bool   $failOpen    enforce() lets requests through when rld cannot be asked
+     * @param int    $failStatus  the status enforce() answers when failing closed
+     * @param int    $logInterval seconds between two error_log lines about failures (per host)
+     */
+    public function __construct(
+        private string $socket = '/run/rld/rld.sock',
+        private float $timeout = 0.005,
+        private bool $failOpen = true,
+        private int $failStatus = 503,
+        private int $logInterval = 10,
+    ) {
+    }
+
+    /**
+     * check asks whether a request may go, and takes $cost units when it
+     * may. $descriptors is a map ['api_key' => 'k'] or a list of
+     * [name, value] pairs. Returns the answer (see decode(), plus
+     * 'allowed'), or null when the daemon could not be asked ($lastError
+     * says why; logged at most once per interval). Descriptors the
+     * protocol cannot carry throw InvalidArgumentException.
+     */
+    public function check(array $descriptors, int $cost = 1): ?array
+    {
+        return $this->exchange(self::OP_CHECK, $descriptors, $cost);
+    }
+
+    /** peek decides as check() would, but takes nothing. */
+    public function peek(array $descriptors, int $cost = 1): ?array
+    {
+        return $this->exchange(self::OP_PEEK, $descriptors, $cost);
+    }
+
+    /** ping returns a PING's answer, or null. */
+    public function ping(): ?array
+    {
+        return $this->exchange(self::OP_PING, [], 0);
+    }
+
+    /**
+     * enforce checks the current request and sends the answer's header
+     * fields. It returns true when the request may go on: allowed, or rld
+     * could not be asked and the client fails open. Otherwise it has sent
+     * 429 (limited, with Retry-After and a JSON body), 403 (blocked) or
+     * the fail status (failing closed), and the caller should stop.
+     */
+    public function enforce(array $descriptors, int $cost = 1): bool
+    {
+        try {
+            $res = $this->check($descriptors, $cost);
+        } catch (InvalidArgumentException $e) {
+            // A descriptor the protocol cannot carry (a 2 KB API key):
+            // treated as a failure to ask, never an error page.
+            $this->failed($e->getMessage());
+            $res = null;
+        }
+        if ($res !== null && $res['status'] === self::ERROR) {
+            $this->failed(sprintf('error answer %d: %s', $res['code'], $res['message']));
+            $res = null;
+        }
+        if ($res === null) {
+            if ($this->failOpen) {
+                return true;
+            }
+            http_response_code($this->failStatus);
+            header('Content-Type: application/json');
+            echo '{"error":{"code":"RATE_LIMIT_UNAVAILABLE","message":"the rate limiter cannot be reached"}}', "\n";
+            return false;
+        }
+        $now = microtime(true);
+        foreach (self::headers($res, $now) as $name => $value) {
+            header($name . ': ' . $value);
+        }
+        if ($res['status'] === self::LIMITED) {
+            http_response_code(429);
+            header('Content-Type: application/json');
+            echo self::limitedBody($res, $now);
+            return false;
+        }
+        if ($res['status'] === self::BLOCKED) {
+            http_response_code(403);
+            header('Content-Type: application/json');
+            echo '{"error":{"code":"BLOCKED","message":"request blocked by the deny list"}}', "\n";
+            return false;
+        }
+        return true;
+    }
+
+    /**
+     * requestDescriptors returns the current request's descriptors: ip
+     * (REMOTE_ADDR), api_key (from the header $apiKeyHeader, when sent),
+     * endpoint (the path, without query, slashes collapsed) and method,
+     * followed by $extra.
+     */
+    public static function requestDescriptors(string $apiKeyHeader = 'X-API-Key', array $extra = []): array
+    {
+        $d = [];
+        if (isset($_SERVER['REMOTE_ADDR'])) {
+            $d[] = ['ip', (string) $_SERVER['REMOTE_ADDR']];
+        }
+        $key = $_SERVER['HTTP_' . strtoupper(str_replace('-', '_', $apiKeyHeader))] ?? '';
+        if ($key !== '') {
+            $d[] = ['api_key', (string) $key];
+        }
+        $path = (string) parse_url((string) ($_SERVER['REQUEST_URI'] ?? '/'), PHP_URL_PATH);
+        $d[] = ['endpoint', (string) preg_replace('#//+#', '/', $path === '' ? '/' : $path)];
+        $d[] = ['method', (string) ($_SERVER['REQUEST_METHOD'] ?? 'GET')];
+        foreach (self::pairs($extra) as $p) {
+            $d[] = $p;
+        }
+        return $d;
+    }
+
+    private function exchange(int $op, array $descriptors, int $cost): ?array
+    {
+        self::$nextId = (self::$nextId + 1) & 0xffffffff;
+        $id = self::$nextId;
+        $frame = self::encode($id, $op, $cost, $descriptors);
+        for ($attempt = 1; ; $attempt++) {
+            $err = null;
+            $res = $this->roundTrip($frame, $id, $err);
+            if ($res !== null) {
+                $this->lastError = null;
+                return $res;
+            }
+            // A persistent connection the daemon closed (a restart): try
+            // once on a new one.
+            if ($attempt === 1 && $err === 'connection closed') {
+                continue;
+            }
+            $this->failed($err);
+            return null;
+        }
+    }
+
+    private function roundTrip(string $frame, int $id, ?string &$err): ?array
+    {
+        $errno = 0;
+        $errstr = '';
+        $fp = @pfsockopen('unix://' . $this->socket, -1, $errno, $errstr, $this->timeout);
+        if ($fp === false) {
+            $err = sprintf('connect %s: %s', $this->socket, $errstr !== '' ? $errstr : "error $errno");
+            return null;
+        }
+        $sec = (int) $this->timeout;
+        stream_set_timeout($fp, $sec, (int) (($this->timeout - $sec) * 1e6));
+        $written = @fwrite($fp, $frame);
+        if ($written !== strlen($frame)) {
+            $err = stream_get_meta_data($fp)['timed_out'] ? 'write timed out' : 'connection closed';
+            $this->drop($fp);
+            return null;
+        }
+        while (true) {
+            $head = $this->readN($fp, 4, $err);
+            if ($head === null) {
+                return null;
+            }
+            $length = unpack('N', $head)[1];
+            if ($length < 8 || $length > self::MAX_FRAME - 4) {
+                $err = "bad length field $length";
+                $this->drop($fp);
+                return null;
+            }
+            $body = $this->readN($fp, $length, $err);
+            if ($body === null) {
+                return null;
+            }
+            try {
+                $res = self::decode($head . $body);
+            } catch (UnexpectedValueException $e) {
+                $err = 'bad answer: ' . $e->getMessage();
+                $this->drop($fp);
+                return null;
+            }
+            if ($res['id'] === $id) {
+                $res['allowed'] = $res['status'] === self::ALLOWED || $res['status'] === self::ALLOWED_DEGRADED;
+                return $res;
+            }
+        }
+    }
+
+    /** @param resource $fp */
+    private function readN($fp, int $n, ?string &$err): ?string
+    {
+        $buf = '';
+        while (strlen($buf) < $n) {
+            $chunk = @fread($fp, $n - strlen($buf));
+            if ($chunk === false || $chunk === '') {
+                $meta = stream_get_meta_data($fp);
+                $err = $meta['timed_out'] ? 'read timed out' : 'connection closed';
+                $this->drop($fp);
+                return null;
+            }
+            $buf .= $chunk;
+        }
+        return $buf;
+    }
+
+    /** @param resource $fp */
+    private function drop($fp): void
+    {
+        @fclose($fp);
+    }
+
+    private function failed(?string $err): void
+    {
+        $this->lastError = $err;
+        // PHP forgets everything between requests: the last log time is
+        // the mtime of a marker file, shared by the host's workers.
+        $marker = sys_get_temp_dir() . '/rld-' . md5($this->socket) . '.logged';
+        $now = time();
+        clearstatcache(true, $marker);
+        $last = @filemtime($marker);
+        if ($last === false || $now - $last >= $this->logInterval) {
+            @touch($marker, $now);
+            error_log(sprintf('rld: cannot check (%s); failing %s', $err, $this->failOpen ? 'open' : 'closed'));
+        }
+    }
+
+    /** @return list<array{0: string, 1: string}> */
+    private static function pairs(array $descriptors): array
+    {
+        if ($descriptors === [] || array_is_list($descriptors)) {
+            return $descriptors;
+        }
+        ksort($descriptors, SORT_STRING);
+        $list = [];
+        foreach ($descriptors as $k => $v) {
+            $list[] = [(string) $k, (string) $v];
+        }
+        return $list;
+    }
+
+    /**
+     * encode returns the request frame. CHECK and PEEK carry cost and
+     * descriptors; other ops have an empty body. It throws
+     * InvalidArgumentException for a request the protocol cannot carry.
+     */
+    public static function encode(int $id, int $op, int $cost, array $descriptors): string
+    {
+        $body = '';
+        if ($op === self::OP_CHECK || $op === self::OP_PEEK) {
+            if ($cost < 0 || $cost > 0xffffffff) {
+                throw new InvalidArgumentException("cost $cost does not fit in 4 bytes");
+            }
+            $list = self::pairs($descriptors);
+            if (count($list) > self::MAX_DESCS) {
+                throw new InvalidArgumentException(count($list) . ' descriptors, more than ' . self::MAX_DESCS);
+            }
+            $body = pack('NC', $cost, count($list));
+            foreach ($list as [$name, $value]) {
+                $name = (string) $name;
+                $value = (string) $value;
+                if ($name === '' || strlen($name) > self::MAX_NAME) {
+                    throw new InvalidArgumentException('descriptor name of ' . strlen($name) . ' bytes (1 to 64)');
+                }
+                if (strlen($value) > self::MAX_VALUE) {
+                    throw new InvalidArgumentException("descriptor $name: value of " . strlen($value) . ' bytes (at most 1024)');
+                }
+                $body .= chr(strlen($name)) . $name . pack('n', strlen($value)) . $value;
+            }
+            if (12 + strlen($body) > self::MAX_FRAME) {
+                throw new InvalidArgumentException('frame of ' . (12 + strlen($body)) . ' bytes, more than ' . self::MAX_FRAME);
+            }
+        }
+        return pack('NCCnN', 8 + strlen($body), 1, $op, 0, $id & 0xffffffff) . $body;
+    }
+
+    /**
+     * decode decodes a complete response frame (length prefix included)
+     * into [id, op (as sent, e.g. 129), flags, status, limit, remaining,
+     * reset, retry, window (milliseconds), rule, code, message]. Unknown
+     * flag bits are passed through. It throws UnexpectedValueException
+     * for a frame that breaks the protocol.
+     */
+    public static function decode(string $f): array
+    {
+        $n = strlen($f);
+        if ($n < 12) {
+            throw new UnexpectedValueException("truncated frame: $n bytes");
+        }
+        $h = unpack('Nlength/Cversion/Cop/nflags/Nid', $f);
+        if ($h['length'] < 8) {
+            throw new UnexpectedValueException("length field {$h['length']} below 8");
+        }
+        if ($h['length'] > self::MAX_FRAME - 4) {
+            throw new UnexpectedValueException("length field {$h['length']} above 16380");
+        }
+        if ($n !== $h['length'] + 4) {
+            throw new UnexpectedValueException($n < $h['length'] + 4
+                ? "truncated frame: $n bytes, the length field says " . ($h['length'] + 4)
+                : ($n - $h['length'] - 4) . ' bytes left over after the frame');
+        }
+        if ($h['version'] !== 1) {
+            throw new UnexpectedValueException("bad version {$h['version']}");
+        }
+        if (($h['op'] & 0x80) === 0) {
+            throw new UnexpectedValueException("op {$h['op']} is not a response (0x80 unset)");
+        }
+        if ($n < 12 + 34) {
+            throw new UnexpectedValueException('truncated response body: ' . ($n - 12) . ' bytes');
+        }
+        $b = unpack('Cstatus/Jlimit/Jremaining/Nreset/Nretry/Nwindow/Crl', $f, 12);
+        if ($b['status'] > self::ERROR) {
+            throw new UnexpectedValueException("unknown status {$b['status']}");
+        }
+        $rl = $b['rl'];
+        if ($n < 42 + $rl + 4) {
+            throw new UnexpectedValueException("rule of $rl bytes runs past the end");
+        }
+        $p = 42 + $rl;
+        $t = unpack('ncode/nml', $f, $p);
+        if ($t['ml'] > self::MAX_MESSAGE) {
+            throw new UnexpectedValueException("message of {$t['ml']} bytes, more than 1024");
+        }
+        if ($n !== $p + 4 + $t['ml']) {
+            throw new UnexpectedValueException($n < $p + 4 + $t['ml']
+                ? "message of {$t['ml']} bytes runs past the end"
+                : 'bytes left over after the message');
+        }
+        return [
+            'id' => $h['id'],
+            'op' => $h['op'],
+            'flags' => $h['flags'],
+            'status' => $b['status'],
+            'limit' => $b['limit'],
+            'remaining' => $b['remaining'],
+            'reset' => $b['reset'],
+            'retry' => $b['retry'],
+            'window' => $b['window'],
+            'rule' => substr($f, 42, $rl),
+            'code' => $t['code'],
+            'message' => substr($f, $p + 4, $t['ml']),
+        ];
+    }
+
+    private static function seconds(int $ms): int
+    {
+        return $ms <= 0 ? 0 : intdiv($ms + 999, 1000);
+    }
+
+    private static function sfString(string $s): string
+    {
+        $out = '"';
+        for ($i = 0, $n = strlen($s); $i < $n; $i++) {
+            $c = $s[$i];
+            $o = ord($c);
+            if ($c === '"' || $c === '\\') {
+                $out .= '\\' . $c;
+            } elseif ($o < 0x20 || $o > 0x7e) {
+                $out .= '?';
+            } else {
+                $out .= $c;
+            }
+        }
+        return $out . '"';
+    }
+
+    /**
+     * headers returns the response header fields for an answer, as rld's
+     * HTTP endpoint renders them: X-RateLimit-Limit, -Remaining, -Reset
+     * (Unix seconds), RateLimit-Policy, RateLimit, and Retry-After when
+     * limited. Empty when no limit applied.
+     */
+    public static function headers(array $res, ?float $now = null): array
+    {
+        if ($res['rule'] === '' || $res['limit'] === 0) {
+            return [];
+        }
+        $now ??= microtime(true);
+        $item = self::sfString($res['rule']);
+        $h = [
+            'X-RateLimit-Limit' => (string) $res['limit'],
+            'X-RateLimit-Remaining' => (string) $res['remaining'],
+            'X-RateLimit-Reset' => (string) (int) floor($now + $res['reset'] / 1000 + 0.999999999),
+        ];
+        $policy = $item . ';q=' . $res['limit'];
+        if ($res['window'] > 0) {
+            $policy .= ';w=' . self::seconds($res['window']);
+        }
+        $h['RateLimit-Policy'] = $policy;
+        $h['RateLimit'] = $item . ';r=' . $res['remaining'] . ';t=' . self::seconds($res['reset']);
+        if ($res['status'] === self::LIMITED) {
+            $h['Retry-After'] = (string) max(1, self::seconds(max($res['retry'], 1)));
+        }
+        return $h;
+    }
+
+    /** limitedBody returns the JSON body of a 429, as rld's HTTP endpoint writes it. */
+    public static function limitedBody(array $res, ?float $now = null): string
+    {
+        $now ??= microtime(true);
+        $retry = max(1, self::seconds(max($res['retry'], 1)));
+        $flags = JSON_UNESCAPED_SLASHES | JSON_UNESCAPED_UNICODE | JSON_INVALID_UTF8_SUBSTITUTE;
+        $msg = 'rate limit ' . json_encode($res['rule'], $flags) . " exceeded; retry after {$retry}s";
+        return '{"error":{"code":"RATE_LIMIT_EXCEEDED","message":' . json_encode($msg, $flags)
+            . ',"details":{"rule":' . json_encode($res['rule'], $flags)
+            . ',"limit":' . $res['limit']
+            . ',"window_seconds":' . self::seconds($res['window'])
+            . ',"retry_after_seconds":' . $retry
+            . ',"reset_at":' . (int) floor($now + $res['reset'] / 1000 + 0.999999999)
+            . "}}}\n";
+    }
+}

@@ -1,0 +1,322 @@
+// Package php_test runs Rld.php in PHP: the golden corpus with the php
+// command, and a page under a real nginx + php-fpm against a real rld.
+package php_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/clients/internal/nginxtest"
+	"github.com/rld/rld/daemon/daemontest"
+)
+
+var (
+	repo   = nginxtest.RepoDir()
+	corpus = filepath.Join(repo, "clients", "testdata", "golden.tsv")
+	phpDir = filepath.Join(repo, "clients", "php")
+)
+
+func replay(t *testing.T, path string) (string, error) {
+	t.Helper()
+	out, err := exec.Command("php", filepath.Join(phpDir, "testdata", "replay.php"), path).CombinedOutput()
+	return string(out), err
+}
+
+func TestCorpus(t *testing.T) {
+	out, err := replay(t, corpus)
+	require.NoError(t, err, "Rld.php does not match the golden corpus:\n%s", out)
+	require.True(t, strings.HasPrefix(out, "ok "), out)
+	t.Log(strings.TrimSpace(out))
+}
+
+// TestCorpusGuards: a golden answer with one byte changed makes the
+// replay fail.
+func TestCorpusGuards(t *testing.T) {
+	data, err := os.ReadFile(corpus)
+	require.NoError(t, err)
+	bad := strings.Replace(string(data), "00000030018100000000000701000000000000001e", "00000030018100000000000701000000000000001f", 1)
+	require.NotEqual(t, string(data), bad)
+	path := filepath.Join(t.TempDir(), "golden.tsv")
+	require.NoError(t, os.WriteFile(path, []byte(bad), 0o644))
+	out, err := replay(t, path)
+	require.Error(t, err)
+	assert.Contains(t, out, "FAIL worked-example limit 31 want 30")
+}
+
+const rldConfig = `
+deny = ["ip=203.0.113.66"]
+
+[server]
+http_socket = "HTTPSOCK"
+
+[[rule]]
+name = "page"
+match = { endpoint = "/check.php" }
+by = ["api_key"]
+limit = 5
+period = "1h"
+`
+
+// fpm is a running php-fpm.
+type fpm struct {
+	sock string
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startFPM(t *testing.T) *fpm {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "fpm")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	f := &fpm{sock: filepath.Join(dir, "fpm.sock"), dir: dir, done: make(chan struct{})}
+	conf := fmt.Sprintf(`[global]
+daemonize = no
+error_log = %[1]s/fpm.log
+[www]
+listen = %[1]s/fpm.sock
+pm = static
+pm.max_children = 2
+catch_workers_output = yes
+php_admin_flag[log_errors] = on
+php_admin_value[error_log] = %[1]s/php.log
+php_admin_flag[display_errors] = off
+`, dir)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "fpm.conf"), []byte(conf), 0o644))
+	f.cmd = exec.Command("php-fpm8.2", "-F", "-R", "-y", filepath.Join(dir, "fpm.conf"))
+	f.cmd.Stderr = io.Discard
+	// Its own process group, so that the workers die with the master.
+	f.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	require.NoError(t, f.cmd.Start())
+	go func() { _ = f.cmd.Wait(); close(f.done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-f.cmd.Process.Pid, syscall.SIGKILL)
+		<-f.done
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", f.sock); err == nil {
+			c.Close()
+			return f
+		}
+		select {
+		case <-f.done:
+			log, _ := os.ReadFile(filepath.Join(dir, "fpm.log"))
+			t.Fatalf("php-fpm exited:\n%s", log)
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "php-fpm not listening after 10s")
+		time.Sleep(10 * time.Millisecond) // polling readiness
+	}
+}
+
+// PHPLog returns what PHP wrote to its error log.
+func (f *fpm) phpLog() string {
+	b, _ := os.ReadFile(filepath.Join(f.dir, "php.log"))
+	return string(b)
+}
+
+// nginxPHP is the nginx configuration of docs/clients.md for PHP-FPM.
+const nginxPHP = `
+  set_real_ip_from 127.0.0.1;
+  real_ip_header X-Real-IP;
+  server {
+    listen 127.0.0.1:PORT;
+    root @WWW@;
+    location ~ \.php$ {
+      include /etc/nginx/fastcgi_params;
+      fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;
+      fastcgi_param RLD_SOCKET @SOCK@;
+      fastcgi_param RLD_CLIENT @CLIENT@;
+      fastcgi_param RLD_TIMEOUT 1.0;
+      fastcgi_pass unix:@FPMSOCK@;
+    }
+  }`
+
+type setup struct {
+	rld      *daemontest.Process
+	httpSock string
+	fpm      *fpm
+	nginx    *nginxtest.Nginx
+}
+
+func start(t *testing.T) *setup {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "rldp")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	s := &setup{httpSock: filepath.Join(sockDir, "http.sock")}
+	s.rld, err = daemontest.StartProcess(strings.Replace(rldConfig, "HTTPSOCK", s.httpSock, 1))
+	require.NoError(t, err)
+	t.Cleanup(s.rld.Close)
+	s.fpm = startFPM(t)
+	s.nginx = nginxtest.Start(t, false, strings.NewReplacer("@WWW@", filepath.Join(phpDir, "testdata", "www"),
+		"@FPMSOCK@", s.fpm.sock, "@CLIENT@", filepath.Join(phpDir, "Rld.php"), "@SOCK@", s.rld.Socket).Replace(nginxPHP))
+	return s
+}
+
+// accepted returns rld_connections_accepted_total from the daemon's
+// /metrics, on its HTTP socket.
+func (s *setup) accepted(t *testing.T) int {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", s.httpSock)
+	}}}
+	resp, err := c.Get("http://rld/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "rld_connections_accepted_total "); ok {
+			n, err := strconv.Atoi(v)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatal("no rld_connections_accepted_total in /metrics")
+	return 0
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func get(t *testing.T, url string, hdr ...string) reply {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	require.NoError(t, err)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return reply{resp.StatusCode, resp.Header, string(b)}
+}
+
+func sequence(t *testing.T, s *setup, key string) {
+	t.Helper()
+	for i := 1; i <= 5; i++ {
+		r := get(t, s.nginx.URL+"/check.php", "X-API-Key", key)
+		require.Equal(t, 200, r.status, "request %d: %s\n%s\n%s", i, r.body, s.nginx.ErrorLog(), s.fpm.phpLog())
+		assert.Equal(t, "hello from php\n", r.body)
+		assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
+		assert.Equal(t, strconv.Itoa(5-i), r.header.Get("X-RateLimit-Remaining"))
+		assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
+		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.header.Get("RateLimit"))
+	}
+	r := get(t, s.nginx.URL+"/check.php", "X-API-Key", key)
+	require.Equal(t, 429, r.status, r.body)
+	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
+	require.NoError(t, err)
+	assert.True(t, retry >= 1 && retry <= 720, "Retry-After %d", retry)
+	assert.Equal(t, "0", r.header.Get("X-RateLimit-Remaining"))
+	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
+	require.NoError(t, err)
+	assert.Greater(t, reset, time.Now().Unix())
+	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.header.Get("RateLimit"))
+	assert.Equal(t, "application/json", r.header.Get("Content-Type"))
+	assert.Contains(t, r.body, `{"error":{"code":"RATE_LIMIT_EXCEEDED","message":"rate limit \"page\" exceeded; retry after `+strconv.Itoa(retry)+`s","details":{"rule":"page","limit":5,"window_seconds":3600,"retry_after_seconds":`+strconv.Itoa(retry)+`,"reset_at":`)
+}
+
+func TestPHPFPM(t *testing.T) {
+	s := start(t)
+	before := s.accepted(t)
+	sequence(t, s, "k1")
+	r := get(t, s.nginx.URL+"/check.php", "X-Real-IP", "203.0.113.66")
+	assert.Equal(t, 403, r.status)
+	assert.Contains(t, r.body, "BLOCKED")
+	for i := 0; i < 20; i++ {
+		require.Equal(t, 200, get(t, s.nginx.URL+"/check.php", "X-API-Key", "k"+strconv.Itoa(10+i)).status)
+	}
+	// 27 checks through 2 FPM workers: each keeps its one connection.
+	assert.LessOrEqual(t, s.accepted(t)-before, 2, "persistent connections are reused across requests")
+
+	// rld killed: the page fails open with no error in the body; the
+	// fail-closed page answers 503.
+	s.rld.Kill()
+	for i := 0; i < 6; i++ {
+		r := get(t, s.nginx.URL+"/check.php", "X-API-Key", "k1")
+		require.Equal(t, 200, r.status, r.body)
+		assert.Equal(t, "hello from php\n", r.body)
+	}
+	r = get(t, s.nginx.URL+"/closed.php", "X-API-Key", "k1")
+	assert.Equal(t, 503, r.status)
+	assert.Contains(t, r.body, "RATE_LIMIT_UNAVAILABLE")
+	log := s.fpm.phpLog()
+	assert.Contains(t, log, "rld: cannot check")
+	assert.LessOrEqual(t, strings.Count(log, "rld: cannot check (")-strings.Count(log, "failing closed"), 1,
+		"logged at most once per interval:\n%s", log)
+
+	require.NoError(t, s.rld.Restart())
+	sequence(t, s, "k2")
+}
+
+func TestPHPKillUnderLoad(t *testing.T) {
+	s := start(t)
+	var stop atomic.Bool
+	var total, bad atomic.Int64
+	var firstBad atomic.Value
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; !stop.Load(); i++ {
+				resp, err := http.Get(s.nginx.URL + "/check.php")
+				if err != nil {
+					firstBad.CompareAndSwap(nil, err.Error())
+					bad.Add(1)
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				total.Add(1)
+				if resp.StatusCode >= 500 || string(b) != "hello from php\n" {
+					firstBad.CompareAndSwap(nil, strconv.Itoa(resp.StatusCode)+" "+string(b))
+					bad.Add(1)
+				}
+			}
+		}(w)
+	}
+	waitFor := func(n int64) {
+		deadline := time.Now().Add(30 * time.Second)
+		for start := total.Load(); total.Load() < start+n; {
+			require.True(t, time.Now().Before(deadline), "no progress")
+			time.Sleep(5 * time.Millisecond) // polling the request count
+		}
+	}
+	for round := 0; round < 3; round++ {
+		waitFor(100)
+		s.rld.Kill()
+		waitFor(100)
+		require.NoError(t, s.rld.Restart())
+	}
+	waitFor(100)
+	stop.Store(true)
+	wg.Wait()
+	assert.Zero(t, bad.Load(), "of %d requests; first: %v", total.Load(), firstBad.Load())
+}

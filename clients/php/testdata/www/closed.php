@@ -1,0 +1,9 @@
+<?php
+// Like check.php, failing closed: 503 when rld cannot be asked.
+require $_SERVER['RLD_CLIENT'] ?? '/usr/share/rld/Rld.php';
+
+$rld = new Rld($_SERVER['RLD_SOCKET'] ?? '/run/rld/rld.sock', timeout: (float) ($_SERVER['RLD_TIMEOUT'] ?? 0.005), failOpen: false);
+if (!$rld->enforce(Rld::requestDescriptors('X-API-Key'))) {
+    return;
+}
+echo "hello from php\n";
