@@ -86,31 +86,6 @@ limit = 5
 period = "1h"
 `
 
-// luaConf is the nginx configuration of docs/clients.md with the test's
-// socket, a generous timeout for a shared machine, and a fail-closed
-// location beside it.
-const luaConf = `
-  lua_shared_dict rld 1m;
-  set_real_ip_from 127.0.0.1;
-  real_ip_header X-Real-IP;
-  server {
-    listen 127.0.0.1:PORT;
-    root WWW;
-    location / {
-      access_by_lua_block {
-        require("rld").access{ socket = "unix:SOCK", timeout = 1000, shared_dict = "rld", log_interval = 60 }
-      }
-    }
-    location /closed {
-      access_by_lua_block {
-        require("rld").access{ socket = "unix:SOCK", timeout = 1000, shared_dict = "rld", fail_open = false, fail_status = 503 }
-      }
-    }
-    location = /rld-failures {
-      content_by_lua_block { ngx.say(require("rld").failures("rld")) }
-    }
-  }`
-
 type reply struct {
 	status int
 	header http.Header
@@ -145,7 +120,13 @@ func startLua(t *testing.T) (*daemontest.Process, *nginxtest.Nginx) {
 	p, err := daemontest.StartProcess(rldConfig)
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
-	n := nginxtest.Start(t, true, strings.NewReplacer("SOCK", p.Socket, "WWW", www(t)).Replace(luaConf))
+	recipe, err := os.ReadFile(filepath.Join(repo, "clients", "openresty", "nginx.conf"))
+	require.NoError(t, err)
+	// The recipe, with the test's paths and port, and a timeout for a
+	// shared machine.
+	conf := strings.NewReplacer("/run/rld/rld.sock", p.Socket, "/var/www/html", www(t),
+		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 5,", "timeout = 1000, log_interval = 60,").Replace(string(recipe))
+	n := nginxtest.Start(t, true, conf)
 	return p, n
 }
 
