@@ -2,6 +2,7 @@
 # bench.sh measures what rld's web clients cost, with wrk against nginx on
 # loopback, all in one run (docs/performance.md, "Clients"):
 #   static     a static file, no rld
+#   lua_empty  the same file behind an empty access_by_lua_block
 #   lua        the same file behind rld.lua's access helper
 #   auth       the same file behind the auth_request recipe
 #   php        a PHP page under php-fpm, without and with Rld.php's check
@@ -82,6 +83,10 @@ http {
       access_by_lua_block { require("rld").access{ socket = "unix:$TMP/rld.sock", timeout = $TIMEOUT_MS, shared_dict = "rld" } }
       try_files /static =404;
     }
+    location = /lua-empty {
+      access_by_lua_block { }
+      try_files /static =404;
+    }
     location = /rld-failures { content_by_lua_block { ngx.say(require("rld").failures("rld")) } }
     location ~ \.php\$ {
       include /etc/nginx/fastcgi_params;
@@ -125,12 +130,13 @@ run() {
 }
 echo "wrk -t1 -c$CONNS -d$DURATION --latency; nginx (one worker), rld and wrk on the same $(nproc) cores"
 run static "http://127.0.0.1:$P1/static"
+run lua_empty "http://127.0.0.1:$P1/lua-empty"
 run lua "http://127.0.0.1:$P1/lua"
 run auth "http://127.0.0.1:$P2/static"
 run php_nocheck "http://127.0.0.1:$P1/nocheck.php"
 run php_check "http://127.0.0.1:$P1/check.php"
 printf '%-12s %12s %10s %10s %14s %16s %14s\n' case "requests/s" "p50 us" "p99 us" "vs baseline" "nginx CPU us/req" "rld CPU us/req"
-for n in static lua auth php_nocheck php_check; do
+for n in static lua_empty lua auth php_nocheck php_check; do
   base=static; [[ $n == php_* ]] && base=php_nocheck
   ratio=$(awk -v a="${RPS[$n]}" -v b="${RPS[$base]}" 'BEGIN { printf "%.2f", a / b }')
   printf '%-12s %12s %10.0f %10.0f %13sx %16s %14s\n' "$n" "${RPS[$n]}" "${P50[$n]}" "${P99[$n]}" "$ratio" "${CPU_NGINX[$n]}" "${CPU_RLD[$n]}"
