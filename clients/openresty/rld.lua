@@ -331,6 +331,10 @@ end
 -- X-RateLimit-Reset (Unix seconds), RateLimit-Policy, RateLimit, and
 -- Retry-After when limited. It is empty when no limit applied (no rule,
 -- or the allow and deny lists).
+-- A binary answer does not say the rule's algorithm, so RateLimit-Policy's
+-- q is the limit's capacity and RateLimit's t the time until the limit is
+-- full again (at most Retry-After); rld's HTTP endpoint, which knows the
+-- rule, gives the sustained quota and the time until the next unit.
 function _M.headers(res, now)
     local h = {}
     if res.rule == "" or res.limit == 0 then
@@ -346,9 +350,21 @@ function _M.headers(res, now)
         policy = policy .. ";w=" .. seconds(res.window)
     end
     h["RateLimit-Policy"] = policy
-    h["RateLimit"] = item .. ";r=" .. num(res.remaining) .. ";t=" .. seconds(res.reset)
-    if res.status == 1 then
-        h["Retry-After"] = tostring(math.max(1, seconds(math.max(res.retry, 1))))
+    -- t: when quota comes back, at the latest; never after Retry-After.
+    -- A degraded answer (flag 1) was decided on this daemon's share, not
+    -- the limit: only its retry-after is known.
+    local limited = res.status == 1
+    local retry = math.max(res.retry, 1)
+    local t = res.reset
+    if limited then
+        t = math.min(t, retry)
+    end
+    if res.flags % 2 == 1 then
+        t = limited and retry or nil
+    end
+    h["RateLimit"] = item .. ";r=" .. num(res.remaining) .. (t and (";t=" .. seconds(t)) or "")
+    if limited then
+        h["Retry-After"] = tostring(math.max(1, seconds(retry)))
     end
     return h
 end

@@ -405,7 +405,11 @@ final class Rld
      * headers returns the response header fields for an answer, as rld's
      * HTTP endpoint renders them: X-RateLimit-Limit, -Remaining, -Reset
      * (Unix seconds), RateLimit-Policy, RateLimit, and Retry-After when
-     * limited. Empty when no limit applied.
+     * limited. Empty when no limit applied. A binary answer does not say
+     * the rule's algorithm, so RateLimit-Policy's q is the limit's
+     * capacity and RateLimit's t the time until the limit is full again
+     * (at most Retry-After); rld's HTTP endpoint, which knows the rule,
+     * gives the sustained quota and the time until the next unit.
      */
     public static function headers(array $res, ?float $now = null): array
     {
@@ -424,9 +428,18 @@ final class Rld
             $policy .= ';w=' . self::seconds($res['window']);
         }
         $h['RateLimit-Policy'] = $policy;
-        $h['RateLimit'] = $item . ';r=' . $res['remaining'] . ';t=' . self::seconds($res['reset']);
-        if ($res['status'] === self::LIMITED) {
-            $h['Retry-After'] = (string) max(1, self::seconds(max($res['retry'], 1)));
+        // t: when quota comes back, at the latest; never after
+        // Retry-After. A degraded answer (flag 1) was decided on this
+        // daemon's share, not the limit: only its retry-after is known.
+        $limited = $res['status'] === self::LIMITED;
+        $retry = max($res['retry'], 1);
+        $t = $limited ? min($res['reset'], $retry) : $res['reset'];
+        if (($res['flags'] & 1) !== 0) {
+            $t = $limited ? $retry : null;
+        }
+        $h['RateLimit'] = $item . ';r=' . $res['remaining'] . ($t === null ? '' : ';t=' . self::seconds($t));
+        if ($limited) {
+            $h['Retry-After'] = (string) max(1, self::seconds($retry));
         }
         return $h;
     }
