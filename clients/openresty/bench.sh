@@ -3,7 +3,8 @@
 # loopback, all in one run (docs/performance.md, "Clients"):
 #   static     a static file, no rld
 #   lua_empty  the same file behind an empty access_by_lua_block
-#   lua        the same file behind rld.lua's access helper
+#   lua        the same file behind rld.lua's access helper (pipelined)
+#   lua_pool   the same, one pooled connection per check (pipeline = false)
 #   auth       the same file behind the auth_request recipe
 #   php        a PHP page under php-fpm, without and with Rld.php's check
 # Usage: clients/openresty/bench.sh [DURATION] (default 10s); needs nginx,
@@ -83,6 +84,10 @@ http {
       access_by_lua_block { require("rld").access{ socket = "unix:$TMP/rld.sock", timeout = $TIMEOUT_MS, shared_dict = "rld" } }
       try_files /static =404;
     }
+    location = /lua-pool {
+      access_by_lua_block { require("rld").access{ socket = "unix:$TMP/rld.sock", timeout = $TIMEOUT_MS, shared_dict = "rld", pipeline = false } }
+      try_files /static =404;
+    }
     location = /lua-empty {
       access_by_lua_block { }
       try_files /static =404;
@@ -132,19 +137,21 @@ echo "wrk -t1 -c$CONNS -d$DURATION --latency; nginx (one worker), rld and wrk on
 run static "http://127.0.0.1:$P1/static"
 run lua_empty "http://127.0.0.1:$P1/lua-empty"
 run lua "http://127.0.0.1:$P1/lua"
+run lua_pool "http://127.0.0.1:$P1/lua-pool"
 run auth "http://127.0.0.1:$P2/static"
 run php_nocheck "http://127.0.0.1:$P1/nocheck.php"
 run php_check "http://127.0.0.1:$P1/check.php"
 printf '%-12s %12s %10s %10s %14s %16s %14s\n' case "requests/s" "p50 us" "p99 us" "vs baseline" "nginx CPU us/req" "rld CPU us/req"
-for n in static lua_empty lua auth php_nocheck php_check; do
+for n in static lua_empty lua lua_pool auth php_nocheck php_check; do
   base=static; [[ $n == php_* ]] && base=php_nocheck
   ratio=$(awk -v a="${RPS[$n]}" -v b="${RPS[$base]}" 'BEGIN { printf "%.2f", a / b }')
   printf '%-12s %12s %10.0f %10.0f %13sx %16s %14s\n' "$n" "${RPS[$n]}" "${P50[$n]}" "${P99[$n]}" "$ratio" "${CPU_NGINX[$n]}" "${CPU_RLD[$n]}"
 done
-echo "checks that failed (timed out) in the Lua run: $(curl -s "http://127.0.0.1:$P1/rld-failures")"
-awk -v s="${RPS[static]}" -v l="${RPS[lua]}" -v a="${RPS[auth]}" -v ps="${P99[static]}" -v pl="${P99[lua]}" -v pa="${P99[auth]}" \
+echo "checks that failed (timed out) in the Lua runs: $(curl -s "http://127.0.0.1:$P1/rld-failures")"
+awk -v s="${RPS[static]}" -v l="${RPS[lua]}" -v lp="${RPS[lua_pool]}" -v a="${RPS[auth]}" -v ps="${P99[static]}" -v pl="${P99[lua]}" -v pa="${P99[auth]}" \
   -v pn="${RPS[php_nocheck]}" -v pc="${RPS[php_check]}" 'BEGIN {
   printf "lua:  %.1f%% of the requests/s, p99 %+.0f us\n", 100 * (1 - l / s), pl - ps
+  printf "lua_pool: %.1f%% of the requests/s\n", 100 * (1 - lp / s)
   printf "auth: %.1f%% of the requests/s, p99 %+.0f us\n", 100 * (1 - a / s), pa - ps
   printf "php:  %+.0f us per request (1/rps, with vs without the check; %d FPM workers)\n", 1e6 * (1 / pc - 1 / pn) * 2, 2
 }'

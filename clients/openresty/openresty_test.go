@@ -116,7 +116,9 @@ func www(t *testing.T) string {
 	return dir
 }
 
-func startLua(t *testing.T) (*daemontest.Process, *nginxtest.Nginx) {
+// startLua starts rld and nginx with the recipe; extra is added to each
+// access call's options.
+func startLua(t *testing.T, extra string) (*daemontest.Process, *nginxtest.Nginx) {
 	p, err := daemontest.StartProcess(rldConfig)
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
@@ -125,7 +127,7 @@ func startLua(t *testing.T) (*daemontest.Process, *nginxtest.Nginx) {
 	// The recipe, with the test's paths and port, and a timeout for a
 	// shared machine.
 	conf := strings.NewReplacer("/run/rld/rld.sock", p.Socket, "/var/www/html", www(t),
-		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 5,", "timeout = 1000, log_interval = 60,").Replace(string(recipe))
+		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 5,", "timeout = 1000, log_interval = 60,"+extra).Replace(string(recipe))
 	n := nginxtest.Start(t, true, conf)
 	return p, n
 }
@@ -162,7 +164,13 @@ func sequence(t *testing.T, n *nginxtest.Nginx, key string) {
 }
 
 func TestLuaAccess(t *testing.T) {
-	p, n := startLua(t)
+	for _, mode := range []string{"pipeline = true,", "pipeline = false,"} {
+		t.Run(strings.TrimSuffix(mode, ","), func(t *testing.T) { testLuaAccess(t, mode) })
+	}
+}
+
+func testLuaAccess(t *testing.T, mode string) {
+	p, n := startLua(t, mode)
 	sequence(t, n, "k1")
 	// Another key has its own count; a path with doubled slashes and a
 	// query is the same endpoint.
@@ -201,10 +209,16 @@ func TestLuaAccess(t *testing.T) {
 	assert.Equal(t, 200, get(t, n.URL+"/closed", "X-API-Key", "k1").status)
 }
 
-// TestLuaKillUnderLoad: while requests flow, rld is SIGKILLed and
+// TestLuaKillUnderLoad: in both connection modes, while requests flow, rld is SIGKILLed and
 // restarted; nginx never answers 5xx.
 func TestLuaKillUnderLoad(t *testing.T) {
-	p, n := startLua(t)
+	for _, mode := range []string{"pipeline = true,", "pipeline = false,"} {
+		t.Run(strings.TrimSuffix(mode, ","), func(t *testing.T) { testLuaKillUnderLoad(t, mode) })
+	}
+}
+
+func testLuaKillUnderLoad(t *testing.T, mode string) {
+	p, n := startLua(t, mode)
 	var stop atomic.Bool
 	var total, bad atomic.Int64
 	var firstBad atomic.Value

@@ -200,6 +200,9 @@ Client.__index = Client
 --   timeout       5 (ms): connect, send and receive, each
 --   pool_size     64 connections kept per nginx worker
 --   keepalive     60000 (ms) a pooled connection may idle
+--   pipeline      true: a worker's concurrent checks share one connection
+--                 and go out in batches (see below); false: each check
+--                 takes a connection of the cosocket pool
 function _M.new(opts)
     opts = opts or {}
     local c = {
@@ -207,6 +210,7 @@ function _M.new(opts)
         timeout = opts.timeout or 5,
         pool_size = opts.pool_size or 64,
         keepalive = opts.keepalive or 60000,
+        pipeline = opts.pipeline ~= false,
     }
     return setmetatable(c, Client)
 end
@@ -228,6 +232,9 @@ function Client:exchange(op, descs, cost)
     local frame, err = _M.encode(id, op, cost, descs)
     if not frame then
         return nil, err
+    end
+    if self.pipeline then
+        return self:pipelined(id, frame)
     end
     for attempt = 1, 2 do
         local sock = ngx.socket.tcp()
@@ -279,6 +286,167 @@ function Client:receive(sock, id)
             return res
         end
     end
+end
+
+-- Pipelining: with pipeline = true, the checks of a worker's concurrent
+-- requests share one connection, owned by a timer: a request queues its
+-- frame and waits on a semaphore; the timer writes every queued frame in
+-- one send, reads the answers and wakes each request with its own (by
+-- id). One write and one read serve many checks, on both sides.
+
+local pipes = {} -- by socket, per worker
+
+-- fail_all wakes the waiting requests of ids with err.
+local function fail_all(p, ids, err)
+    for i = 1, #ids do
+        local w = p.waiters[ids[i]]
+        if w then
+            w.err = err
+            w.sema:post(1)
+        end
+    end
+end
+
+-- run_batch sends frames (for ids) on p.sock, connecting when needed,
+-- and dispatches the answers; it returns nil and an error when it failed.
+local function run_batch(p, c, frames, ids)
+    local reused = p.sock ~= nil
+    if not p.sock then
+        local sock = ngx.socket.tcp()
+        sock:settimeouts(c.timeout, c.timeout, c.timeout)
+        local ok, err = sock:connect(c.socket)
+        if not ok then
+            return nil, "connect " .. c.socket .. ": " .. tostring(err), false
+        end
+        p.sock = sock
+    end
+    local sock = p.sock
+    local ok, err = sock:send(frames)
+    local pending, left = {}, #ids
+    for i = 1, left do
+        pending[ids[i]] = true
+    end
+    while ok and left > 0 do
+        local head, body
+        head, err = sock:receive(4)
+        if not head then
+            break
+        end
+        local length = rd32(head, 1)
+        if length < 8 or length > MAX_FRAME - 4 then
+            err = "bad length field " .. length
+            break
+        end
+        body, err = sock:receive(length)
+        if not body then
+            break
+        end
+        local res, derr = _M.decode(head .. body)
+        if not res then
+            err = "bad answer: " .. derr
+            break
+        end
+        if pending[res.id] then
+            pending[res.id] = nil
+            left = left - 1
+            local w = p.waiters[res.id]
+            if w then -- else the request gave up waiting
+                res.allowed = res.status == 0 or res.status == 3
+                res.status_name = _M.STATUS_NAMES[res.status]
+                w.res = res
+                w.sema:post(1)
+            end
+        end
+    end
+    if left == 0 then
+        return true
+    end
+    sock:close()
+    p.sock = nil
+    return nil, err, reused and retryable(err)
+end
+
+-- pipe_loop is the timer owning a pipe's connection.
+local function pipe_loop(premature, p, c)
+    if premature then
+        p.running = false
+        return
+    end
+    local ok, perr = pcall(function()
+        while not ngx.worker.exiting() do
+            if #p.queue == 0 then
+                p.idle = true
+                p.wake:wait(1)
+                p.idle = false
+            end
+            local n = #p.queue
+            if n > 0 then
+                local frames, ids = concat(p.queue), p.ids
+                p.queue, p.ids = {}, {}
+                local done, err, retry = run_batch(p, c, frames, ids)
+                if not done and retry then
+                    -- The daemon closed the connection (a restart): the
+                    -- unanswered requests go again on a new one.
+                    local again, afr = {}, {}
+                    for i = 1, #ids do
+                        local w = p.waiters[ids[i]]
+                        if w and not w.res then
+                            again[#again + 1] = ids[i]
+                            afr[#afr + 1] = w.frame
+                        end
+                    end
+                    done, err = run_batch(p, c, concat(afr), again)
+                    ids = again
+                end
+                if not done then
+                    fail_all(p, ids, err)
+                end
+            end
+        end
+    end)
+    if p.sock then
+        p.sock:close()
+        p.sock = nil
+    end
+    p.running = false
+    if not ok then
+        ngx.log(ngx.ERR, "rld: pipeline stopped: ", perr)
+    end
+end
+
+local semaphore
+function Client:pipelined(id, frame)
+    semaphore = semaphore or require("ngx.semaphore")
+    local p = pipes[self.socket]
+    if not p then
+        p = { queue = {}, ids = {}, waiters = {}, wake = semaphore.new(0), idle = false, running = false }
+        pipes[self.socket] = p
+    end
+    if not p.running then
+        local ok, err = ngx.timer.at(0, pipe_loop, p, self)
+        if not ok then
+            return nil, "cannot start the pipeline timer: " .. tostring(err)
+        end
+        p.running = true
+    end
+    local w = { sema = semaphore.new(0), frame = frame }
+    p.waiters[id] = w
+    p.queue[#p.queue + 1] = frame
+    p.ids[#p.ids + 1] = id
+    if p.idle then
+        p.wake:post(1)
+    end
+    -- Wait for the batch: its connect, send and receive, each up to
+    -- timeout, and a batch before it.
+    local ok = w.sema:wait(self.timeout * 3 / 1000)
+    p.waiters[id] = nil
+    if w.res then
+        return w.res
+    end
+    if not ok then
+        return nil, "timeout"
+    end
+    return nil, w.err
 end
 
 --- check(descriptors, cost) asks whether a request may go and takes cost
