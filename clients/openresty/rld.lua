@@ -300,8 +300,8 @@ local pipes = {} -- by socket, per worker
 local function fail_all(p, ids, err)
     for i = 1, #ids do
         local w = p.waiters[ids[i]]
-        if w then
-            w.err = err
+        if w and not w.posted then
+            w.err, w.posted = err, true
             w.sema:post(1)
         end
     end
@@ -350,10 +350,10 @@ local function run_batch(p, c, frames, ids)
             pending[res.id] = nil
             left = left - 1
             local w = p.waiters[res.id]
-            if w then -- else the request gave up waiting
+            if w and not w.posted then -- else the request gave up waiting
                 res.allowed = res.status == 0 or res.status == 3
                 res.status_name = _M.STATUS_NAMES[res.status]
-                w.res = res
+                w.res, w.posted = res, true
                 w.sema:post(1)
             end
         end
@@ -419,7 +419,7 @@ function Client:pipelined(id, frame)
     semaphore = semaphore or require("ngx.semaphore")
     local p = pipes[self.socket]
     if not p then
-        p = { queue = {}, ids = {}, waiters = {}, wake = semaphore.new(0), idle = false, running = false }
+        p = { queue = {}, ids = {}, waiters = {}, free = {}, wake = semaphore.new(0), idle = false, running = false }
         pipes[self.socket] = p
     end
     if not p.running then
@@ -429,7 +429,16 @@ function Client:pipelined(id, frame)
         end
         p.running = true
     end
-    local w = { sema = semaphore.new(0), frame = frame }
+    -- Waiters (and their semaphores, which cost an allocation and a
+    -- finaliser) are reused once their one post has been consumed.
+    local free = p.free
+    local w = free[#free]
+    if w then
+        free[#free] = nil
+        w.frame, w.res, w.err, w.posted = frame, nil, nil, false
+    else
+        w = { sema = semaphore.new(0), frame = frame, posted = false }
+    end
     p.waiters[id] = w
     p.queue[#p.queue + 1] = frame
     p.ids[#p.ids + 1] = id
@@ -440,13 +449,18 @@ function Client:pipelined(id, frame)
     -- timeout, and a batch before it.
     local ok = w.sema:wait(self.timeout * 3 / 1000)
     p.waiters[id] = nil
-    if w.res then
-        return w.res
+    local res, err = w.res, w.err
+    w.res, w.err, w.frame = nil, nil, nil
+    if ok and #free < 1024 then
+        free[#free + 1] = w
+    end
+    if res then
+        return res
     end
     if not ok then
         return nil, "timeout"
     end
-    return nil, w.err
+    return nil, err
 end
 
 --- check(descriptors, cost) asks whether a request may go and takes cost
