@@ -510,44 +510,28 @@ end
 
 --- headers(res, now) returns the response header fields for an answer, a
 -- table name -> value: X-RateLimit-Limit, X-RateLimit-Remaining,
--- X-RateLimit-Reset (Unix seconds), RateLimit-Policy, RateLimit, and
--- Retry-After when limited. It is empty when no limit applied (no rule,
--- or the allow and deny lists).
--- A binary answer does not say the rule's algorithm, so RateLimit-Policy's
--- q is the limit's capacity and RateLimit's t the time until the limit is
--- full again (at most Retry-After); rld's HTTP endpoint, which knows the
--- rule, gives the sustained quota and the time until the next unit.
+-- X-RateLimit-Reset (Unix seconds), RateLimit, and Retry-After when
+-- limited. It is empty when no limit applied (no rule, or the allow and
+-- deny lists). A binary answer carries neither the rule's sustained quota
+-- nor its algorithm, so, like `rld check` and the other clients, it
+-- leaves out RateLimit-Policy and gives RateLimit's t only when limited
+-- (the retry-after, after which a client finds quota).
 function _M.headers(res, now)
     local h = {}
     if res.rule == "" or res.limit == 0 then
         return h
     end
     now = now or ngx.now()
-    local item = sf_string(res.rule)
     h["X-RateLimit-Limit"] = num(res.limit)
     h["X-RateLimit-Remaining"] = num(res.remaining)
     h["X-RateLimit-Reset"] = num(floor(now + res.reset / 1000 + 0.999999999))
-    local policy = item .. ";q=" .. num(res.limit)
-    if res.window > 0 then
-        policy = policy .. ";w=" .. seconds(res.window)
+    local rl = sf_string(res.rule) .. ";r=" .. num(res.remaining)
+    if res.status == 1 then
+        local retry = tostring(math.max(1, seconds(res.retry)))
+        rl = rl .. ";t=" .. retry
+        h["Retry-After"] = retry
     end
-    h["RateLimit-Policy"] = policy
-    -- t: when quota comes back, at the latest; never after Retry-After.
-    -- A degraded answer (flag 1) was decided on this daemon's share, not
-    -- the limit: only its retry-after is known.
-    local limited = res.status == 1
-    local retry = math.max(res.retry, 1)
-    local t = res.reset
-    if limited then
-        t = math.min(t, retry)
-    end
-    if res.flags % 2 == 1 then
-        t = limited and retry or nil
-    end
-    h["RateLimit"] = item .. ";r=" .. num(res.remaining) .. (t and (";t=" .. seconds(t)) or "")
-    if limited then
-        h["Retry-After"] = tostring(math.max(1, seconds(retry)))
-    end
+    h["RateLimit"] = rl
     return h
 end
 

@@ -402,14 +402,13 @@ final class Rld
     }
 
     /**
-     * headers returns the response header fields for an answer, as rld's
-     * HTTP endpoint renders them: X-RateLimit-Limit, -Remaining, -Reset
-     * (Unix seconds), RateLimit-Policy, RateLimit, and Retry-After when
-     * limited. Empty when no limit applied. A binary answer does not say
-     * the rule's algorithm, so RateLimit-Policy's q is the limit's
-     * capacity and RateLimit's t the time until the limit is full again
-     * (at most Retry-After); rld's HTTP endpoint, which knows the rule,
-     * gives the sustained quota and the time until the next unit.
+     * headers returns the response header fields for an answer:
+     * X-RateLimit-Limit, -Remaining, -Reset (Unix seconds), RateLimit, and
+     * Retry-After when limited. Empty when no limit applied. A binary
+     * answer carries neither the rule's sustained quota nor its algorithm,
+     * so, like `rld check` and the other clients, it leaves out
+     * RateLimit-Policy and gives RateLimit's t only when limited (the
+     * retry-after, after which a client finds quota).
      */
     public static function headers(array $res, ?float $now = null): array
     {
@@ -417,29 +416,18 @@ final class Rld
             return [];
         }
         $now ??= microtime(true);
-        $item = self::sfString($res['rule']);
         $h = [
             'X-RateLimit-Limit' => (string) $res['limit'],
             'X-RateLimit-Remaining' => (string) $res['remaining'],
             'X-RateLimit-Reset' => (string) (int) floor($now + $res['reset'] / 1000 + 0.999999999),
         ];
-        $policy = $item . ';q=' . $res['limit'];
-        if ($res['window'] > 0) {
-            $policy .= ';w=' . self::seconds($res['window']);
-        }
-        $h['RateLimit-Policy'] = $policy;
-        // t: when quota comes back, at the latest; never after
-        // Retry-After. A degraded answer (flag 1) was decided on this
-        // daemon's share, not the limit: only its retry-after is known.
-        $limited = $res['status'] === self::LIMITED;
-        $retry = max($res['retry'], 1);
-        $t = $limited ? min($res['reset'], $retry) : $res['reset'];
-        if (($res['flags'] & 1) !== 0) {
-            $t = $limited ? $retry : null;
-        }
-        $h['RateLimit'] = $item . ';r=' . $res['remaining'] . ($t === null ? '' : ';t=' . self::seconds($t));
-        if ($limited) {
-            $h['Retry-After'] = (string) max(1, self::seconds($retry));
+        $rl = self::sfString($res['rule']) . ';r=' . $res['remaining'];
+        if ($res['status'] === self::LIMITED) {
+            $retry = (string) max(1, self::seconds($res['retry']));
+            $h['RateLimit'] = $rl . ';t=' . $retry;
+            $h['Retry-After'] = $retry;
+        } else {
+            $h['RateLimit'] = $rl;
         }
         return $h;
     }
