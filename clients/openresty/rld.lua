@@ -294,7 +294,7 @@ end
 -- one send, reads the answers and wakes each request with its own (by
 -- id). One write and one read serve many checks, on both sides.
 
-local pipes = {} -- by socket, per worker
+local pipes = {} -- by socket and timeout, per worker
 
 -- fail_all wakes the waiting requests of ids with err.
 local function fail_all(p, ids, err)
@@ -417,10 +417,13 @@ end
 local semaphore
 function Client:pipelined(id, frame)
     semaphore = semaphore or require("ngx.semaphore")
-    local p = pipes[self.socket]
+    -- One pipe per socket and timeout: the timer uses the timeout for
+    -- its connect, send and receive.
+    local key = self.socket .. "|" .. self.timeout
+    local p = pipes[key]
     if not p then
         p = { queue = {}, ids = {}, waiters = {}, free = {}, wake = semaphore.new(0), idle = false, running = false }
-        pipes[self.socket] = p
+        pipes[key] = p
     end
     if not p.running then
         local ok, err = ngx.timer.at(0, pipe_loop, p, self)
