@@ -18,6 +18,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
@@ -117,6 +118,7 @@ func New(opts Options) (*Daemon, error) {
 		d.closeStore()
 		return nil, err
 	}
+	lastReloadOK.Set(1)
 	return d, nil
 }
 
@@ -212,8 +214,17 @@ func (d *Daemon) cfg() *config.Config { return d.conf.Load() }
 // Ready is closed once the daemon listens and serves.
 func (d *Daemon) Ready() <-chan struct{} { return d.ready }
 
-// SocketPath returns the Unix socket path the daemon serves.
-func (d *Daemon) SocketPath() string { return d.cfg().Server.Socket }
+// SocketPath returns the Unix socket path the daemon serves: once it is
+// ready, the listener's own (under socket activation, the socket systemd
+// passed, wherever the configuration says), before that server.socket.
+func (d *Daemon) SocketPath() string {
+	select {
+	case <-d.ready:
+		return d.ln.Addr().String()
+	default:
+		return d.cfg().Server.Socket
+	}
+}
 
 // HTTPAddr returns the HTTP listener's address, or "" when HTTP is off or
 // not listening yet.
@@ -286,12 +297,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	activated := ln != nil
 	if ln == nil {
 		if ln, err = listenUnix(srv.Socket, srv.SocketFileMode()); err != nil {
 			return err
 		}
 	} else {
-		d.log.Info("using the socket passed by systemd", slog.String("addr", ln.Addr().String()))
+		if addr := ln.Addr().String(); addr != srv.Socket {
+			d.log.Info("socket activation: serving the socket systemd passed, not server.socket",
+				slog.String("socket", addr), slog.String("configured", srv.Socket))
+		} else {
+			d.log.Info("socket activation: serving the socket systemd passed", slog.String("socket", addr))
+		}
 	}
 	d.ln = ln
 	if srv.HTTP != "" {
@@ -350,14 +367,31 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err := sdNotify("READY=1"); err != nil {
 		d.log.Warn("sd_notify failed", slog.Any("error", err))
 	}
-	d.log.Info("rld serving", slog.String("socket", srv.Socket), slog.String("http", d.HTTPAddr()), slog.Int("rules", len(d.cfg().Rules)))
+	bi := buildinfo.Get()
+	d.log.Info("rld serving", slog.String("socket", ln.Addr().String()), slog.Bool("activated", activated),
+		slog.String("http", d.HTTPAddr()), slog.Int("rules", len(d.cfg().Rules)),
+		slog.String("version", bi.Version), slog.String("commit", bi.Commit))
 
+	// The watchdog is kept from this loop, which also runs the reloads: a
+	// reload that hangs, or a daemon that no longer schedules it, stops
+	// the pings and systemd restarts the daemon.
+	var watchdog <-chan time.Time
+	if every := watchdogInterval(); every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		watchdog = t.C
+		d.log.Info("systemd watchdog enabled", slog.Duration("ping_every", every))
+	}
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
 			done = true
 		case <-hup:
 			_ = d.Reload()
+		case <-watchdog:
+			if err := sdNotify("WATCHDOG=1"); err != nil {
+				d.log.Warn("sd_notify WATCHDOG=1 failed", slog.Any("error", err))
+			}
 		}
 	}
 	_ = sdNotify("STOPPING=1")

@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
@@ -74,6 +75,9 @@ func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 type Health struct {
 	// Status is "ok" or "degraded".
 	Status string `json:"status"`
+	// Version and Commit say which build answers (see package buildinfo).
+	Version string `json:"version"`
+	Commit  string `json:"commit"`
 	// Redis describes the Redis store; nil with the embedded store.
 	Redis *RedisHealth `json:"redis,omitempty"`
 	// Config is the configuration file in force.
@@ -115,7 +119,8 @@ type BreakerHealth struct {
 
 // health returns the body of /healthz.
 func (d *Daemon) health() []byte {
-	h := Health{Status: "ok"}
+	bi := buildinfo.Get()
+	h := Health{Status: "ok", Version: bi.Version, Commit: bi.Commit}
 	if lc := d.loaded(); lc != nil {
 		h.Config = &ConfigHealth{Hash: lc.hash, LoadedAt: lc.at}
 	}

@@ -137,7 +137,7 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 			if old := f.peers.Swap(int64(n)); old != int64(n) {
 				log.Info("live daemons on redis", slog.Int("daemons", n))
 			}
-			livePeers.Set(uint64(n))
+			livePeers.Set(float64(n))
 		}
 		if now := f.c.Degraded(); now != degraded {
 			degraded = now

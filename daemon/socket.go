@@ -94,6 +94,20 @@ func sdNotify(state string) error {
 	return nil
 }
 
+// watchdogInterval returns how often to send WATCHDOG=1: half of
+// WATCHDOG_USEC, which systemd sets for a unit with WatchdogSec=, when
+// WATCHDOG_PID is unset or this process; 0 when there is no watchdog.
+func watchdogInterval() time.Duration {
+	if pid := os.Getenv("WATCHDOG_PID"); pid != "" && pid != strconv.Itoa(os.Getpid()) {
+		return 0
+	}
+	usec, err := strconv.ParseInt(os.Getenv("WATCHDOG_USEC"), 10, 64)
+	if err != nil || usec <= 0 {
+		return 0
+	}
+	return time.Duration(usec) * time.Microsecond / 2
+}
+
 // activatedListener returns the Unix socket systemd passed to this process
 // (socket activation: LISTEN_PID is us and LISTEN_FDS is 1), or nil when
 // rld was started without one.
