@@ -25,9 +25,9 @@ func adminCmd(args []string, stdout, stderr io.Writer) int {
 	tokenFile := fs.String("token-file", "", "`file` holding the admin HTTP API's bearer token (with -http)")
 	asJSON := fs.Bool("json", false, "print the answer's JSON")
 	timeout := fs.Duration("timeout", 10*time.Second, "give up after this long")
-	fs.Usage = func() { adminUsage(stderr, fs) }
-	if err := fs.Parse(args); err != nil {
-		return exitError
+	fs.Usage = func() { adminUsage(fs.Output(), fs) }
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	if fs.NArg() == 0 {
 		adminUsage(stderr, fs)

@@ -5,9 +5,13 @@
 //	rld config check F
 //	rld admin [-socket P | -http URL -token-file F] [-json] OP [args…]
 //	rld version
+//
+// `rld help` and `rld COMMAND -h` describe each command; man rld(1) is the
+// same text, installed by the Debian package.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,20 +20,17 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/client"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/daemon"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/wire"
 )
-
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
 
 // Exit codes of rld check: 0 allowed, 1 limited or blocked, 2 error.
 const (
@@ -44,26 +45,33 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	if len(args) > 0 && (!strings.HasPrefix(args[0], "-") || isHelp(args[0])) {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
 	case "serve":
-		return serve(args, stderr)
+		return serve(args, stdout, stderr)
 	case "check":
 		return check(args, stdout, stderr)
 	case "config":
+		if len(args) > 0 && isHelp(args[0]) {
+			fmt.Fprint(stdout, configCheckHelp)
+			return 0
+		}
 		if len(args) == 0 || args[0] != "check" {
-			fmt.Fprintln(stderr, "usage: rld config check FILE")
+			fmt.Fprint(stderr, configCheckHelp)
 			return exitError
 		}
 		return configCheck(args[1:], stdout, stderr)
 	case "admin":
 		return adminCmd(args, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "rld", buildVersion())
-		return 0
-	case "help", "-h", "--help":
+		return versionCmd(args, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		if len(args) > 0 && args[0] != "help" {
+			// rld help COMMAND is rld COMMAND -h.
+			return run(append(args[:1:1], "-h"), stdout, stderr)
+		}
 		usage(stdout)
 		return 0
 	default:
@@ -74,7 +82,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprint(w, `usage:
+	fmt.Fprint(w, `rld: the rate-limit daemon and its command-line tool
+
+usage:
   rld [serve] [-config FILE] [-socket PATH] [-http ADDR]   run the daemon
   rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...
                                      ask the daemon; exit 0 allowed, 1 limited or blocked, 2 error
@@ -82,29 +92,98 @@ func usage(w io.Writer) {
   rld admin [-socket PATH | -http URL -token-file FILE] [-json] OP [ARGS...]
                                      run an admin op (explain, top, config); exit 0 ok,
                                      1 refused or not found, 2 error ('rld admin help')
-  rld version                        print the version
+  rld version                        print the version, commit and Go version
+  rld help [COMMAND]                 this text, or a command's (same as rld COMMAND -h)
+
+The daemon reloads its configuration on SIGHUP and drains on SIGTERM.
+Documentation: /usr/share/doc/rld (installed) or docs/ in the source; man rld.
 `)
 }
 
-func buildVersion() string {
-	if version != "dev" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return version
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }
 
-func serve(args []string, stderr io.Writer) int {
+// flagUsage returns a FlagSet.Usage that prints synopsis and about, then
+// the flags.
+func flagUsage(fs *flag.FlagSet, synopsis, about string) func() {
+	return func() {
+		w := fs.Output()
+		fmt.Fprintf(w, "usage: %s\n\n%s\n", synopsis, about)
+		n := 0
+		fs.VisitAll(func(*flag.Flag) { n++ })
+		if n > 0 {
+			fmt.Fprintln(w, "\nflags:")
+			fs.PrintDefaults()
+		}
+	}
+}
+
+// parseFlags parses args into fs: the help (-h) goes to stdout, an error
+// and the help to stderr. It returns the exit code to leave with, or -1 to
+// go on.
+func parseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) int {
+	var out bytes.Buffer
+	fs.SetOutput(&out)
+	err := fs.Parse(args)
+	fs.SetOutput(stderr)
+	switch {
+	case err == nil:
+		return -1
+	case errors.Is(err, flag.ErrHelp):
+		_, _ = stdout.Write(out.Bytes())
+		return 0
+	default:
+		_, _ = stderr.Write(out.Bytes())
+		return exitError
+	}
+}
+
+const configCheckHelp = `usage: rld config check FILE
+
+Parse and validate the configuration FILE as the daemon would on start or
+reload, without starting anything. Prints "FILE: ok, N rules" and one line
+per rule, or the first error naming the file, line and field; exit 0 when
+the file is valid, 2 otherwise. A running daemon keeps its rules in force
+when a reload finds an invalid file: check before 'systemctl reload rld'.
+`
+
+func versionCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	fs.Usage = flagUsage(fs, "rld version [-json]",
+		"Print the version (git describe of the source it was built from), the commit\n"+
+			"and the Go version. /healthz and the metric rld_build_info say the same.")
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
+	}
+	bi := buildinfo.Get()
+	if *asJSON {
+		b, _ := json.Marshal(bi)
+		fmt.Fprintln(stdout, string(b))
+		return 0
+	}
+	fmt.Fprintf(stdout, "rld %s commit %s %s\n", bi.Version, bi.Commit, bi.GoVersion)
+	return 0
+}
+
+func serve(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "rld.toml", "configuration `file`")
 	socket := fs.String("socket", "", "Unix socket `path` (overrides server.socket)")
 	httpAddr := fs.String("http", "", "HTTP listen `address` (overrides server.http; \"off\" disables)")
 	adminAddr := fs.String("admin-http", "", "admin HTTP listen `address` (overrides admin.http; \"off\" disables)")
-	if err := fs.Parse(args); err != nil {
-		return exitError
+	fs.Usage = flagUsage(fs, "rld [serve] [-config FILE] [-socket PATH] [-http ADDR] [-admin-http ADDR]",
+		"Run the daemon: answer checks on the Unix socket (binary protocol) and on\n"+
+			"HTTP (/v1/check, /metrics, /healthz). Under systemd socket activation it\n"+
+			"serves the socket it is handed (rld.socket) instead of -socket. SIGHUP\n"+
+			"reloads the rules (an invalid file is rejected, the rules in force stay);\n"+
+			"SIGTERM stops accepting, answers what was read, and exits 0. With\n"+
+			"Type=notify it sends READY=1, and WATCHDOG=1 when WatchdogSec= is set.")
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	opts := daemon.Options{ConfigPath: *cfgPath, Socket: *socket}
 	if *httpAddr != "" {
@@ -156,8 +235,14 @@ func check(args []string, stdout, stderr io.Writer) int {
 	peek := fs.Bool("peek", false, "decide without consuming")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
-	if err := fs.Parse(args); err != nil {
-		return exitError
+	fs.Usage = flagUsage(fs, "rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...",
+		"Ask the daemon whether a request with these descriptors may go through,\n"+
+			"e.g. rld check api_key=sk_123 endpoint=/v1/search. Prints the decision, the\n"+
+			"rule that decided, and the HTTP headers a client would send. Exit status:\n"+
+			"0 allowed, 1 limited or blocked, 2 error. The caller needs write access to\n"+
+			"the socket: be root or a member of the rld group.")
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
 	if *cost == 0 || *cost > 1<<32-1 {
 		fmt.Fprintf(stderr, "rld check: -cost must be from 1 to 4294967295, got %d\n", *cost)
@@ -239,8 +324,12 @@ func check(args []string, stdout, stderr io.Writer) int {
 }
 
 func configCheck(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && isHelp(args[0]) {
+		fmt.Fprint(stdout, configCheckHelp)
+		return 0
+	}
 	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: rld config check FILE")
+		fmt.Fprint(stderr, configCheckHelp)
 		return exitError
 	}
 	cfg, err := config.Load(args[0])
