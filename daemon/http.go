@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/valyala/fasthttp"
 
 	"github.com/rld/rld/algo"
@@ -53,7 +52,7 @@ func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 		d.serveCheck(ctx)
 	case "/metrics":
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
-		metrics.WritePrometheus(ctx, true)
+		writeMetrics(ctx)
 	case "/healthz":
 		ctx.SetContentType("application/json")
 		if d.draining.Load() {

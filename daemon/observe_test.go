@@ -51,6 +51,18 @@ func TestMetricsForPrometheus(t *testing.T) {
 	assert.Regexp(t, `(?m)^rld_check_duration_seconds_bucket\{le="\+Inf"\} [1-9]`, m)
 	assert.Regexp(t, `(?m)^rld_check_duration_seconds_count [1-9]`, m)
 	assert.NotContains(t, m, `rld_check_duration_seconds_bucket{vmrange`)
+	for _, line := range strings.Split(m, "\n") {
+		if name, ok := strings.CutPrefix(line, "# HELP "); ok {
+			assert.Contains(t, name, " ", "a help text for %s", name)
+		}
+		if f, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			parts := strings.Fields(f)
+			require.Len(t, parts, 2, line)
+			assert.Equal(t, parts[1] == "counter", strings.HasSuffix(parts[0], "_total"),
+				"a counter, and only a counter, is named *_total: %s", line)
+		}
+	}
+	assert.Contains(t, m, "# HELP rld_checks_total Checks by the rule that decided")
 	assert.Regexp(t, `(?m)^rld_build_info\{version="[^"]+",commit="[^"]+",goversion="go[^"]+"\} 1$`, m)
 
 	resp, err = http.Get("http://" + s.HTTP + "/healthz")

@@ -31,8 +31,12 @@ func (o op) String() string { return opNames[o] }
 // opMetrics counts the calls of one op by result and times them.
 type opMetrics struct {
 	ok, timeout, failed, refused *metrics.Counter
-	duration                     *metrics.Histogram
+	duration                     *metrics.PrometheusHistogram
 }
+
+// callBuckets are the upper bounds (seconds) of
+// rld_redis_call_duration_seconds, a Prometheus histogram (le buckets).
+var callBuckets = []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1}
 
 var (
 	// callMetrics: rld_redis_calls_total{op,result} and
@@ -45,7 +49,7 @@ var (
 				timeout:  metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="timeout"}`),
 				failed:   metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="error"}`),
 				refused:  metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="breaker_open"}`),
-				duration: metrics.NewHistogram(`rld_redis_call_duration_seconds{op="` + name + `"}`),
+				duration: metrics.NewPrometheusHistogramExt(`rld_redis_call_duration_seconds{op="`+name+`"}`, callBuckets),
 			}
 		}
 		return m

@@ -12,7 +12,7 @@ var (
 	localDenied   = metrics.NewCounter(`rld_cache_decisions_total{path="denied_locally"}`)
 	storeDecided  = metrics.NewCounter(`rld_cache_decisions_total{path="redis"}`)
 	storeCalls    = metrics.NewCounter(`rld_cache_store_calls_total`)
-	batchSize     = metrics.NewHistogram(`rld_coalesce_batch_size`)
+	batchSize     = metrics.NewPrometheusHistogramExt(`rld_coalesce_batch_size`, metrics.ExponentialBuckets(1, 2, 11))
 	leasesGranted = metrics.NewCounter(`rld_cache_lease_units_total{event="granted"}`)
 	leasesReturn  = metrics.NewCounter(`rld_cache_lease_units_total{event="returned"}`)
 	leasesLost    = metrics.NewCounter(`rld_cache_lease_units_total{event="lost"}`)
@@ -20,7 +20,7 @@ var (
 	syncs         = metrics.NewCounter(`rld_cache_syncs_total`)
 	syncOps       = metrics.NewCounter(`rld_cache_sync_ops_total`)
 	syncErrors    = metrics.NewCounter(`rld_cache_sync_errors_total`)
-	syncDuration  = metrics.NewHistogram(`rld_cache_sync_duration_seconds`)
+	syncDuration  = metrics.NewPrometheusHistogramExt(`rld_cache_sync_duration_seconds`, []float64{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1})
 	_             = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })
 )
 

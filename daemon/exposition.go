@@ -1,0 +1,106 @@
+package daemon
+
+import (
+	"bytes"
+	"io"
+	"strings"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// metricHelp is the # HELP text of each rld metric family: /metrics is
+// where an operator meets them first. docs/operations.md lists the same.
+var metricHelp = map[string]string{
+	"rld_build_info":                      "Always 1; the labels say which build runs (version, commit, goversion).",
+	"rld_checks_total":                    "Checks by the rule that decided (allow, deny, none, or a rule's name) and decision.",
+	"rld_check_duration_seconds":          "Time from reading a batch of frames on a connection to having answered it.",
+	"rld_frames_total":                    "Frames answered on the Unix socket.",
+	"rld_frame_errors_total":              "Frames rejected, by error code.",
+	"rld_connections_open":                "Client connections open on the Unix socket.",
+	"rld_connections_accepted_total":      "Client connections accepted on the Unix socket.",
+	"rld_connections_rejected_total":      "Client connections closed at once for exceeding server.max_connections.",
+	"rld_http_checks_total":               "Checks over HTTP (/v1/check).",
+	"rld_config_reloads_total":            "Configuration reloads by result.",
+	"rld_config_last_reload_successful":   "1 when the configuration in force is the file's (the last load or reload succeeded), 0 after a rejected reload.",
+	"rld_fleet_daemons":                   "Live daemons on the shared Redis at the last heartbeat.",
+	"rld_store_keys":                      "Counter keys held by the embedded store.",
+	"rld_store_evictions_total":           "Keys evicted from the embedded store to stay under store.max_keys.",
+	"rld_store_swept_total":               "Idle keys removed from the embedded store.",
+	"rld_refund_errors_total":             "Refunds the store failed to apply (quota lost until the keys expire, never extra admissions).",
+	"rld_cache_decisions_total":           "Checks of cached rules by where they were decided: local (a lease), denied_locally, redis.",
+	"rld_cache_store_calls_total":         "Redis calls made for checks of cached rules (one per coalesced batch).",
+	"rld_cache_lease_units_total":         "Lease units granted by Redis, returned unused, and lost.",
+	"rld_cache_entries":                   "Keys held by the hot-key cache.",
+	"rld_cache_evictions_total":           "Keys dropped from the hot-key cache to stay under store.max_keys.",
+	"rld_cache_syncs_total":               "Runs of the cache's sync loop.",
+	"rld_cache_sync_ops_total":            "Operations sent to Redis by the sync loop (returns, renewals, refreshes).",
+	"rld_cache_sync_errors_total":         "Sync loop runs that failed.",
+	"rld_cache_sync_duration_seconds":     "Duration of the sync loop's runs.",
+	"rld_coalesce_batch_size":             "Checks per coalesced Redis call.",
+	"rld_redis_calls_total":               "Redis calls by op and result: ok, timeout, error, breaker_open (refused, not sent).",
+	"rld_redis_call_duration_seconds":     "Duration of Redis calls by op.",
+	"rld_redis_connect_errors_total":      "Failed attempts to connect to Redis.",
+	"rld_redis_slot_refresh_errors_total": "Cluster slot map refreshes that reached no node.",
+	"rld_redis_breaker_state":             "Circuit breaker of each Redis node: 0 closed, 1 open, 2 half-open.",
+	"rld_redis_breaker_transitions_total": "Circuit breaker changes of state, by node and new state.",
+}
+
+// writeMetrics writes every metric in the Prometheus text format, lint-clean
+// for promtool check metrics: each family gets its # HELP text (from
+// metricHelp; the Go runtime's and the process's a generic one), a gauge
+// the library names *_total (cumulative /proc counters) is typed as the
+// counter it is, and a family whose name breaks the naming conventions
+// otherwise (a counter without _total, a gauge named *_count) is left out:
+// only a few of the library's Go runtime metrics are.
+func writeMetrics(w io.Writer) {
+	var buf bytes.Buffer
+	metrics.WritePrometheus(&buf, true)
+	out := make([]byte, 0, buf.Len()+len(metricHelp)*64)
+	rest := buf.Bytes()
+	for len(rest) > 0 {
+		// One family: "# HELP", "# TYPE", then its samples up to the next
+		// "# HELP" line.
+		end := bytes.Index(rest[1:], []byte("\n# HELP "))
+		var fam []byte
+		if end < 0 {
+			fam, rest = rest, nil
+		} else {
+			fam, rest = rest[:end+2], rest[end+2:]
+		}
+		out = appendFamily(out, fam)
+	}
+	_, _ = w.Write(out)
+}
+
+// appendFamily appends one family of the library's output to dst, with its
+// help text, retyped or left out as writeMetrics says.
+func appendFamily(dst, fam []byte) []byte {
+	help, afterHelp, ok := bytes.Cut(fam, []byte("\n"))
+	name, isHelp := strings.CutPrefix(string(help), "# HELP ")
+	typeLine, samples, _ := bytes.Cut(afterHelp, []byte("\n"))
+	typ, isType := strings.CutPrefix(string(typeLine), "# TYPE "+name+" ")
+	if !ok || !isHelp || !isType {
+		return append(dst, fam...) // not the shape the library writes: as is
+	}
+	name = strings.TrimSpace(name)
+	switch {
+	case typ == "gauge" && strings.HasSuffix(name, "_total"):
+		typ = "counter"
+	case typ == "counter" && !strings.HasSuffix(name, "_total"),
+		typ != "histogram" && typ != "summary" && (strings.HasSuffix(name, "_count") ||
+			strings.HasSuffix(name, "_sum") || strings.HasSuffix(name, "_bucket")):
+		return dst
+	}
+	text, ok := metricHelp[name]
+	switch {
+	case ok:
+	case strings.HasPrefix(name, "go_"):
+		text = "Go runtime metric " + name + " (runtime/metrics)."
+	case strings.HasPrefix(name, "process_"):
+		text = "Process metric " + name + " (from /proc)."
+	default:
+		text = "rld metric " + name + "; see docs/operations.md."
+	}
+	dst = append(dst, "# HELP "+name+" "+text+"\n# TYPE "+name+" "+typ+"\n"...)
+	return append(dst, samples...)
+}
