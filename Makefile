@@ -12,12 +12,25 @@ RUN_SOCKET ?= $(shell if [ -w /run ]; then echo /run/rld/rld.sock; else echo $(C
 # HTTP): make run RUN_SOCKET=/tmp/rld.sock RUN_HTTP=127.0.0.1:9465
 RUN_HTTP  ?=
 
-.PHONY: all build run test deps bench bench-go fuzz soak lint clean
+# build stamps the version (git describe --tags --always --dirty; without
+# git, a VERSION file or "dev") and the commit into a static binary.
+VERSION     ?= $(shell scripts/version.sh version)
+COMMIT      ?= $(shell scripts/version.sh commit)
+DEB_VERSION ?= $(shell scripts/version.sh deb $(VERSION))
+DEB_OUT     ?= bin
+LDFLAGS     := -s -w -X github.com/rld/rld/buildinfo.Version=$(VERSION) -X github.com/rld/rld/buildinfo.Commit=$(COMMIT)
+
+.PHONY: all build deb run test deps bench bench-go fuzz soak lint clean
 
 all: build
 
 build:
-	$(GO) build -o $(BIN) ./cmd/rld
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rld
+
+# deb builds the Debian package $(DEB_OUT)/rld_<version>_<arch>.deb with
+# dpkg-deb (packaging/mkdeb.sh); install it with dpkg -i (docs/operations.md).
+deb: build
+	@packaging/mkdeb.sh $(BIN) $(DEB_VERSION) $(DEB_OUT)
 
 # run serves until Ctrl-C (SIGINT) or SIGTERM, which drain: answers to
 # requests already read are written before the daemon exits.

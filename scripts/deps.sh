@@ -18,6 +18,12 @@ NEEDS=(
   "php php-cli"
   "php-fpm8.2 php-fpm"
   "wrk wrk"
+  "dpkg-architecture dpkg-dev"
+  "lintian lintian"
+  "promtool prometheus"
+  "systemd-analyze systemd"
+  "systemd-socket-activate systemd"
+  "man man-db"
 )
 
 missing=()
