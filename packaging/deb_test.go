@@ -76,11 +76,13 @@ func buildDeb(t *testing.T) (deb, version string) {
 }
 
 // mkdeb packages the binary `make deb` built under another version, for
-// the upgrade test.
+// the upgrade test (gzip-compressed: xz takes seconds).
 func mkdeb(t *testing.T, version string) string {
 	t.Helper()
 	buildDeb(t)
-	out, err := exec.Command(filepath.Join(top, "packaging", "mkdeb.sh"), built.bin, version, built.dir).CombinedOutput()
+	cmd := exec.Command(filepath.Join(top, "packaging", "mkdeb.sh"), built.bin, version, built.dir)
+	cmd.Env = append(os.Environ(), "DEB_COMPRESS=gzip")
+	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	return strings.TrimSpace(string(out))
 }
