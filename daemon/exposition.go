@@ -27,6 +27,7 @@ var metricHelp = map[string]string{
 	"rld_store_evictions_total":           "Keys evicted from the embedded store to stay under store.max_keys.",
 	"rld_store_swept_total":               "Idle keys removed from the embedded store.",
 	"rld_refund_errors_total":             "Refunds the store failed to apply (quota lost until the keys expire, never extra admissions).",
+	"rld_fallback_seeded_total":           "Keys whose fail-open local state started from what the cache last knew of them, not from a full share.",
 	"rld_cache_decisions_total":           "Checks of cached rules by where they were decided: local (a lease), denied_locally, redis.",
 	"rld_cache_store_calls_total":         "Redis calls made for checks of cached rules (one per coalesced batch).",
 	"rld_cache_lease_units_total":         "Lease units granted by Redis, returned unused, and lost.",
