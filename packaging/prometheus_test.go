@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,6 +205,8 @@ period = "1m"
 	out, err = lint.CombinedOutput()
 	require.NoError(t, err, "promtool check metrics:\n%s", out)
 
+	checkDocumentedMetrics(t, string(metrics))
+
 	p := startPrometheus(t, s.HTTP, rules)
 	deadline := time.Now().Add(45 * time.Second)
 	p.poll(t, `up{job="rld"}`, deadline, func(v []float64) bool { return v[0] == 1 })
@@ -271,5 +274,41 @@ period = "1m"
 		"rld_redis_breaker_state", "rld_cache_decisions_total", "rld_cache_lease_units_total",
 		`decision=~"allowed_degraded|limited_degraded"`, "rld_config_reloads_total", "rld_build_info"} {
 		assert.Contains(t, all, m, "the dashboard shows %s", m)
+	}
+}
+
+// checkDocumentedMetrics: every metric in docs/operations.md's table is
+// served with the type the table gives, and every rld_ family served is in
+// the table.
+func checkDocumentedMetrics(t *testing.T, exposition string) {
+	t.Helper()
+	served := map[string]string{}
+	for _, line := range strings.Split(exposition, "\n") {
+		if f, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			if parts := strings.Fields(f); len(parts) == 2 {
+				served[parts[0]] = parts[1]
+			}
+		}
+	}
+	doc, err := os.ReadFile(filepath.Join(top, "docs", "operations.md"))
+	require.NoError(t, err)
+	documented := map[string]bool{}
+	row := regexp.MustCompile("^\\| (`rld_[^|]+) \\| (counter|gauge|histogram) \\|")
+	name := regexp.MustCompile("`(rld_[a-z_]+)")
+	for _, line := range strings.Split(string(doc), "\n") {
+		m := row.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		for _, n := range name.FindAllStringSubmatch(m[1], -1) {
+			documented[n[1]] = true
+			assert.Equal(t, m[2], served[n[1]], "docs/operations.md: %s is a %s", n[1], m[2])
+		}
+	}
+	require.NotEmpty(t, documented, "docs/operations.md has a metrics table")
+	for n := range served {
+		if strings.HasPrefix(n, "rld_") {
+			assert.True(t, documented[n], "%s is served but not in docs/operations.md's metrics table", n)
+		}
 	}
 }
