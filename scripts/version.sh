@@ -24,19 +24,22 @@ commit() {
 
 # deb maps a git describe string to a Debian version that sorts the way the
 # commits do: v1.2.0 -> 1.2.0; v1.2.0-3-g0123abc -> 1.2.0+3.g0123abc;
+# a pre-release v1.2.0-rc1 -> 1.2.0~rc1 (before 1.2.0);
 # a bare hash (no tag yet) -> 0.0.0+git<commit count>.g<hash>; -dirty
 # appends .dirty; anything else -> 0.0.0+dev.
 deb() {
   local v=$1 dirty=""
   if [[ $v == *-dirty ]]; then v=${v%-dirty}; dirty=.dirty; fi
-  if [[ $v =~ ^v?([0-9][0-9A-Za-z.~]*)-([0-9]+)-g([0-9a-f]+)$ ]]; then
-    echo "${BASH_REMATCH[1]}+${BASH_REMATCH[2]}.g${BASH_REMATCH[3]}${dirty}"
+  if [[ $v =~ ^v?([0-9][0-9A-Za-z.~-]*)-([0-9]+)-g([0-9a-f]+)$ ]]; then
+    local tag=${BASH_REMATCH[1]//-/\~}
+    echo "${tag}+${BASH_REMATCH[2]}.g${BASH_REMATCH[3]}${dirty}"
   elif [[ $v =~ ^[0-9a-f]{7,40}$ ]]; then
     local n
     n=$(git rev-list --count HEAD 2>/dev/null || echo 0)
     echo "0.0.0+git${n}.g${v}${dirty}"
-  elif [[ $v =~ ^v?([0-9][0-9A-Za-z.~]*)$ ]]; then
-    if [[ -n $dirty ]]; then echo "${BASH_REMATCH[1]}+dirty"; else echo "${BASH_REMATCH[1]}"; fi
+  elif [[ $v =~ ^v?([0-9][0-9A-Za-z.~-]*)$ ]]; then
+    local tag=${BASH_REMATCH[1]//-/\~}
+    if [[ -n $dirty ]]; then echo "${tag}+dirty"; else echo "${tag}"; fi
   else
     echo "0.0.0+dev"
   fi
