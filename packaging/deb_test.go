@@ -391,7 +391,9 @@ func runAsUnit(t *testing.T, version string) {
 	assert.Equal(t, "ok", h.Status)
 	assert.NotEqual(t, "dev", h.Version, "make build stamps the version")
 	assert.Regexp(t, `^[0-9a-f]{40}$`, h.Commit, "make build stamps the commit")
-	assert.Contains(t, logs.String(), "socket=/run/rld/rld.sock")
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "rld serving") },
+		10*time.Second, 10*time.Millisecond, "rld logs that it serves")
+	assert.Contains(t, logs.String(), "socket=/run/rld/rld.sock activated=false")
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	select {
@@ -425,6 +427,9 @@ func runActivated(t *testing.T) {
 		return err == nil
 	}, 10*time.Second, 20*time.Millisecond, "the first connection starts rld, which answers")
 	assert.Contains(t, string(out), `allowed rule="search"`)
+	// The answer may overtake the log lines on their way through the pipe.
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "activated=true") },
+		10*time.Second, 10*time.Millisecond, "rld logs that it serves")
 	log := logs.String()
 	assert.Contains(t, log, "socket activation: serving the socket systemd passed")
 	assert.Contains(t, log, "socket="+socket, "the log names the socket it was handed")
