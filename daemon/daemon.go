@@ -118,7 +118,6 @@ func New(opts Options) (*Daemon, error) {
 		d.closeStore()
 		return nil, err
 	}
-	lastReloadOK.Set(1)
 	return d, nil
 }
 
