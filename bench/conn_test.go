@@ -67,7 +67,7 @@ func TestWireConnEcho(t *testing.T) {
 	if !slices.Equal(got, ids) {
 		t.Errorf("ids %v, want %v", got, ids)
 	}
-	if len(echoAnswer) != wire.HeaderSize+34+len(benchRule) {
+	if len(echoAnswer) != wire.HeaderSize+50+len(benchRule) {
 		t.Errorf("echo answer of %d bytes", len(echoAnswer))
 	}
 }

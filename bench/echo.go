@@ -19,7 +19,7 @@ const benchRule = "bench"
 // CHECK decided by the rule benchRule, the size of rld's typical answer.
 var echoAnswer = wire.AppendResponse(nil, &wire.Response{
 	Op: wire.OpCheck, Status: wire.StatusAllowed, Limit: 1_000_000_000, Remaining: 999_999_999,
-	ResetMs: 1, WindowMs: 1000, Rule: []byte(benchRule),
+	ResetMs: 1, WindowMs: 1000, Quota: 1_000_000_000, QuotaWindowMs: 1000, NextMs: 0, Rule: []byte(benchRule),
 })
 
 // serveEcho answers every connection of ln with serveEchoConn until ln

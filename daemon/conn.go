@@ -243,7 +243,7 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 	}
 	res := &fs.res
 	if req.Op == wire.OpPing {
-		*res = wire.Response{Op: req.Op, ID: req.ID}
+		*res = wire.Response{Op: req.Op, ID: req.ID, NextMs: wire.NextUnknown}
 		return wire.AppendResponse(out, res)
 	}
 	p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
@@ -257,7 +257,8 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 }
 
 func (fs *frameState) appendError(out []byte, op wire.Op, id uint32, code wire.Code, msg string) []byte {
-	fs.res = wire.Response{Op: op &^ wire.OpResponse, ID: id, Status: wire.StatusError, Code: code, Message: []byte(msg)}
+	fs.res = wire.Response{Op: op &^ wire.OpResponse, ID: id, Status: wire.StatusError, NextMs: wire.NextUnknown,
+		Code: code, Message: []byte(msg)}
 	return wire.AppendResponse(out, &fs.res)
 }
 
@@ -290,42 +291,3 @@ func (cn *conn) flush() bool {
 // since the deadline moves only once half spent, such a client is dropped
 // after between writeTimeout/2 and writeTimeout.
 const writeTimeout = 10 * time.Second
-
-// fillResponse copies a policy decision into a wire response, reusing the
-// response's Rule and Message buffers. A degraded decision (made by a
-// rule's fail mode while its store fails) carries FlagDegraded; its
-// status is allowed-degraded or limited.
-func fillResponse(res *wire.Response, dec *policy.Decision) {
-	res.Flags = 0
-	if dec.Degraded {
-		res.Flags = wire.FlagDegraded
-	}
-	res.Code = wire.CodeNone
-	res.Message = res.Message[:0]
-	res.Status = dec.Status
-	res.Limit = uint64(max(dec.Result.Limit, 0))
-	res.Remaining = uint64(max(dec.Result.Remaining, 0))
-	res.ResetMs = millis(dec.Result.Reset)
-	res.RetryMs = millis(dec.Result.RetryAfter)
-	res.WindowMs = millis(dec.Period)
-	res.Rule = append(res.Rule[:0], dec.Rule...)
-	if dec.Status == wire.StatusError {
-		res.Code = dec.Code
-		if dec.Err != nil {
-			res.Message = append(res.Message[:0], dec.Err.Error()...)
-		}
-	}
-}
-
-// millis converts d to whole milliseconds, rounding up so a client is never
-// told to retry early, and clamping to the wire's range.
-func millis(d time.Duration) uint32 {
-	if d <= 0 {
-		return 0
-	}
-	ms := (d + time.Millisecond - 1) / time.Millisecond
-	if ms > 1<<32-1 {
-		return 1<<32 - 1
-	}
-	return uint32(ms)
-}

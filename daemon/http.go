@@ -9,7 +9,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/rld/rld/algo"
 	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
@@ -211,35 +210,6 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	d.writeDecision(ctx, s, now, &dec)
-}
-
-// answerOf returns the numbers of dec that the HTTP answer renders as
-// header fields.
-func answerOf(dec *policy.Decision) header.Answer {
-	q, w := algo.Sustained(dec.Params)
-	a := header.Answer{
-		Rule:      dec.Rule,
-		Limit:     uint64(max(dec.Result.Limit, 0)),
-		Quota:     uint64(max(q, 0)),
-		Remaining: uint64(max(dec.Result.Remaining, 0)),
-		Window:    dec.Period,
-		Reset:     dec.Result.Reset,
-		Next:      algo.Next(dec.Params, &dec.Result),
-		// The quota a client pacing itself evenly can sustain.
-		QuotaWindow: w,
-	}
-	if dec.Status == wire.StatusLimited {
-		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
-	}
-	if dec.Degraded {
-		// Decided on this daemon's share of the limit (or by a fail
-		// mode), not the limit itself: only the retry-after is known.
-		a.Next = -1
-		if dec.Status == wire.StatusLimited {
-			a.Next = a.Retry
-		}
-	}
-	return a
 }
 
 // badPercent returns the offset of the first '%' in the raw query q that

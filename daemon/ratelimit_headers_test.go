@@ -365,3 +365,66 @@ func TestRateLimitFieldsOverHTTP(t *testing.T) {
 		})
 	}
 }
+
+// TestFrameCarriesTheHTTPFields checks, for every algorithm, allowed and
+// limited, that the fields a client renders from the response frame are
+// the fields the HTTP endpoint renders for the same decision: the frame
+// is filled from the same answer, and header.FromResponse reads it back.
+// Times are whole milliseconds, as the frame's are, so even
+// X-RateLimit-Reset (a point in time) is the same.
+func TestFrameCarriesTheHTTPFields(t *testing.T) {
+	for _, a := range headerAlgos {
+		t.Run(a.algo, func(t *testing.T) {
+			cfg, err := config.Parse([]byte(headerRule(a.algo, a.extra)), "rld.toml")
+			require.NoError(t, err)
+			p, err := policy.New(cfg, memstore.New(memstore.Options{}))
+			require.NoError(t, err)
+			render := func(a header.Answer, now time.Time) map[string]string {
+				fields, _ := header.AppendFields(nil, nil, a, now)
+				m := map[string]string{}
+				for _, f := range fields {
+					m[f.Name] = string(f.Value)
+				}
+				return m
+			}
+			start := time.Unix(1_700_000_007, 123_000_000)
+			seen := map[wire.Status]bool{}
+			var res wire.Response
+			for i := range 40 {
+				now := start.Add(time.Duration(i) * 1237 * time.Millisecond)
+				dec := p.Check(context.Background(), now, []wire.Descriptor{{Name: []byte("k"), Value: []byte("x")}}, 1, i%5 == 4, nil)
+				seen[dec.Status] = true
+				daemon.FillResponse(&res, &dec)
+				var back wire.Response
+				require.NoError(t, wire.DecodeResponse(wire.AppendResponse(nil, &res), &back))
+				http := render(daemon.AnswerOf(&dec), now)
+				frame := render(header.FromResponse(&back), now)
+				require.Equal(t, http, frame, "check %d at +%s (%s)", i, now.Sub(start), dec.Status)
+				require.Contains(t, frame, header.Policy)
+				assert.Equal(t, fmt.Sprintf(`"r";q=%d;w=60`, sustained(a.algo)), frame[header.Policy])
+				if _, ok := frame[header.RetryAfter]; ok {
+					assert.Contains(t, frame[header.RateLimit], ";t=", "a limited answer carries t")
+				}
+			}
+			assert.True(t, seen[wire.StatusAllowed] && seen[wire.StatusLimited], "allowed and limited: %v", seen)
+		})
+	}
+}
+
+// TestFrameOfNoLimit checks what the frame says when no limit applied:
+// quota 0 and next absent, so a client renders no field.
+func TestFrameOfNoLimit(t *testing.T) {
+	cfg, err := config.Parse([]byte(headerRule("token_bucket", "")), "rld.toml")
+	require.NoError(t, err)
+	p, err := policy.New(cfg, memstore.New(memstore.Options{}))
+	require.NoError(t, err)
+	dec := p.Check(context.Background(), time.Now(), []wire.Descriptor{{Name: []byte("other"), Value: []byte("x")}}, 1, false, nil)
+	var res wire.Response
+	daemon.FillResponse(&res, &dec)
+	assert.Equal(t, wire.StatusAllowed, res.Status)
+	assert.Zero(t, res.Quota)
+	assert.Zero(t, res.QuotaWindowMs)
+	assert.Equal(t, wire.NextUnknown, res.NextMs)
+	fields, _ := header.AppendFields(nil, nil, header.FromResponse(&res), time.Now())
+	assert.Empty(t, fields)
+}

@@ -103,37 +103,64 @@ func corpusCases() []corpusLine {
 	encErr("peek-33-descriptors", "PEEK with more than 32 descriptors", wire.OpPeek, 27, 1, many(wire.MaxDescriptors+1)...)
 
 	// Responses.
+	const unknown = wire.NextUnknown
 	dec("worked-example", wire.Response{Op: wire.OpCheck, ID: 7, Status: wire.StatusLimited,
-		Limit: 30, Remaining: 0, ResetMs: 41000, RetryMs: 2000, WindowMs: 60000, Rule: []byte("search")})
-	dec("pong", wire.Response{Op: wire.OpPing, ID: 1})
+		Limit: 30, Remaining: 0, ResetMs: 41000, RetryMs: 2000, WindowMs: 60000,
+		Quota: 30, QuotaWindowMs: 60000, NextMs: 2000, Rule: []byte("search")})
+	dec("pong", wire.Response{Op: wire.OpPing, ID: 1, NextMs: unknown})
 	dec("allowed", wire.Response{Op: wire.OpCheck, ID: 100, Status: wire.StatusAllowed,
-		Limit: 10, Remaining: 9, ResetMs: 6000, WindowMs: 60000, Rule: []byte("per-key")})
-	dec("allowed-no-rule", wire.Response{Op: wire.OpCheck, ID: 101, Status: wire.StatusAllowed})
+		Limit: 10, Remaining: 9, ResetMs: 6000, WindowMs: 60000,
+		Quota: 10, QuotaWindowMs: 60000, NextMs: 6000, Rule: []byte("per-key")})
+	dec("allowed-no-rule", wire.Response{Op: wire.OpCheck, ID: 101, Status: wire.StatusAllowed, NextMs: unknown})
 	dec("allowed-peek", wire.Response{Op: wire.OpPeek, ID: 102, Status: wire.StatusAllowed,
-		Limit: 5, Remaining: 5, WindowMs: 1000, Rule: []byte("p")})
+		Limit: 5, Remaining: 5, WindowMs: 1000, Quota: 5, QuotaWindowMs: 1000, NextMs: 201, Rule: []byte("p")})
 	dec("limited", wire.Response{Op: wire.OpCheck, ID: 103, Status: wire.StatusLimited,
-		Limit: 3, Remaining: 0, ResetMs: 2500, RetryMs: 834, WindowMs: 2500, Rule: []byte("burst")})
+		Limit: 3, Remaining: 0, ResetMs: 2500, RetryMs: 834, WindowMs: 2500,
+		Quota: 3, QuotaWindowMs: 2500, NextMs: 834, Rule: []byte("burst")})
 	dec("limited-peek", wire.Response{Op: wire.OpPeek, ID: 104, Status: wire.StatusLimited,
-		Limit: 1, Remaining: 0, ResetMs: 1, RetryMs: 1, WindowMs: 1, Rule: []byte("one")})
-	dec("blocked", wire.Response{Op: wire.OpCheck, ID: 105, Status: wire.StatusBlocked, Rule: []byte("deny")})
+		Limit: 1, Remaining: 0, ResetMs: 1, RetryMs: 1, WindowMs: 1, Quota: 1, QuotaWindowMs: 1, NextMs: 1, Rule: []byte("one")})
+	dec("quota-below-limit-burst", wire.Response{Op: wire.OpCheck, ID: 114, Status: wire.StatusAllowed,
+		Limit: 50, Remaining: 49, ResetMs: 6000, WindowMs: 60000,
+		Quota: 10, QuotaWindowMs: 60000, NextMs: 6000, Rule: []byte("burst")})
+	dec("quota-below-limit-sliding-counter", wire.Response{Op: wire.OpCheck, ID: 115, Status: wire.StatusAllowed,
+		Limit: 100, Remaining: 60, ResetMs: 60000, WindowMs: 60000,
+		Quota: 99, QuotaWindowMs: 60000, NextMs: unknown, Rule: []byte("sliding")})
+	dec("quota-window-above-window", wire.Response{Op: wire.OpCheck, ID: 116, Status: wire.StatusLimited,
+		Limit: 1, Remaining: 0, ResetMs: 2000, RetryMs: 1500, WindowMs: 1000,
+		Quota: 1, QuotaWindowMs: 2000, NextMs: 1500, Rule: []byte("sliding-one")})
+	dec("next-unknown", wire.Response{Op: wire.OpCheck, ID: 117, Status: wire.StatusAllowed,
+		Limit: 5, Remaining: 4, ResetMs: 60000, WindowMs: 60000,
+		Quota: 5, QuotaWindowMs: 60000, NextMs: unknown, Rule: []byte("login")})
+	dec("next-0", wire.Response{Op: wire.OpCheck, ID: 118, Status: wire.StatusAllowed,
+		Limit: 4, Remaining: 3, ResetMs: 1, WindowMs: 1000, Quota: 4, QuotaWindowMs: 1000, NextMs: 0, Rule: []byte("tb")})
+	dec("blocked", wire.Response{Op: wire.OpCheck, ID: 105, Status: wire.StatusBlocked, NextMs: unknown, Rule: []byte("deny")})
 	dec("allowed-degraded", wire.Response{Op: wire.OpCheck, ID: 106, Flags: wire.FlagDegraded,
-		Status: wire.StatusAllowedDegraded, Limit: 100, Remaining: 42, ResetMs: 500, WindowMs: 1000, Rule: []byte("fleet")})
+		Status: wire.StatusAllowedDegraded, Limit: 100, Remaining: 42, ResetMs: 500, WindowMs: 1000,
+		Quota: 100, QuotaWindowMs: 1000, NextMs: unknown, Rule: []byte("fleet")})
 	dec("limited-degraded", wire.Response{Op: wire.OpCheck, ID: 107, Flags: wire.FlagDegraded,
-		Status: wire.StatusLimited, Limit: 100, Remaining: 0, ResetMs: 1000, RetryMs: 1000, WindowMs: 1000, Rule: []byte("fleet-closed")})
+		Status: wire.StatusLimited, Limit: 100, Remaining: 0, ResetMs: 1000, RetryMs: 1000, WindowMs: 1000,
+		Quota: 100, QuotaWindowMs: 1000, NextMs: 1000, Rule: []byte("fleet-closed")})
 	dec("unknown-flag-bits", wire.Response{Op: wire.OpCheck, ID: 108, Flags: 0xfffe,
-		Status: wire.StatusAllowed, Limit: 2, Remaining: 1, ResetMs: 10, WindowMs: 20, Rule: []byte("r")})
+		Status: wire.StatusAllowed, Limit: 2, Remaining: 1, ResetMs: 10, WindowMs: 20,
+		Quota: 2, QuotaWindowMs: 20, NextMs: 10, Rule: []byte("r")})
 	dec("all-flag-bits", wire.Response{Op: wire.OpCheck, ID: 109, Flags: 0xffff,
-		Status: wire.StatusAllowedDegraded, Limit: 2, Remaining: 1, ResetMs: 10, WindowMs: 20, Rule: []byte("r")})
+		Status: wire.StatusAllowedDegraded, Limit: 2, Remaining: 1, ResetMs: 10, WindowMs: 20,
+		Quota: 2, QuotaWindowMs: 20, NextMs: unknown, Rule: []byte("r")})
 	dec("limit-2^53", wire.Response{Op: wire.OpCheck, ID: 110, Status: wire.StatusAllowed,
-		Limit: maxExact, Remaining: maxExact - 1, ResetMs: 1, WindowMs: 1, Rule: []byte("huge")})
+		Limit: maxExact, Remaining: maxExact - 1, ResetMs: 1, WindowMs: 1,
+		Quota: maxExact - 2, QuotaWindowMs: 1, NextMs: 1, Rule: []byte("huge")})
 	dec("remaining-2^53", wire.Response{Op: wire.OpPeek, ID: 111, Status: wire.StatusAllowed,
-		Limit: maxExact, Remaining: maxExact, WindowMs: 3600000, Rule: []byte("huge")})
+		Limit: maxExact, Remaining: maxExact, WindowMs: 3600000,
+		Quota: maxExact, QuotaWindowMs: 3600000, NextMs: unknown, Rule: []byte("huge")})
 	dec("u32-fields-max", wire.Response{Op: wire.OpCheck, ID: math.MaxUint32, Status: wire.StatusLimited,
-		Limit: 1 << 32, Remaining: 0, ResetMs: math.MaxUint32, RetryMs: math.MaxUint32, WindowMs: math.MaxUint32, Rule: []byte("slow")})
+		Limit: 1 << 32, Remaining: 0, ResetMs: math.MaxUint32, RetryMs: math.MaxUint32, WindowMs: math.MaxUint32,
+		Quota: 1 << 32, QuotaWindowMs: math.MaxUint32, NextMs: math.MaxUint32 - 1, Rule: []byte("slow")})
 	dec("rule-255-bytes", wire.Response{Op: wire.OpCheck, ID: 112, Status: wire.StatusAllowed,
-		Limit: 7, Remaining: 6, ResetMs: 100, WindowMs: 700, Rule: bytes.Repeat([]byte("r"), wire.MaxRuleLen)})
+		Limit: 7, Remaining: 6, ResetMs: 100, WindowMs: 700, Quota: 7, QuotaWindowMs: 700, NextMs: 100,
+		Rule: bytes.Repeat([]byte("r"), wire.MaxRuleLen)})
 	dec("rule-non-ascii", wire.Response{Op: wire.OpCheck, ID: 113, Status: wire.StatusAllowed,
-		Limit: 7, Remaining: 6, ResetMs: 100, WindowMs: 700, Rule: []byte("règle \"q\"\\\x00\xff")})
+		Limit: 7, Remaining: 6, ResetMs: 100, WindowMs: 700, Quota: 7, QuotaWindowMs: 700, NextMs: 100,
+		Rule: []byte("règle \"q\"\\\x00\xff")})
 	for c := wire.CodeMalformed; c <= wire.CodeNotFound; c++ {
 		op := wire.OpCheck
 		switch c {
@@ -143,21 +170,23 @@ func corpusCases() []corpusLine {
 			op = wire.OpSettle
 		}
 		dec("error-"+c.String(), wire.Response{Op: op, ID: 200 + uint32(c), Status: wire.StatusError,
-			Code: c, Message: []byte("detail for " + c.String())})
+			NextMs: unknown, Code: c, Message: []byte("detail for " + c.String())})
 	}
-	dec("error-no-message", wire.Response{Op: wire.OpCheck, ID: 220, Status: wire.StatusError, Code: wire.CodeInternal})
-	dec("error-unknown-code", wire.Response{Op: wire.OpCheck, ID: 221, Status: wire.StatusError, Code: 999, Message: []byte("a later version")})
-	dec("error-op-0x7f", wire.Response{Op: 0x7f, ID: 222, Status: wire.StatusError, Code: wire.CodeUnknownOp, Message: []byte("unknown op")})
+	dec("error-no-message", wire.Response{Op: wire.OpCheck, ID: 220, Status: wire.StatusError, NextMs: unknown, Code: wire.CodeInternal})
+	dec("error-unknown-code", wire.Response{Op: wire.OpCheck, ID: 221, Status: wire.StatusError, NextMs: unknown, Code: 999, Message: []byte("a later version")})
+	dec("error-op-0x7f", wire.Response{Op: 0x7f, ID: 222, Status: wire.StatusError, NextMs: unknown, Code: wire.CodeUnknownOp, Message: []byte("unknown op")})
 	dec("error-message-1024-bytes", wire.Response{Op: wire.OpCheck, ID: 223, Status: wire.StatusError,
-		Code: wire.CodeInternal, Message: bytes.Repeat([]byte("m"), wire.MaxMessageLen)})
+		NextMs: unknown, Code: wire.CodeInternal, Message: bytes.Repeat([]byte("m"), wire.MaxMessageLen)})
 	dec("error-message-non-ascii", wire.Response{Op: wire.OpCheck, ID: 224, Status: wire.StatusError,
-		Code: wire.CodeMalformed, Message: []byte("ünïcode\n\t\x00\xff")})
+		NextMs: unknown, Code: wire.CodeMalformed, Message: []byte("ünïcode\n\t\x00\xff")})
 	dec("error-with-rule", wire.Response{Op: wire.OpCheck, ID: 225, Status: wire.StatusError,
-		Code: wire.CodeCostTooLarge, Limit: 10, WindowMs: 1000, Rule: []byte("small"), Message: []byte("cost 11 exceeds the capacity 10")})
+		Code: wire.CodeCostTooLarge, Limit: 10, WindowMs: 1000, Quota: 10, QuotaWindowMs: 1000, NextMs: unknown,
+		Rule: []byte("small"), Message: []byte("cost 11 exceeds the capacity 10")})
 
 	// Broken responses, built from a good one.
 	good := wire.AppendResponse(nil, &wire.Response{Op: wire.OpCheck, ID: 300, Status: wire.StatusAllowed,
-		Limit: 10, Remaining: 9, ResetMs: 100, WindowMs: 1000, Rule: []byte("rule"), Code: 0})
+		Limit: 10, Remaining: 9, ResetMs: 100, WindowMs: 1000, Quota: 10, QuotaWindowMs: 1000, NextMs: 100,
+		Rule: []byte("rule"), Code: 0})
 	withLength := func(f []byte, n uint32) []byte {
 		f = bytes.Clone(f)
 		binary.BigEndian.PutUint32(f, n)
@@ -180,10 +209,10 @@ func corpusCases() []corpusLine {
 		return f
 	}
 	fixed := func(rl uint8) []byte { // status .. rule length, all zero but the rule length
-		return append(make([]byte, 29), rl)
+		return append(make([]byte, 45), rl)
 	}
 	errMsg := wire.AppendResponse(nil, &wire.Response{Op: wire.OpCheck, ID: 301, Status: wire.StatusError,
-		Code: wire.CodeInternal, Message: []byte("abc")})
+		NextMs: unknown, Code: wire.CodeInternal, Message: []byte("abc")})
 	decErr("empty", "no bytes at all", []byte{})
 	decErr("length-field-only", "4 bytes: the length field alone", good[:4])
 	decErr("header-cut", "11 bytes: the header is cut", good[:11])
@@ -202,11 +231,19 @@ func corpusCases() []corpusLine {
 	decErr("status-5", "unknown status 5", set(good, 12, 5))
 	decErr("status-255", "unknown status 255", set(good, 12, 255))
 	decErr("body-empty", "a header with no body", raw(303))
-	decErr("body-fixed-part-cut", "the body stops inside its fixed part", raw(304, make([]byte, 33)))
+	decErr("body-fixed-part-cut", "the body stops inside its fixed part", raw(304, make([]byte, 49)))
+	decErr("body-34-bytes", "a 34-byte body: the fixed part without quota, quota window and next", raw(311, make([]byte, 34)))
+	decErr("body-cut-in-quota", "the body stops inside quota", raw(312, make([]byte, 33)))
+	decErr("body-cut-in-quota-window", "the body stops inside quota window", raw(313, make([]byte, 39)))
+	decErr("body-cut-in-next", "the body stops inside next", raw(314, make([]byte, 43)))
+	decErr("body-cut-before-rule-length", "the body stops after next, before the rule length", raw(315, make([]byte, 45)))
+	decErr("layout-without-quota", "the worked example's answer laid out without quota, quota window and next (40-byte body)",
+		raw(7, []byte{byte(wire.StatusLimited)}, binary.BigEndian.AppendUint64(nil, 30), make([]byte, 8),
+			[]byte{0, 0, 0xa0, 0x28, 0, 0, 0x07, 0xd0, 0, 0, 0xea, 0x60, 6}, []byte("search"), make([]byte, 4)))
 	decErr("rule-past-end", "rule length 10 with 3 rule bytes", raw(305, fixed(10), []byte("abc"), []byte{0, 0, 0, 0}))
 	decErr("rule-255-past-end", "rule length 255 with the frame ending after the rule length", raw(306, fixed(255)))
 	decErr("message-over-1024", "message length 1025 with 1025 message bytes",
-		raw(307, []byte{byte(wire.StatusError)}, make([]byte, 28), []byte{0, 0, 7, 0x04, 0x01}, bytes.Repeat([]byte("m"), 1025)))
+		raw(307, []byte{byte(wire.StatusError)}, make([]byte, 44), []byte{0, 0, 7, 0x04, 0x01}, bytes.Repeat([]byte("m"), 1025)))
 	decErr("message-length-max", "message length 65535", raw(308, fixed(0), []byte{0, 7, 0xff, 0xff}, []byte("abc")))
 	decErr("message-past-end", "message length 5 with 3 message bytes", raw(309, fixed(0), []byte{0, 7, 0, 5}, []byte("abc")))
 	decErr("message-cut", "an error answer whose last byte is missing", errMsg[:len(errMsg)-1])
@@ -230,7 +267,7 @@ const corpusHeader = `# rld wire protocol, version 1: golden frames for client t
 #
 # encode        NAME  ID  OP  COST  DESCS  HEX
 # encode_error  NAME  ID  OP  COST  DESCS  WHAT
-# decode        NAME  HEX  ID  OP  FLAGS  STATUS  LIMIT  REMAINING  RESET  RETRY  WINDOW  RULEHEX  CODE  MSGHEX
+# decode        NAME  HEX  ID  OP  FLAGS  STATUS  LIMIT  REMAINING  RESET  RETRY  WINDOW  QUOTA  QUOTAWINDOW  NEXT  RULEHEX  CODE  MSGHEX
 # decode_error  NAME  HEX  WHAT
 `
 
@@ -275,7 +312,8 @@ func formatCorpus(lines []corpusLine) []byte {
 			r := l.res
 			f = []string{l.name, hex.EncodeToString(l.hex), fmt.Sprint(r.ID), fmt.Sprint(uint8(r.Op | wire.OpResponse)),
 				fmt.Sprint(r.Flags), fmt.Sprint(uint8(r.Status)), fmt.Sprint(r.Limit), fmt.Sprint(r.Remaining),
-				fmt.Sprint(r.ResetMs), fmt.Sprint(r.RetryMs), fmt.Sprint(r.WindowMs), hexOrDash(r.Rule),
+				fmt.Sprint(r.ResetMs), fmt.Sprint(r.RetryMs), fmt.Sprint(r.WindowMs), fmt.Sprint(r.Quota),
+				fmt.Sprint(r.QuotaWindowMs), fmt.Sprint(r.NextMs), hexOrDash(r.Rule),
 				fmt.Sprint(uint16(r.Code)), hexOrDash(r.Message)}
 		case "decode_error":
 			f = []string{l.name, hexOrDash(l.hex), l.what}
@@ -472,27 +510,30 @@ func verifyEncodeError(t *testing.T, f []string) {
 }
 
 func verifyDecode(t *testing.T, f []string) wire.Response {
-	fieldCount(t, f, 15)
+	fieldCount(t, f, 18)
 	frame := parseHex(t, f[2])
 	op := parseUint(t, f[4], 8)
 	want := wire.Response{
-		ID:        uint32(parseUint(t, f[3], 32)),
-		Op:        wire.Op(op) &^ wire.OpResponse,
-		Flags:     uint16(parseUint(t, f[5], 16)),
-		Status:    wire.Status(parseUint(t, f[6], 8)),
-		Limit:     parseUint(t, f[7], 64),
-		Remaining: parseUint(t, f[8], 64),
-		ResetMs:   uint32(parseUint(t, f[9], 32)),
-		RetryMs:   uint32(parseUint(t, f[10], 32)),
-		WindowMs:  uint32(parseUint(t, f[11], 32)),
-		Rule:      parseHex(t, f[12]),
-		Code:      wire.Code(parseUint(t, f[13], 16)),
-		Message:   parseHex(t, f[14]),
+		ID:            uint32(parseUint(t, f[3], 32)),
+		Op:            wire.Op(op) &^ wire.OpResponse,
+		Flags:         uint16(parseUint(t, f[5], 16)),
+		Status:        wire.Status(parseUint(t, f[6], 8)),
+		Limit:         parseUint(t, f[7], 64),
+		Remaining:     parseUint(t, f[8], 64),
+		ResetMs:       uint32(parseUint(t, f[9], 32)),
+		RetryMs:       uint32(parseUint(t, f[10], 32)),
+		WindowMs:      uint32(parseUint(t, f[11], 32)),
+		Quota:         parseUint(t, f[12], 64),
+		QuotaWindowMs: uint32(parseUint(t, f[13], 32)),
+		NextMs:        uint32(parseUint(t, f[14], 32)),
+		Rule:          parseHex(t, f[15]),
+		Code:          wire.Code(parseUint(t, f[16], 16)),
+		Message:       parseHex(t, f[17]),
 	}
 	if op&uint64(wire.OpResponse) == 0 {
 		t.Fatalf("OP %d lacks the response bit", op)
 	}
-	if want.Limit > maxExact || want.Remaining > maxExact {
+	if want.Limit > maxExact || want.Remaining > maxExact || want.Quota > maxExact {
 		t.Fatalf("an 8-byte field is above 2^53")
 	}
 	var got wire.Response
@@ -521,7 +562,8 @@ func verifyDecode(t *testing.T, f []string) wire.Response {
 			}
 			if r.Op == got.Op && r.Flags == got.Flags && r.ID == got.ID && r.Status == got.Status &&
 				r.Limit == got.Limit && r.Remaining == got.Remaining && r.ResetMs == got.ResetMs &&
-				r.RetryMs == got.RetryMs && r.WindowMs == got.WindowMs && r.Code == got.Code &&
+				r.RetryMs == got.RetryMs && r.WindowMs == got.WindowMs && r.Quota == got.Quota &&
+				r.QuotaWindowMs == got.QuotaWindowMs && r.NextMs == got.NextMs && r.Code == got.Code &&
 				bytes.Equal(r.Rule, got.Rule) && bytes.Equal(r.Message, got.Message) {
 				t.Fatalf("byte %d ^ %#x decodes to the same answer", i, x)
 			}

@@ -34,7 +34,8 @@ func ExampleAppendRequest() {
 
 func ExampleDecodeResponse() {
 	res := wire.Response{Op: wire.OpCheck, ID: 7, Status: wire.StatusLimited,
-		Limit: 30, ResetMs: 41000, RetryMs: 2000, WindowMs: 60000, Rule: []byte("search")}
+		Limit: 30, ResetMs: 41000, RetryMs: 2000, WindowMs: 60000,
+		Quota: 30, QuotaWindowMs: 60000, NextMs: 2000, Rule: []byte("search")}
 	buf := wire.AppendResponse(nil, &res)
 
 	var got wire.Response
@@ -43,9 +44,14 @@ func ExampleDecodeResponse() {
 	}
 	fmt.Printf("id %d: %v by rule %q, %d/%d left, retry in %d ms\n",
 		got.ID, got.Status, got.Rule, got.Remaining, got.Limit, got.RetryMs)
-	// The IETF RateLimit-Policy header: quota q per window w seconds.
-	fmt.Printf("RateLimit-Policy: %q;q=%d;w=%d\n", got.Rule, got.Limit, got.WindowMs/1000)
+	// The IETF fields: quota q per window w seconds, and the time t in
+	// seconds until quota comes back (the header package renders them all).
+	fmt.Printf("RateLimit-Policy: %q;q=%d;w=%d\n", got.Rule, got.Quota, got.QuotaWindowMs/1000)
+	if got.NextMs != wire.NextUnknown {
+		fmt.Printf("RateLimit: %q;r=%d;t=%d\n", got.Rule, got.Remaining, (got.NextMs+999)/1000)
+	}
 	// Output:
 	// id 7: limited by rule "search", 0/30 left, retry in 2000 ms
 	// RateLimit-Policy: "search";q=30;w=60
+	// RateLimit: "search";r=0;t=2
 }

@@ -22,6 +22,9 @@ func fuzzSeeds() [][]byte {
 	adminRes := wire.AppendAdminResponse(nil, &wire.AdminResponse{ID: 4, Payload: []byte(`{"hash":"00"}`)})
 	adminErr := wire.AppendAdminResponse(nil, &wire.AdminResponse{ID: 5, Code: wire.CodeForbidden,
 		Payload: []byte(`{"error":{"code":"forbidden","message":"uid 1000"}}`)})
+	burst := wire.AppendResponse(nil, &wire.Response{Op: wire.OpCheck, ID: 4, Status: wire.StatusAllowed,
+		Limit: 50, Remaining: 49, ResetMs: 1200, WindowMs: 60000, Quota: 10, QuotaWindowMs: 60000,
+		NextMs: wire.NextUnknown, Rule: []byte("burst")})
 
 	tooLong := bytes.Clone(req)
 	binary.BigEndian.PutUint32(tooLong, wire.MaxFrame)
@@ -33,7 +36,7 @@ func fuzzSeeds() [][]byte {
 	badStatus[12] = 9
 
 	return [][]byte{
-		req, res, ping, pong, errRes, peek, admin, adminRes, adminErr,
+		req, res, ping, pong, errRes, peek, admin, adminRes, adminErr, burst,
 		frame(wire.Version, wire.OpAdmin, 0, 6), // an ADMIN request without a body
 		cat(req, ping),                          // two frames: neither decoder takes it whole
 		req[:len(req)-1], res[:20], ping[:4],

@@ -27,6 +27,10 @@
 //	u32 reset        milliseconds
 //	u32 retry after  milliseconds; 0 unless limited
 //	u32 window       milliseconds, the limit's period; 0 when no limit applied
+//	u64 quota        sustained units per quota window; 0 when no limit applied
+//	u32 quota window milliseconds
+//	u32 next         milliseconds until quota comes back (RateLimit's t);
+//	                 NextUnknown when absent
 //	u8  rule length, rule name
 //	u16 error code   0 unless status is StatusError
 //	u16 message length, message
@@ -84,6 +88,10 @@ const (
 
 // IsReserved reports whether op is assigned to a later protocol feature.
 func (op Op) IsReserved() bool { return op >= OpReset && op <= OpSettle }
+
+// NextUnknown is a response's NextMs when the time until quota comes back
+// is not known (or no limit applied): the RateLimit field then has no t.
+const NextUnknown uint32 = 0xFFFFFFFF
 
 // Response flags.
 const (
@@ -248,9 +256,18 @@ type Response struct {
 	ResetMs   uint32
 	RetryMs   uint32
 	WindowMs  uint32 // the deciding limit's window (period); 0 when no limit applied
-	Rule      []byte
-	Code      Code
-	Message   []byte
+	// Quota is the sustained units per QuotaWindowMs that a client pacing
+	// itself evenly is never refused at (RateLimit-Policy's q); 0 when no
+	// limit applied.
+	Quota         uint64
+	QuotaWindowMs uint32 // the window of Quota (RateLimit-Policy's w)
+	// NextMs is the time until quota comes back, within which no more
+	// than Remaining units can be used (RateLimit's t); NextUnknown when
+	// absent. The zero value means 0 ms, not absent.
+	NextMs  uint32
+	Rule    []byte
+	Code    Code
+	Message []byte
 }
 
 // ParseHeader reads the header at the start of b. It needs HeaderSize bytes
@@ -454,6 +471,9 @@ func AppendResponse(dst []byte, r *Response) []byte {
 	dst = binary.BigEndian.AppendUint32(dst, r.ResetMs)
 	dst = binary.BigEndian.AppendUint32(dst, r.RetryMs)
 	dst = binary.BigEndian.AppendUint32(dst, r.WindowMs)
+	dst = binary.BigEndian.AppendUint64(dst, r.Quota)
+	dst = binary.BigEndian.AppendUint32(dst, r.QuotaWindowMs)
+	dst = binary.BigEndian.AppendUint32(dst, r.NextMs)
 	rule := r.Rule
 	if len(rule) > MaxRuleLen {
 		rule = rule[:MaxRuleLen]
@@ -471,7 +491,7 @@ func AppendResponse(dst []byte, r *Response) []byte {
 }
 
 // responseFixed is the size of a response body without rule and message.
-const responseFixed = 1 + 8 + 8 + 4 + 4 + 4 + 1 + 2 + 2
+const responseFixed = 1 + 8 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 1 + 2 + 2
 
 // DecodeResponse decodes the complete response frame f into r.
 func DecodeResponse(f []byte, r *Response) error {
@@ -503,8 +523,11 @@ func DecodeResponse(f []byte, r *Response) error {
 	r.ResetMs = binary.BigEndian.Uint32(b[17:])
 	r.RetryMs = binary.BigEndian.Uint32(b[21:])
 	r.WindowMs = binary.BigEndian.Uint32(b[25:])
-	rl := int(b[29])
-	b = b[30:]
+	r.Quota = binary.BigEndian.Uint64(b[29:])
+	r.QuotaWindowMs = binary.BigEndian.Uint32(b[37:])
+	r.NextMs = binary.BigEndian.Uint32(b[41:])
+	rl := int(b[45])
+	b = b[46:]
 	if len(b) < rl+4 {
 		return ErrTruncated
 	}

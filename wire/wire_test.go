@@ -22,19 +22,25 @@ const (
 		"07" + "6170695f6b6579" + "0006" + "736b5f313233" + // api_key=sk_123
 		"08" + "656e64706f696e74" + "000a" + "2f76312f736561726368" // endpoint=/v1/search
 
-	goldenResponseHex = "00000030" + "01" + "81" + "0000" + "00000007" + // header
+	goldenResponseHex = "00000040" + "01" + "81" + "0000" + "00000007" + // header
 		"01" + // status limited
 		"000000000000001e" + // limit 30
 		"0000000000000000" + // remaining 0
 		"0000a028" + // reset 41000 ms
 		"000007d0" + // retry after 2000 ms
 		"0000ea60" + // window 60000 ms
+		"000000000000001e" + // quota 30
+		"0000ea60" + // quota window 60000 ms
+		"000007d0" + // next 2000 ms
 		"06" + "736561726368" + // rule "search"
 		"0000" + // error code none
 		"0000" // message length 0
 
 	goldenPingHex     = "00 00 00 08 01 03 00 00 00 00 00 01"
-	goldenPongHeadHex = "00 00 00 2a 01 83 00 00 00 00 00 01" // then 34 zero bytes
+	goldenPongHeadHex = "00 00 00 3a 01 83 00 00 00 00 00 01" // then the body, goldenPongBodyText
+	// goldenPongBodyText is how docs/protocol.md spells a PING answer's
+	// body: no limit applied, so next is absent.
+	goldenPongBodyText = "41 zero bytes, then `ff ff ff ff` (next: absent), then 5 zero bytes"
 )
 
 func goldenRequest() wire.Request {
@@ -43,7 +49,8 @@ func goldenRequest() wire.Request {
 
 func goldenResponse() wire.Response {
 	return wire.Response{Op: wire.OpCheck, ID: 7, Status: wire.StatusLimited,
-		Limit: 30, Remaining: 0, ResetMs: 41000, RetryMs: 2000, WindowMs: 60000, Rule: []byte("search")}
+		Limit: 30, Remaining: 0, ResetMs: 41000, RetryMs: 2000, WindowMs: 60000,
+		Quota: 30, QuotaWindowMs: 60000, NextMs: 2000, Rule: []byte("search")}
 }
 
 // descs builds descriptors from name, value pairs.
@@ -112,7 +119,8 @@ func equalResponse(t *testing.T, want, got *wire.Response) {
 	w, g := want, got
 	if g.Op != w.Op || g.Flags != w.Flags || g.ID != w.ID || g.Status != w.Status ||
 		g.Limit != w.Limit || g.Remaining != w.Remaining || g.ResetMs != w.ResetMs ||
-		g.RetryMs != w.RetryMs || g.WindowMs != w.WindowMs || g.Code != w.Code ||
+		g.RetryMs != w.RetryMs || g.WindowMs != w.WindowMs || g.Quota != w.Quota ||
+		g.QuotaWindowMs != w.QuotaWindowMs || g.NextMs != w.NextMs || g.Code != w.Code ||
 		!bytes.Equal(g.Rule, w.Rule) || !bytes.Equal(g.Message, w.Message) {
 		t.Fatalf("got %+v, want %+v", *g, *w)
 	}
@@ -201,15 +209,20 @@ func TestResponseRoundTrip(t *testing.T) {
 		res  wire.Response
 	}{
 		{"golden", goldenResponse()},
-		{"allowed", wire.Response{Op: wire.OpCheck, ID: 1, Status: wire.StatusAllowed, Limit: 100, Remaining: 99, ResetMs: 600, WindowMs: 1000, Rule: []byte("per-key")}},
-		{"limited", wire.Response{Op: wire.OpCheck, ID: 2, Status: wire.StatusLimited, Limit: 100, ResetMs: 600, RetryMs: 600, WindowMs: 1000, Rule: []byte("per-key")}},
+		{"allowed", wire.Response{Op: wire.OpCheck, ID: 1, Status: wire.StatusAllowed, Limit: 100, Remaining: 99, ResetMs: 600, WindowMs: 1000,
+			Quota: 100, QuotaWindowMs: 1000, NextMs: 10, Rule: []byte("per-key")}},
+		{"burst, next unknown", wire.Response{Op: wire.OpCheck, ID: 10, Status: wire.StatusAllowed, Limit: 50, Remaining: 49, ResetMs: 600, WindowMs: 60000,
+			Quota: 10, QuotaWindowMs: 60000, NextMs: wire.NextUnknown, Rule: []byte("burst")}},
+		{"limited", wire.Response{Op: wire.OpCheck, ID: 2, Status: wire.StatusLimited, Limit: 100, ResetMs: 600, RetryMs: 600, WindowMs: 1000,
+			Quota: 99, QuotaWindowMs: 2000, NextMs: 0, Rule: []byte("per-key")}},
 		{"blocked", wire.Response{Op: wire.OpCheck, ID: 3, Status: wire.StatusBlocked, Rule: []byte("denylist")}},
 		{"allowed degraded", wire.Response{Op: wire.OpPeek, ID: 4, Flags: wire.FlagDegraded, Status: wire.StatusAllowedDegraded, Limit: 10, Remaining: 3, WindowMs: 3_600_000}},
 		{"error", wire.Response{Op: wire.OpCheck, ID: 5, Status: wire.StatusError, Code: wire.CodeUnavailable, Message: []byte("redis: connection refused")}},
 		{"error on reserved op", wire.Response{Op: wire.OpAcquire, ID: 6, Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")}},
 		{"ping", wire.Response{Op: wire.OpPing, ID: 7}},
 		{"unknown flags and code kept", wire.Response{Op: wire.OpCheck, ID: 8, Flags: 0xffff, Status: wire.StatusError, Code: 0xffff}},
-		{"max values", wire.Response{Op: 0x7f, ID: 1<<32 - 1, Status: wire.StatusAllowed, Limit: 1<<64 - 1, Remaining: 1<<64 - 1, ResetMs: 1<<32 - 1, RetryMs: 1<<32 - 1, WindowMs: 1<<32 - 1}},
+		{"max values", wire.Response{Op: 0x7f, ID: 1<<32 - 1, Status: wire.StatusAllowed, Limit: 1<<64 - 1, Remaining: 1<<64 - 1, ResetMs: 1<<32 - 1, RetryMs: 1<<32 - 1, WindowMs: 1<<32 - 1,
+			Quota: 1<<64 - 1, QuotaWindowMs: 1<<32 - 1, NextMs: 1<<32 - 1}},
 		{"max rule and message", wire.Response{Op: wire.OpCheck, ID: 9, Status: wire.StatusError, Code: wire.CodeInternal,
 			Rule: rep(wire.MaxRuleLen), Message: rep(wire.MaxMessageLen)}},
 	}
@@ -221,7 +234,7 @@ func TestResponseRoundTrip(t *testing.T) {
 				t.Fatalf("AppendResponse overwrote the prefix: %q", b[:len(prefix)])
 			}
 			f := b[len(prefix):]
-			if want := wire.HeaderSize + 34 + len(tt.res.Rule) + len(tt.res.Message); len(f) != want {
+			if want := wire.HeaderSize + 50 + len(tt.res.Rule) + len(tt.res.Message); len(f) != want {
 				t.Fatalf("frame is %d bytes, want %d", len(f), want)
 			}
 			if f[5] != byte(tt.res.Op|wire.OpResponse) {
@@ -308,8 +321,8 @@ func TestGoldenPing(t *testing.T) {
 	if want := unhex(t, strings.ReplaceAll(goldenPingHex, " ", "")); !bytes.Equal(ping, want) {
 		t.Errorf("ping:\n got %x\nwant %x", ping, want)
 	}
-	pong := wire.AppendResponse(nil, &wire.Response{Op: wire.OpPing, ID: 1})
-	want := cat(unhex(t, strings.ReplaceAll(goldenPongHeadHex, " ", "")), make([]byte, 34))
+	pong := wire.AppendResponse(nil, &wire.Response{Op: wire.OpPing, ID: 1, NextMs: wire.NextUnknown})
+	want := cat(unhex(t, strings.ReplaceAll(goldenPongHeadHex, " ", "")), make([]byte, 41), u32(wire.NextUnknown), make([]byte, 5))
 	if !bytes.Equal(pong, want) {
 		t.Errorf("ping response:\n got %x\nwant %x", pong, want)
 	}
@@ -321,7 +334,7 @@ func TestGoldenInDoc(t *testing.T) {
 	if err != nil {
 		t.Fatalf("cannot read the protocol doc: %v", err)
 	}
-	for _, s := range []string{goldenRequestHex, goldenResponseHex, goldenPingHex, goldenPongHeadHex} {
+	for _, s := range []string{goldenRequestHex, goldenResponseHex, goldenPingHex, goldenPongHeadHex, goldenPongBodyText} {
 		if !bytes.Contains(doc, []byte(s)) {
 			t.Errorf("docs/protocol.md does not contain %s", s)
 		}
@@ -401,7 +414,7 @@ func TestDecodeRequestErrors(t *testing.T) {
 func TestDecodeResponseErrors(t *testing.T) {
 	golden := unhex(t, goldenResponseHex)
 	body := func(status wire.Status, rule []byte, code wire.Code, msgLen uint16, rest ...[]byte) []byte {
-		return cat(u8(uint8(status)), u64(1), u64(0), u32(2), u32(3), u32(4), u8(uint8(len(rule))), rule, u16(uint16(code)), u16(msgLen), cat(rest...))
+		return cat(u8(uint8(status)), u64(1), u64(0), u32(2), u32(3), u32(4), u64(5), u32(6), u32(7), u8(uint8(len(rule))), rule, u16(uint16(code)), u16(msgLen), cat(rest...))
 	}
 	resp := func(b []byte) []byte { return frame(wire.Version, wire.OpCheck|wire.OpResponse, 0, 7, b) }
 	ok := body(wire.StatusAllowed, str("r"), 0, 0)
@@ -419,10 +432,13 @@ func TestDecodeResponseErrors(t *testing.T) {
 		{"bad version", frame(2, wire.OpCheck|wire.OpResponse, 0, 7, ok), wire.ErrBadVersion, 7},
 		{"request frame", unhex(t, goldenRequestHex), wire.ErrNotResponse, 7},
 		{"empty body", resp(nil), wire.ErrTruncated, 7},
-		{"fixed part cut", resp(ok[:33]), wire.ErrTruncated, 7},
+		{"fixed part cut", resp(ok[:49]), wire.ErrTruncated, 7},
+		{"34-byte body: no quota, quota window or next", resp(ok[:34]), wire.ErrTruncated, 7},
+		{"cut inside quota", resp(ok[:33]), wire.ErrTruncated, 7},
+		{"cut inside next", resp(ok[:43]), wire.ErrTruncated, 7},
 		{"status 5", resp(body(wire.StatusError+1, nil, 0, 0)), wire.ErrBadStatus, 7},
 		{"status 255", resp(body(255, nil, 0, 0)), wire.ErrBadStatus, 7},
-		{"rule cut", resp(cat(ok[:29], u8(10), str("abc"), u16(0), u16(0))), wire.ErrTruncated, 7},
+		{"rule cut", resp(cat(ok[:45], u8(10), str("abc"), u16(0), u16(0))), wire.ErrTruncated, 7},
 		{"message too long", resp(body(wire.StatusError, nil, wire.CodeInternal, wire.MaxMessageLen+1, rep(wire.MaxMessageLen+1))), wire.ErrMessageTooLong, 7},
 		{"message cut", resp(body(wire.StatusError, nil, wire.CodeInternal, 5, str("abc"))), wire.ErrTruncated, 7},
 		{"trailing byte", resp(body(wire.StatusError, nil, wire.CodeInternal, 3, str("abcd"))), wire.ErrTrailing, 7},
@@ -458,7 +474,7 @@ func TestParseHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := wire.Header{Length: 48, Version: wire.Version, Op: wire.OpCheck | wire.OpResponse, ID: 7}
+	want := wire.Header{Length: 64, Version: wire.Version, Op: wire.OpCheck | wire.OpResponse, ID: 7}
 	if h != want {
 		t.Fatalf("ParseHeader = %+v, want %+v", h, want)
 	}

@@ -56,6 +56,8 @@ MAX_MESSAGE = 1024
 OP_CHECK, OP_PEEK, OP_PING = 1, 2, 3
 OP_RESPONSE = 0x80
 FLAG_DEGRADED = 0x0001
+#: A response's next_ms when the time until quota comes back is not known.
+NEXT_UNKNOWN = 0xFFFFFFFF
 
 ALLOWED, LIMITED, BLOCKED, ALLOWED_DEGRADED, ERROR = range(5)
 STATUS_NAMES = ("allowed", "limited", "blocked", "allowed-degraded", "error")
@@ -70,7 +72,7 @@ _OUTAGE_CODES = frozenset((CODE_INTERNAL, CODE_OVERLOADED, CODE_UNAVAILABLE))
 
 _HEADER = struct.Struct(">IBBHI")
 _CHECK_BODY = struct.Struct(">IB")
-_RESPONSE_FIXED = struct.Struct(">BQQIIIB")  # status .. rule length: 30 bytes
+_RESPONSE_FIXED = struct.Struct(">BQQIIIQIIB")  # status .. rule length: 46 bytes
 _U16 = struct.Struct(">H")
 _U16_U16 = struct.Struct(">HH")
 _RESPONSE_MIN = HEADER_SIZE + _RESPONSE_FIXED.size + 4
@@ -168,6 +170,9 @@ class Response(NamedTuple):
     reset_ms: int
     retry_ms: int
     window_ms: int
+    quota: int
+    quota_window_ms: int
+    next_ms: int  # NEXT_UNKNOWN when not known
     rule: bytes
     code: int
     message: bytes
@@ -190,7 +195,8 @@ def decode_response(frame: Union[bytes, bytearray, memoryview]) -> Response:
         raise DecodeError(f"op {op:#x} is not a response")
     if n < _RESPONSE_MIN:
         raise DecodeError(f"response body of {n - HEADER_SIZE} bytes, shorter than {_RESPONSE_MIN - HEADER_SIZE}")
-    status, limit, remaining, reset, retry, window, rule_len = _RESPONSE_FIXED.unpack_from(frame, HEADER_SIZE)
+    status, limit, remaining, reset, retry, window, quota, quota_window, next_ms, rule_len = \
+        _RESPONSE_FIXED.unpack_from(frame, HEADER_SIZE)
     if status > ERROR:
         raise DecodeError(f"unknown status {status}")
     p = HEADER_SIZE + _RESPONSE_FIXED.size
@@ -204,7 +210,8 @@ def decode_response(frame: Union[bytes, bytearray, memoryview]) -> Response:
         raise DecodeError(f"message of {msg_len} bytes, longer than {MAX_MESSAGE}")
     if n != p + msg_len:
         raise DecodeError(f"message of {msg_len} bytes with {n - p} bytes left in the frame")
-    return Response(rid, op, flags, status, limit, remaining, reset, retry, window, rule, code, bytes(frame[p:]))
+    return Response(rid, op, flags, status, limit, remaining, reset, retry, window, quota, quota_window, next_ms,
+                    rule, code, bytes(frame[p:]))
 
 
 class FrameBuffer:
@@ -258,20 +265,28 @@ class Result:
     status is one of ALLOWED, LIMITED, BLOCKED, ALLOWED_DEGRADED, ERROR and
     decision its name; reset, retry_after and window are in seconds (float),
     with the daemon's milliseconds in reset_ms, retry_after_ms, window_ms.
+    limit is the deciding limit's capacity (its burst, when it has one);
+    quota per quota_window_ms is the rate a client pacing itself evenly is
+    never refused at; next_ms is the time until quota comes back
+    (RateLimit's t), None when not known.
     """
 
     __slots__ = ("status", "limit", "remaining", "reset_ms", "retry_after_ms", "window_ms", "_rule",
-                 "flags", "code", "message", "failed", "failed_open")
+                 "flags", "code", "message", "failed", "failed_open", "quota", "quota_window_ms", "next_ms")
 
     def __init__(self, status: int, limit: int = 0, remaining: int = 0, reset_ms: int = 0,
                  retry_after_ms: int = 0, window_ms: int = 0, rule: bytes = b"", flags: int = 0,
-                 code: int = 0, message: str = "", failed: bool = False, failed_open: bool = False):
+                 code: int = 0, message: str = "", failed: bool = False, failed_open: bool = False,
+                 quota: int = 0, quota_window_ms: int = 0, next_ms: Optional[int] = None):
         self.status = status
         self.limit = limit
         self.remaining = remaining
         self.reset_ms = reset_ms
         self.retry_after_ms = retry_after_ms
         self.window_ms = window_ms
+        self.quota = quota
+        self.quota_window_ms = quota_window_ms
+        self.next_ms = next_ms
         self._rule = rule
         self.flags = flags
         self.code = code
@@ -283,7 +298,8 @@ class Result:
     def from_response(cls, r: Response) -> "Result":
         """Returns the result a decoded response carries."""
         return cls(r.status, r.limit, r.remaining, r.reset_ms, r.retry_ms, r.window_ms, r.rule, r.flags,
-                   r.code, r.message.decode("utf-8", "replace"))
+                   r.code, r.message.decode("utf-8", "replace"), quota=r.quota, quota_window_ms=r.quota_window_ms,
+                   next_ms=None if r.next_ms == NEXT_UNKNOWN else r.next_ms)
 
     @property
     def allowed(self) -> bool:
@@ -325,33 +341,40 @@ class Result:
         return self.window_ms / 1000
 
     def headers(self, now: Optional[float] = None) -> List[Tuple[str, str]]:
-        """Returns the HTTP header fields of this answer, rendered as the
-        daemon's HTTP endpoint renders them: X-RateLimit-Limit, -Remaining,
-        -Reset (a Unix time), the IETF RateLimit field, and Retry-After when
-        limited. The frame carries neither the rule's sustained quota nor its
-        algorithm, so, like `rld check`, this leaves out RateLimit-Policy,
-        and gives RateLimit's t only when limited (the retry-after). None
-        when no limit applied (no rule, the allow or deny list, or a failed
-        call). now is a Unix time, default time.time()."""
+        """Returns the HTTP header fields of this answer, exactly as the
+        daemon's HTTP endpoint renders them (docs/protocol.md, "Rendering
+        HTTP headers"): X-RateLimit-Limit, -Remaining, -Reset (a Unix time),
+        RateLimit-Policy (the sustained quota, when known), RateLimit (with
+        t when the daemon knows when quota comes back), and Retry-After when
+        limited. None when no limit applied (no rule, the allow or deny
+        list, or a failed call). now is a Unix time, default time.time()."""
         if not self._rule or not self.limit:
             return []
         now_ns = time.time_ns() if now is None else int(now * 1e9)
-        ratelimit = f"{_sf_string(self._rule)};r={self.remaining}"
+        rule = _sf_string(self._rule)
         h = [
             ("X-RateLimit-Limit", str(self.limit)),
             ("X-RateLimit-Remaining", str(self.remaining)),
             ("X-RateLimit-Reset", str((now_ns + self.reset_ms * 1_000_000 + 999_999_999) // 1_000_000_000)),
-            ("RateLimit", ratelimit),
         ]
-        if self.status == LIMITED:
-            retry = str(max(1, _seconds(self.retry_after_ms)))
-            h[-1] = ("RateLimit", f"{ratelimit};t={retry}")
-            h.append(("Retry-After", retry))
+        if self.quota:
+            policy = f"{rule};q={self.quota}"
+            w = self.quota_window_ms or self.window_ms
+            if w:
+                policy += f";w={_seconds(w)}"
+            h.append(("RateLimit-Policy", policy))
+        ratelimit = f"{rule};r={self.remaining}"
+        if self.next_ms is not None:
+            ratelimit += f";t={_seconds(self.next_ms)}"
+        h.append(("RateLimit", ratelimit))
+        if self.retry_after_ms > 0:
+            h.append(("Retry-After", str(max(1, _seconds(self.retry_after_ms)))))
         return h
 
     def __repr__(self) -> str:
         s = (f"Result({self.decision} rule={self.rule!r} limit={self.limit} remaining={self.remaining} "
-             f"reset_ms={self.reset_ms} retry_after_ms={self.retry_after_ms} window_ms={self.window_ms}")
+             f"reset_ms={self.reset_ms} retry_after_ms={self.retry_after_ms} window_ms={self.window_ms} "
+             f"quota={self.quota} quota_window_ms={self.quota_window_ms} next_ms={self.next_ms}")
         if self.degraded:
             s += " degraded"
         if self.code:

@@ -40,7 +40,7 @@ def load():
 def fields(r):
     """The decoded fields a decode line lists, in its order."""
     return (r.id, r.op, r.flags, r.status, r.limit, r.remaining, r.reset_ms, r.retry_ms, r.window_ms,
-            r.rule, r.code, r.message)
+            r.quota, r.quota_window_ms, r.next_ms, r.rule, r.code, r.message)
 
 
 class CorpusTest(unittest.TestCase):
@@ -92,9 +92,9 @@ class CorpusTest(unittest.TestCase):
 
     def decode_lines(self):
         for no, f in self.of_kind("decode"):
-            self.assertEqual(len(f), 15, f"line {no}")
+            self.assertEqual(len(f), 18, f"line {no}")
             frame = bytes.fromhex(f[2])
-            want = tuple(int(x) for x in f[3:12]) + (unhex(f[12]), int(f[13]), unhex(f[14]))
+            want = tuple(int(x) for x in f[3:15]) + (unhex(f[15]), int(f[16]), unhex(f[17]))
             yield no, f[1], frame, want
 
     def test_decode(self):
@@ -146,30 +146,52 @@ class CorpusTest(unittest.TestCase):
             got.extend(fb.feed(stream[i:i + 7]))
         self.assertEqual(got, frames)
 
+    def result(self, name):
+        for _, n, frame, _ in self.decode_lines():
+            if n == name:
+                return rld.Result.from_response(rld.decode_response(frame))
+        raise AssertionError(f"no decode line {name}")
+
     def test_results_and_headers(self):
-        # The worked example's answer, as the daemon's HTTP endpoint renders it.
-        for _, name, frame, _ in self.decode_lines():
-            if name == "worked-example":
-                r = rld.Result.from_response(rld.decode_response(frame))
+        # The worked example's answer, as the daemon's HTTP endpoint renders
+        # it (docs/protocol.md, "Rendering HTTP headers").
+        r = self.result("worked-example")
         self.assertEqual((r.decision, r.allowed, r.rule, r.retry_after, r.window), ("limited", False, "search", 2.0, 60.0))
+        self.assertEqual((r.quota, r.quota_window_ms, r.next_ms), (30, 60000, 2000))
         self.assertEqual(r.headers(now=1_700_000_000.5), [
             ("X-RateLimit-Limit", "30"),
             ("X-RateLimit-Remaining", "0"),
             ("X-RateLimit-Reset", "1700000042"),
+            ("RateLimit-Policy", '"search";q=30;w=60'),
             ("RateLimit", '"search";r=0;t=2'),
             ("Retry-After", "2"),
         ])
-        # An allowed answer: RateLimit without t (the frame does not say
-        # when quota comes back), and no Retry-After.
-        for _, name, frame, _ in self.decode_lines():
-            if name == "allowed":
-                r = rld.Result.from_response(rld.decode_response(frame))
-        self.assertEqual(r.headers(now=1_700_000_000), [
+        # Allowed, with t; no Retry-After.
+        self.assertEqual(self.result("allowed").headers(now=1_700_000_000), [
             ("X-RateLimit-Limit", "10"),
             ("X-RateLimit-Remaining", "9"),
             ("X-RateLimit-Reset", "1700000006"),
-            ("RateLimit", '"per-key";r=9'),
+            ("RateLimit-Policy", '"per-key";q=10;w=60'),
+            ("RateLimit", '"per-key";r=9;t=6'),
         ])
+        # A burst: the quota is not the capacity.
+        h = dict(self.result("quota-below-limit-burst").headers(now=1_700_000_000))
+        self.assertEqual((h["X-RateLimit-Limit"], h["RateLimit-Policy"]), ("50", '"burst";q=10;w=60'))
+        # Next unknown: RateLimit without t.
+        r = self.result("next-unknown")
+        self.assertIsNone(r.next_ms)
+        self.assertEqual(dict(r.headers(now=1_700_000_000))["RateLimit"], '"login";r=4')
+        # Next 0: t=0, not left out.
+        r = self.result("next-0")
+        self.assertEqual(r.next_ms, 0)
+        self.assertEqual(dict(r.headers(now=1_700_000_000))["RateLimit"], '"tb";r=3;t=0')
+        # The quota's own window, two periods of a sliding counter of 1.
+        h = dict(self.result("quota-window-above-window").headers(now=1_700_000_000))
+        self.assertEqual((h["RateLimit-Policy"], h["RateLimit"], h["Retry-After"]),
+                         ('"sliding-one";q=1;w=2', '"sliding-one";r=0;t=2', "2"))
+        # No limit applied, a PING's answer, an error: no field.
+        for name in ("allowed-no-rule", "pong", "blocked", "error-internal"):
+            self.assertEqual(self.result(name).headers(), [], name)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from wsgiref.simple_server import WSGIServer
 
 from rldtest import Daemon, env, poll, rld, unique
 
-RATE_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit")
+RATE_HEADERS = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit")
 
 
 def get(url, headers=None):
@@ -70,7 +70,10 @@ class Sequence:
             self.assertEqual(h["X-App"], "hello")
             self.assertEqual(h["X-RateLimit-Limit"], "5")
             self.assertEqual(h["X-RateLimit-Remaining"], str(4 - i))
-            self.assertEqual(h["RateLimit"], f'"five";r={4 - i}')
+            # A fixed window: t is the time left in the window.
+            self.assertRegex(h["RateLimit"], f'^"five";r={4 - i};t=[0-9]+$')
+            self.assertLessEqual(int(h["RateLimit"].rsplit("=", 1)[1]), 3600)
+            self.assertEqual(h["RateLimit-Policy"], '"five";q=5;w=3600')
             self.assertIsNone(h["Retry-After"])
         self.assertEqual(statuses, [200] * 5)
         status, h, body = get(base + "/limited", {"X-API-Key": key})

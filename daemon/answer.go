@@ -1,0 +1,64 @@
+package daemon
+
+import (
+	"time"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/header"
+	"github.com/rld/rld/policy"
+	"github.com/rld/rld/wire"
+)
+
+// answerOf returns the numbers of dec that both faces of the daemon give:
+// the HTTP endpoint renders them as header fields (header.AppendFields),
+// and the socket sends them in the response frame (fillResponse), from
+// which a client renders the same fields.
+func answerOf(dec *policy.Decision) header.Answer {
+	q, w := algo.Sustained(dec.Params)
+	a := header.Answer{
+		Rule:      dec.Rule,
+		Limit:     uint64(max(dec.Result.Limit, 0)),
+		Quota:     uint64(max(q, 0)),
+		Remaining: uint64(max(dec.Result.Remaining, 0)),
+		Window:    dec.Period,
+		Reset:     dec.Result.Reset,
+		Next:      algo.Next(dec.Params, &dec.Result),
+		// The quota a client pacing itself evenly can sustain.
+		QuotaWindow: w,
+	}
+	if dec.Status == wire.StatusLimited {
+		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
+	}
+	if dec.Degraded {
+		// Decided on this daemon's share of the limit (or by a fail
+		// mode), not the limit itself: only the retry-after is known.
+		a.Next = -1
+		if dec.Status == wire.StatusLimited {
+			a.Next = a.Retry
+		}
+	}
+	return a
+}
+
+// fillResponse copies a policy decision into a wire response, reusing the
+// response's Rule and Message buffers. Its rule and numbers are answerOf's, so the
+// frame and the HTTP endpoint say the same. A degraded decision (made by
+// a rule's fail mode while its store fails) carries FlagDegraded; its
+// status is allowed-degraded or limited.
+func fillResponse(res *wire.Response, dec *policy.Decision) {
+	res.Flags = 0
+	if dec.Degraded {
+		res.Flags = wire.FlagDegraded
+	}
+	res.Code = wire.CodeNone
+	res.Message = res.Message[:0]
+	res.Status = dec.Status
+	a := answerOf(dec)
+	header.SetResponse(res, &a)
+	if dec.Status == wire.StatusError {
+		res.Code = dec.Code
+		if dec.Err != nil {
+			res.Message = append(res.Message[:0], dec.Err.Error()...)
+		}
+	}
+}
