@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rld/rld/header"
 	"github.com/rld/rld/wire"
 )
 
@@ -42,17 +43,35 @@ type Descriptor struct {
 // Result is the daemon's answer to a check.
 type Result struct {
 	Status     wire.Status
-	Limit      uint64
-	Remaining  uint64
+	Limit      uint64        // the deciding limit's capacity (its burst, when it has one)
+	Remaining  uint64        // units left after this check
 	Reset      time.Duration // until the limit is fully replenished
 	RetryAfter time.Duration // 0 unless limited
 	Window     time.Duration // the deciding limit's period; 0 when none applied
-	Rule       string        // the rule that decided; "" when none applied
-	Degraded   bool          // decided on local state only
+	// Quota is the sustained units per QuotaWindow: a client spacing its
+	// requests evenly at that rate is never refused (RateLimit-Policy's
+	// q); 0 when no limit applied.
+	Quota       uint64
+	QuotaWindow time.Duration // the window of Quota (RateLimit-Policy's w)
+	// Next is the time until quota comes back, within which no more than
+	// Remaining units can be used (RateLimit's t); negative when the
+	// daemon does not know it.
+	Next     time.Duration
+	Rule     string // the rule that decided; "" when none applied
+	Degraded bool   // decided on local state only
 }
 
 // Allowed reports whether the request may go through.
 func (r Result) Allowed() bool { return r.Status.Allowed() }
+
+// Answer returns r as header.Answer, whose AppendFields renders the HTTP
+// header fields the daemon's HTTP endpoint renders for the same decision.
+func (r Result) Answer() header.Answer {
+	return header.Answer{
+		Rule: r.Rule, Limit: r.Limit, Quota: r.Quota, QuotaWindow: r.QuotaWindow,
+		Remaining: r.Remaining, Window: r.Window, Reset: r.Reset, Retry: r.RetryAfter, Next: r.Next,
+	}
+}
 
 // ResponseError is the daemon's error answer to a request.
 type ResponseError struct {
@@ -316,15 +335,24 @@ func (cn *conn) readLoop() {
 		if string(res.Rule) != lastRule {
 			lastRule = string(res.Rule)
 		}
+		// The numbers as header reads them; the rule apart, since
+		// FromResponse would copy it and lastRule is reused.
+		rule := res.Rule
+		res.Rule = nil
+		ha := header.FromResponse(&res)
+		res.Rule = rule
 		a := answer{res: Result{
-			Status:     res.Status,
-			Limit:      res.Limit,
-			Remaining:  res.Remaining,
-			Reset:      time.Duration(res.ResetMs) * time.Millisecond,
-			RetryAfter: time.Duration(res.RetryMs) * time.Millisecond,
-			Window:     time.Duration(res.WindowMs) * time.Millisecond,
-			Rule:       lastRule,
-			Degraded:   res.Flags&wire.FlagDegraded != 0,
+			Status:      res.Status,
+			Limit:       ha.Limit,
+			Remaining:   ha.Remaining,
+			Reset:       ha.Reset,
+			RetryAfter:  ha.Retry,
+			Window:      ha.Window,
+			Quota:       ha.Quota,
+			QuotaWindow: ha.QuotaWindow,
+			Next:        ha.Next,
+			Rule:        lastRule,
+			Degraded:    res.Flags&wire.FlagDegraded != 0,
 		}}
 		if res.Status == wire.StatusError {
 			a.err = &ResponseError{Code: res.Code, Message: string(res.Message)}

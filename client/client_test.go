@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/rld/rld/client"
 	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/header"
 	"github.com/rld/rld/wire"
 )
 
@@ -31,6 +33,22 @@ by = ["tenant"]
 algorithm = "fixed_window"
 limit = 5000
 period = "1h"
+
+[[rule]]
+name = "burst"
+match = { endpoint = "/v1/burst" }
+by = ["api_key"]
+limit = 10
+burst = 50
+period = "1m"
+
+[[rule]]
+name = "counter"
+match = { endpoint = "/v1/counter" }
+by = ["api_key"]
+algorithm = "sliding_counter"
+limit = 10
+period = "1m"
 `
 
 func start(t *testing.T) *daemontest.Server {
@@ -158,4 +176,72 @@ func TestLimitsCheckedBeforeSending(t *testing.T) {
 		assert.ErrorIs(t, err, client.ErrTooLarge)
 	}
 	require.NoError(t, c.Ping(ctx), "the connection was not broken")
+}
+
+// TestResultRendersTheHTTPFields checks that a Result carries what the
+// HTTP endpoint renders: the fields of Answer are those of the same
+// daemon's HTTP answer to the same check, allowed and limited, with a
+// burst (the quota is not the capacity) and a sliding counter (no t while
+// allowed). Time moves between the two asks, so a pair that straddles a
+// second is asked again; a wrong rendering differs every time.
+func TestResultRendersTheHTTPFields(t *testing.T) {
+	s := start(t)
+	c := client.New(s.Socket)
+	defer c.Close()
+	ctx := context.Background()
+	compare := func(endpoint string) client.Result {
+		t.Helper()
+		descs := []client.Descriptor{{Name: "api_key", Value: "k"}, {Name: "endpoint", Value: endpoint}}
+		var res client.Result
+		var mine, theirs map[string]string
+		for range 3 {
+			var err error
+			res, err = c.Peek(ctx, descs, 1)
+			require.NoError(t, err)
+			fields, _ := header.AppendFields(nil, nil, res.Answer(), time.Now())
+			mine = map[string]string{}
+			for _, f := range fields {
+				mine[f.Name] = string(f.Value)
+			}
+			resp, err := http.Get("http://" + s.HTTP + "/v1/check?peek=1&api_key=k&endpoint=" + endpoint)
+			require.NoError(t, err)
+			resp.Body.Close()
+			theirs = map[string]string{}
+			for _, name := range []string{header.XLimit, header.XRemaining, header.XReset, header.Policy, header.RateLimit, header.RetryAfter} {
+				if v := resp.Header.Get(name); v != "" {
+					theirs[name] = v
+				}
+			}
+			if assert.ObjectsAreEqual(mine, theirs) {
+				break
+			}
+		}
+		require.Equal(t, theirs, mine, "%s: %+v", endpoint, res)
+		return res
+	}
+	take := func(endpoint string, n int) {
+		t.Helper()
+		for range n {
+			_, err := c.Check(ctx, []client.Descriptor{{Name: "api_key", Value: "k"}, {Name: "endpoint", Value: endpoint}}, 1)
+			require.NoError(t, err)
+		}
+	}
+
+	res := compare("/v1/burst")
+	assert.Equal(t, uint64(50), res.Limit)
+	assert.Equal(t, uint64(10), res.Quota)
+	assert.Equal(t, time.Minute, res.QuotaWindow)
+	assert.GreaterOrEqual(t, res.Next, time.Duration(0), "a bucket knows when the next unit comes back")
+	take("/v1/burst", 50)
+	res = compare("/v1/burst")
+	assert.Equal(t, wire.StatusLimited, res.Status)
+	assert.LessOrEqual(t, res.Next, res.RetryAfter)
+
+	res = compare("/v1/counter")
+	assert.Equal(t, uint64(9), res.Quota, "a sliding counter's sustained quota is one below its limit")
+	assert.Negative(t, res.Next, "a sliding counter does not know when quota comes back")
+	take("/v1/counter", 10)
+	res = compare("/v1/counter")
+	assert.Equal(t, wire.StatusLimited, res.Status)
+	assert.Equal(t, res.RetryAfter, res.Next)
 }

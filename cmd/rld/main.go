@@ -276,13 +276,19 @@ func check(args []string, stdout, stderr io.Writer) int {
 	decision := res.Status.String()
 	if *asJSON {
 		out := map[string]any{
-			"decision":       decision,
-			"limit":          res.Limit,
-			"remaining":      res.Remaining,
-			"reset_ms":       res.Reset.Milliseconds(),
-			"retry_after_ms": res.RetryAfter.Milliseconds(),
-			"window_ms":      res.Window.Milliseconds(),
-			"rule":           res.Rule,
+			"decision":        decision,
+			"limit":           res.Limit,
+			"remaining":       res.Remaining,
+			"reset_ms":        res.Reset.Milliseconds(),
+			"retry_after_ms":  res.RetryAfter.Milliseconds(),
+			"window_ms":       res.Window.Milliseconds(),
+			"quota":           res.Quota,
+			"quota_window_ms": res.QuotaWindow.Milliseconds(),
+			"next_ms":         nil, // unknown
+			"rule":            res.Rule,
+		}
+		if res.Next >= 0 {
+			out["next_ms"] = res.Next.Milliseconds()
 		}
 		if rerr != nil {
 			out["error"] = map[string]any{"code": rerr.Code.String(), "message": rerr.Message}
@@ -297,18 +303,9 @@ func check(args []string, stdout, stderr io.Writer) int {
 		if rerr != nil {
 			fmt.Fprintf(stdout, "error: %s: %s\n", rerr.Code, rerr.Message)
 		}
-		// The wire carries neither the sustained quota nor the
-		// algorithm: RateLimit-Policy is left out, and RateLimit's t is
-		// given only for a denial (the retry-after, which a client that
-		// waits it finds quota after).
-		next := time.Duration(-1)
-		if res.Status == wire.StatusLimited {
-			next = res.RetryAfter
-		}
-		fields, _ := header.AppendFields(nil, nil, header.Answer{
-			Rule: res.Rule, Limit: res.Limit, Remaining: res.Remaining,
-			Window: res.Window, Reset: res.Reset, Retry: res.RetryAfter, Next: next,
-		}, time.Now())
+		// The fields the HTTP endpoint renders for the same decision:
+		// the frame carries what it renders them from.
+		fields, _ := header.AppendFields(nil, nil, res.Answer(), time.Now())
 		for _, f := range fields {
 			fmt.Fprintf(stdout, "%s: %s\n", f.Name, f.Value)
 		}

@@ -111,13 +111,52 @@ func TestServeEndToEnd(t *testing.T) {
 		require.NoError(t, err)
 		return string(out), 0
 	}
+	// sameAsHTTP peeks with rld check and over HTTP, and requires the
+	// same header fields, as HTTP renders them. Time moves between the
+	// two asks, so a pair that straddles a second is asked again; a wrong
+	// rendering differs every time.
+	sameAsHTTP := func(descs ...string) map[string]string {
+		t.Helper()
+		var mine, theirs map[string]string
+		for range 3 {
+			out, _ := check(append([]string{"-peek"}, descs...)...)
+			mine = map[string]string{}
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+				name, value, ok := strings.Cut(line, ": ")
+				require.True(t, ok, "line %q", line)
+				mine[name] = value
+			}
+			resp, err := http.Get("http://" + httpAddr + "/v1/check?peek=1&" + strings.Join(descs, "&"))
+			require.NoError(t, err)
+			resp.Body.Close()
+			theirs = map[string]string{}
+			for _, name := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"} {
+				if v := resp.Header.Get(name); v != "" {
+					theirs[name] = v
+				}
+			}
+			if assert.ObjectsAreEqual(mine, theirs) {
+				break
+			}
+		}
+		require.Equal(t, theirs, mine, "rld check %v and HTTP", descs)
+		return mine
+	}
+
 	out, code := check("api_key=demo", "endpoint=/v1/search")
 	require.Equal(t, 0, code, out)
 	assert.Contains(t, out, "allowed")
 	assert.Contains(t, out, "X-RateLimit-Remaining: ")
-	// The wire carries no sustained quota: no RateLimit-Policy here.
-	assert.Contains(t, out, "RateLimit: \"search\";r=29\n")
-	assert.NotContains(t, out, "RateLimit-Policy")
+	assert.Contains(t, out, "RateLimit-Policy: \"search\";q=30;w=60\n")
+	assert.Regexp(t, `RateLimit: "search";r=29;t=\d+\n`, out, "a token bucket knows when the next unit comes back")
+	h := sameAsHTTP("api_key=demo", "endpoint=/v1/search")
+	assert.Equal(t, `"search";q=30;w=60`, h["RateLimit-Policy"])
+	// A sliding log does not know when quota comes back while allowed.
+	out, code = check("ip=192.0.2.9", "endpoint=/v1/login")
+	require.Equal(t, 0, code, out)
+	h = sameAsHTTP("ip=192.0.2.9", "endpoint=/v1/login")
+	assert.Equal(t, `"login";r=3`, h["RateLimit"], "a peek says what a check would leave")
+	assert.Equal(t, `"login";q=5;w=60`, h["RateLimit-Policy"])
 
 	// Use the limit up; the answer turns limited with a retry-after.
 	var last map[string]any
@@ -134,9 +173,14 @@ func TestServeEndToEnd(t *testing.T) {
 	assert.Equal(t, "search", last["rule"])
 	assert.Equal(t, float64(0), last["remaining"])
 	assert.Greater(t, last["retry_after_ms"].(float64), float64(0))
+	assert.Equal(t, float64(30), last["quota"])
+	assert.Equal(t, float64(60000), last["quota_window_ms"])
+	assert.LessOrEqual(t, last["next_ms"].(float64), last["retry_after_ms"].(float64))
 	out, code = check("api_key=demo", "endpoint=/v1/search")
 	assert.Equal(t, exitDenied, code)
 	assert.Contains(t, out, "Retry-After: ")
+	h = sameAsHTTP("api_key=demo", "endpoint=/v1/search")
+	assert.Regexp(t, `^"search";r=0;t=\d+$`, h["RateLimit"], "a limited answer says when quota comes back")
 
 	// The same over HTTP.
 	resp, err := http.Get("http://" + httpAddr + "/v1/check?api_key=demo&endpoint=/v1/search")
