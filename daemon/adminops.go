@@ -17,6 +17,7 @@ import (
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/header"
 	"github.com/rld/rld/wire"
 )
 
@@ -86,7 +87,7 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 			if m.Result.RetryAfter == algo.Never {
 				rm.RetryAfterMs = -1
 			} else if !m.Result.Allowed {
-				rm.RetryAfterMs = int64(millis(m.Result.RetryAfter))
+				rm.RetryAfterMs = int64(header.Millis(m.Result.RetryAfter))
 			}
 		}
 		res.Rules = append(res.Rules, rm)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/topk"
 	"github.com/rld/rld/wire"
@@ -201,7 +202,7 @@ func (o *observer) writeDecision(dec *policy.Decision, key []byte, start time.Ti
 	b = append(b, `,"remaining":`...)
 	b = strconv.AppendInt(b, max(dec.Result.Remaining, 0), 10)
 	b = append(b, `,"retry_after_ms":`...)
-	b = strconv.AppendUint(b, uint64(millis(dec.Result.RetryAfter)), 10)
+	b = strconv.AppendUint(b, uint64(header.Millis(dec.Result.RetryAfter)), 10)
 	b = append(b, `,"latency_us":`...)
 	b = strconv.AppendInt(b, now.Sub(start).Microseconds(), 10)
 	if dec.Degraded {

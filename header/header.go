@@ -42,14 +42,14 @@ func SetResponse(r *wire.Response, a *Answer) {
 	r.Rule = append(r.Rule[:0], a.Rule...)
 	r.Limit = a.Limit
 	r.Remaining = a.Remaining
-	r.ResetMs = millis(a.Reset)
-	r.RetryMs = millis(a.Retry)
-	r.WindowMs = millis(a.Window)
+	r.ResetMs = Millis(a.Reset)
+	r.RetryMs = Millis(a.Retry)
+	r.WindowMs = Millis(a.Window)
 	r.Quota = a.Quota
-	r.QuotaWindowMs = millis(a.QuotaWindow)
+	r.QuotaWindowMs = Millis(a.QuotaWindow)
 	r.NextMs = wire.NextUnknown
 	if a.Next >= 0 {
-		r.NextMs = min(millis(a.Next), wire.NextUnknown-1)
+		r.NextMs = min(Millis(a.Next), wire.NextUnknown-1)
 	}
 }
 
@@ -78,9 +78,9 @@ func FromResponse(r *wire.Response) Answer {
 	return a
 }
 
-// millis converts d to whole milliseconds, rounding up, clamped to the
+// Millis converts d to whole milliseconds, rounding up, clamped to the
 // wire's 4-byte range; 0 for d ≤ 0.
-func millis(d time.Duration) uint32 {
+func Millis(d time.Duration) uint32 {
 	if d <= 0 {
 		return 0
 	}
