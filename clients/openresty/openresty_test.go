@@ -1,7 +1,9 @@
 package openresty_test
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -78,6 +80,9 @@ func TestCorpusGuards(t *testing.T) {
 const rldConfig = `
 deny = ["ip=203.0.113.66"]
 
+[server]
+http_socket = "HTTPSOCK"
+
 [[rule]]
 name = "page"
 match = { endpoint = "/limited" }
@@ -116,10 +121,43 @@ func www(t *testing.T) string {
 	return dir
 }
 
+// peekLocation renders, with rld.headers, the answer of a PEEK for the
+// rule "page" (api_key from the query), for comparing with the daemon's
+// HTTP endpoint.
+const peekLocation = `
+    location = /rld-peek {
+        content_by_lua_block {
+            local rld = require "rld"
+            local res, err = rld.new{ socket = "unix:/run/rld/rld.sock", timeout = 1000, pipeline = false }:peek(
+                { { "api_key", ngx.var.arg_api_key }, { "endpoint", "/limited" } })
+            if not res then
+                ngx.status = 500
+                return ngx.say(err)
+            end
+            local h = rld.headers(res)
+            for i = 1, #h do
+                ngx.header[h[i]] = h[h[i]]
+            end
+            ngx.say(res.status_name)
+        }
+    }
+
+    # How many checks`
+
+// lua is a running nginx with the recipe, and the rld it asks.
+type lua struct {
+	*nginxtest.Nginx
+	httpSock string
+}
+
 // startLua starts rld and nginx with the recipe; extra is added to each
 // access call's options.
-func startLua(t *testing.T, extra string) (*daemontest.Process, *nginxtest.Nginx) {
-	p, err := daemontest.StartProcess(rldConfig)
+func startLua(t *testing.T, extra string) (*daemontest.Process, *lua) {
+	sockDir, err := os.MkdirTemp("", "rldh")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	httpSock := filepath.Join(sockDir, "http.sock")
+	p, err := daemontest.StartProcess(strings.Replace(rldConfig, "HTTPSOCK", httpSock, 1))
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	recipe, err := os.ReadFile(filepath.Join(repo, "clients", "openresty", "nginx.conf"))
@@ -127,14 +165,55 @@ func startLua(t *testing.T, extra string) (*daemontest.Process, *nginxtest.Nginx
 	// The recipe, with the test's paths and port, and a timeout for a
 	// shared machine.
 	conf := strings.NewReplacer("/run/rld/rld.sock", p.Socket, "/var/www/html", www(t),
-		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 5,", "timeout = 1000, log_interval = 60,"+extra).Replace(string(recipe))
-	n := nginxtest.Start(t, true, conf)
-	return p, n
+		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 5,", "timeout = 1000, log_interval = 60,"+extra,
+		"    # How many checks", peekLocation).Replace(string(recipe))
+	n := nginxtest.Start(t, true, strings.ReplaceAll(conf, "/run/rld/rld.sock", p.Socket))
+	return p, &lua{n, httpSock}
+}
+
+// fieldNames are the rate-limit header fields of docs/protocol.md.
+var fieldNames = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"}
+
+func fields(h http.Header) map[string]string {
+	m := map[string]string{}
+	for _, name := range fieldNames {
+		if v := h.Get(name); v != "" {
+			m[name] = v
+		}
+	}
+	return m
+}
+
+// sameAsHTTP peeks at key's count with rld.lua (rld.headers) and with
+// the daemon's HTTP endpoint, and requires the same six header fields.
+// Time moves between the two asks, so a pair that straddles a second is
+// asked again; a wrong rendering differs every time.
+func sameAsHTTP(t *testing.T, n *lua, key string) map[string]string {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", n.httpSock)
+	}}}
+	var mine, theirs map[string]string
+	for range 3 {
+		r := get(t, n.URL+"/rld-peek?api_key="+key)
+		require.Equal(t, 200, r.status, r.body)
+		mine = fields(r.header)
+		resp, err := c.Get("http://rld/v1/check?peek=1&api_key=" + key + "&endpoint=/limited")
+		require.NoError(t, err)
+		resp.Body.Close()
+		theirs = fields(resp.Header)
+		if assert.ObjectsAreEqual(mine, theirs) {
+			break
+		}
+	}
+	require.Equal(t, theirs, mine, "rld.lua and the HTTP endpoint, for %s", key)
+	return mine
 }
 
 // sequence asserts that key gets exactly 5 × 200, then 429 with the
 // headers.
-func sequence(t *testing.T, n *nginxtest.Nginx, key string) {
+func sequence(t *testing.T, n *lua, key string) {
 	t.Helper()
 	for i := 1; i <= 5; i++ {
 		r := get(t, n.URL+"/limited", "X-API-Key", key)
@@ -142,9 +221,11 @@ func sequence(t *testing.T, n *nginxtest.Nginx, key string) {
 		assert.Equal(t, "hello from limited\n", r.body)
 		assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
 		assert.Equal(t, strconv.Itoa(5-i), r.header.Get("X-RateLimit-Remaining"))
-		assert.Empty(t, r.header.Get("RateLimit-Policy"), "a frame does not carry the sustained quota")
-		assert.Equal(t, `"page";r=`+strconv.Itoa(5-i), r.header.Get("RateLimit"))
+		assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
+		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.header.Get("RateLimit"), "a token bucket knows when the next unit comes back")
 		assert.Empty(t, r.header.Get("Retry-After"))
+		h := sameAsHTTP(t, n, key)
+		assert.Equal(t, strconv.Itoa(max(0, 4-i)), h["X-RateLimit-Remaining"], "a peek says what a check would leave")
 	}
 	r := get(t, n.URL+"/limited", "X-API-Key", key)
 	require.Equal(t, 429, r.status, "request 6: %s", r.body)
@@ -154,11 +235,13 @@ func sequence(t *testing.T, n *nginxtest.Nginx, key string) {
 	require.NoError(t, err)
 	now := time.Now().Unix()
 	assert.True(t, reset > now && reset <= now+3600+2, "X-RateLimit-Reset %d is a Unix time within the hour", reset)
-	assert.Empty(t, r.header.Get("RateLimit-Policy"))
+	assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
 	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
 	require.NoError(t, err)
 	assert.True(t, retry >= 1 && retry <= 720, "Retry-After %d: one token of 5 per hour", retry)
-	assert.Equal(t, `"page";r=0;t=`+strconv.Itoa(retry), r.header.Get("RateLimit"))
+	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.header.Get("RateLimit"))
+	h := sameAsHTTP(t, n, key)
+	assert.NotEmpty(t, h["Retry-After"], "limited")
 	assert.Equal(t, "application/json", r.header.Get("Content-Type"))
 	assert.Contains(t, r.body, `{"error":{"code":"RATE_LIMIT_EXCEEDED","message":"rate limit \"page\" exceeded; retry after `+strconv.Itoa(retry)+`s","details":{"rule":"page","limit":5,"window_seconds":3600,"retry_after_seconds":`+strconv.Itoa(retry)+`,"reset_at":`)
 }

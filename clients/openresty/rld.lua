@@ -121,10 +121,11 @@ end
 
 --- decode(frame) decodes a complete response frame (length prefix
 -- included) into a table {id, op, flags, status, limit, remaining, reset,
--- retry, window, rule, code, message} (times in milliseconds; op is the
--- byte as sent, e.g. 129), or returns nil and an error. Unknown flag bits
--- are passed through. A limit or remaining above 2^53, which a Lua number
--- cannot hold exactly, is refused.
+-- retry, window, quota, quota_window, next, rule, code, message} (times in
+-- milliseconds; op is the byte as sent, e.g. 129; next is 4294967295 when
+-- the daemon does not know when quota comes back), or returns nil and an
+-- error. Unknown flag bits are passed through. A limit, remaining or
+-- quota above 2^53, which a Lua number cannot hold exactly, is refused.
 function _M.decode(f)
     local n = #f
     if n < 12 then
@@ -150,18 +151,18 @@ function _M.decode(f)
     if op < 128 then
         return nil, "op " .. op .. " is not a response (0x80 unset)"
     end
-    if n < 12 + 34 then
+    if n < 12 + 50 then
         return nil, "truncated response body: " .. (n - 12) .. " bytes"
     end
     local status = byte(f, 13)
     if status > 4 then
         return nil, "unknown status " .. status
     end
-    local rl = byte(f, 42)
-    if n < 42 + rl + 4 then
+    local rl = byte(f, 58)
+    if n < 58 + rl + 4 then
         return nil, "rule of " .. rl .. " bytes runs past the end"
     end
-    local p = 43 + rl
+    local p = 59 + rl
     local ml = rd16(f, p + 2)
     if ml > MAX_MESSAGE then
         return nil, "message of " .. ml .. " bytes, more than 1024"
@@ -172,9 +173,9 @@ function _M.decode(f)
     if n > p + 3 + ml then
         return nil, "bytes left over after the message"
     end
-    local limit, remaining = rd64(f, 14), rd64(f, 22)
-    if not limit or not remaining then
-        return nil, "limit or remaining above 2^53"
+    local limit, remaining, quota = rd64(f, 14), rd64(f, 22), rd64(f, 42)
+    if not limit or not remaining or not quota then
+        return nil, "limit, remaining or quota above 2^53"
     end
     return {
         id = rd32(f, 9),
@@ -186,7 +187,10 @@ function _M.decode(f)
         reset = rd32(f, 30),
         retry = rd32(f, 34),
         window = rd32(f, 38),
-        rule = sub(f, 43, 42 + rl),
+        quota = quota,
+        quota_window = rd32(f, 50),
+        next = rd32(f, 54),
+        rule = sub(f, 59, 58 + rl),
         code = rd16(f, p),
         message = sub(f, p + 4, p + 3 + ml),
     }
@@ -511,30 +515,43 @@ local function num(n)
     return string.format("%.0f", n)
 end
 
---- headers(res, now) returns the response header fields for an answer, a
--- table name -> value: X-RateLimit-Limit, X-RateLimit-Remaining,
--- X-RateLimit-Reset (Unix seconds), RateLimit, and Retry-After when
--- limited. It is empty when no limit applied (no rule, or the allow and
--- deny lists). A binary answer carries neither the rule's sustained quota
--- nor its algorithm, so, like `rld check` and the other clients, it
--- leaves out RateLimit-Policy and gives RateLimit's t only when limited
--- (the retry-after, after which a client finds quota).
+--- headers(res, now) returns the response header fields for an answer,
+-- as docs/protocol.md ("Rendering HTTP headers") and rld's HTTP endpoint
+-- render them: h[1], h[2], ... are the field names in order and h[name]
+-- each value. X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset
+-- (Unix seconds), RateLimit-Policy (when the quota is known), RateLimit
+-- (with t when the daemon knows when quota comes back) and Retry-After
+-- (when there is a retry-after). It is empty when no limit applied (no
+-- rule, or the allow and deny lists).
 function _M.headers(res, now)
     local h = {}
     if res.rule == "" or res.limit == 0 then
         return h
     end
     now = now or ngx.now()
-    h["X-RateLimit-Limit"] = num(res.limit)
-    h["X-RateLimit-Remaining"] = num(res.remaining)
-    h["X-RateLimit-Reset"] = num(floor(now + res.reset / 1000 + 0.999999999))
-    local rl = sf_string(res.rule) .. ";r=" .. num(res.remaining)
-    if res.status == 1 then
-        local retry = tostring(math.max(1, seconds(res.retry)))
-        rl = rl .. ";t=" .. retry
-        h["Retry-After"] = retry
+    local rule = sf_string(res.rule)
+    h[1], h["X-RateLimit-Limit"] = "X-RateLimit-Limit", num(res.limit)
+    h[2], h["X-RateLimit-Remaining"] = "X-RateLimit-Remaining", num(res.remaining)
+    h[3], h["X-RateLimit-Reset"] = "X-RateLimit-Reset", num(floor(now + res.reset / 1000 + 0.999999999))
+    if res.quota > 0 then
+        local policy = rule .. ";q=" .. num(res.quota)
+        local w = res.quota_window
+        if w == 0 then
+            w = res.window
+        end
+        if w > 0 then
+            policy = policy .. ";w=" .. seconds(w)
+        end
+        h[#h + 1], h["RateLimit-Policy"] = "RateLimit-Policy", policy
     end
-    h["RateLimit"] = rl
+    local rl = rule .. ";r=" .. num(res.remaining)
+    if res.next ~= MAX_U32 then
+        rl = rl .. ";t=" .. seconds(res.next)
+    end
+    h[#h + 1], h["RateLimit"] = "RateLimit", rl
+    if res.retry > 0 then
+        h[#h + 1], h["Retry-After"] = "Retry-After", tostring(math.max(1, seconds(res.retry)))
+    end
     return h
 end
 
@@ -686,8 +703,9 @@ function _M.access(opts)
         return nil, err
     end
     local now = ngx.now()
-    for k, v in pairs(_M.headers(res, now)) do
-        ngx.header[k] = v
+    local h = _M.headers(res, now)
+    for i = 1, #h do
+        ngx.header[h[i]] = h[h[i]]
     end
     if res.status == 1 then
         ngx.status = 429

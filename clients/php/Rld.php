@@ -29,6 +29,8 @@ final class Rld
     public const ERROR = 4;
 
     public const STATUS_NAMES = ['allowed', 'limited', 'blocked', 'allowed-degraded', 'error'];
+    /** The next field of an answer when the daemon does not know when quota comes back. */
+    public const NEXT_UNKNOWN = 4294967295;
 
     private const MAX_FRAME = 16384;
     private const MAX_DESCS = 32;
@@ -314,7 +316,9 @@ final class Rld
     /**
      * decode decodes a complete response frame (length prefix included)
      * into [id, op (as sent, e.g. 129), flags, status, limit, remaining,
-     * reset, retry, window (milliseconds), rule, code, message]. Unknown
+     * reset, retry, window (milliseconds), quota, quota_window
+     * (milliseconds), next (milliseconds, 4294967295 when the daemon does
+     * not know when quota comes back), rule, code, message]. Unknown
      * flag bits are passed through. It throws UnexpectedValueException
      * for a frame that breaks the protocol.
      */
@@ -342,18 +346,18 @@ final class Rld
         if (($h['op'] & 0x80) === 0) {
             throw new UnexpectedValueException("op {$h['op']} is not a response (0x80 unset)");
         }
-        if ($n < 12 + 34) {
+        if ($n < 12 + 50) {
             throw new UnexpectedValueException('truncated response body: ' . ($n - 12) . ' bytes');
         }
-        $b = unpack('Cstatus/Jlimit/Jremaining/Nreset/Nretry/Nwindow/Crl', $f, 12);
+        $b = unpack('Cstatus/Jlimit/Jremaining/Nreset/Nretry/Nwindow/Jquota/Nquota_window/Nnext/Crl', $f, 12);
         if ($b['status'] > self::ERROR) {
             throw new UnexpectedValueException("unknown status {$b['status']}");
         }
         $rl = $b['rl'];
-        if ($n < 42 + $rl + 4) {
+        if ($n < 58 + $rl + 4) {
             throw new UnexpectedValueException("rule of $rl bytes runs past the end");
         }
-        $p = 42 + $rl;
+        $p = 58 + $rl;
         $t = unpack('ncode/nml', $f, $p);
         if ($t['ml'] > self::MAX_MESSAGE) {
             throw new UnexpectedValueException("message of {$t['ml']} bytes, more than 1024");
@@ -373,7 +377,10 @@ final class Rld
             'reset' => $b['reset'],
             'retry' => $b['retry'],
             'window' => $b['window'],
-            'rule' => substr($f, 42, $rl),
+            'quota' => $b['quota'],
+            'quota_window' => $b['quota_window'],
+            'next' => $b['next'],
+            'rule' => substr($f, 58, $rl),
             'code' => $t['code'],
             'message' => substr($f, $p + 4, $t['ml']),
         ];
@@ -402,13 +409,12 @@ final class Rld
     }
 
     /**
-     * headers returns the response header fields for an answer:
-     * X-RateLimit-Limit, -Remaining, -Reset (Unix seconds), RateLimit, and
-     * Retry-After when limited. Empty when no limit applied. A binary
-     * answer carries neither the rule's sustained quota nor its algorithm,
-     * so, like `rld check` and the other clients, it leaves out
-     * RateLimit-Policy and gives RateLimit's t only when limited (the
-     * retry-after, after which a client finds quota).
+     * headers returns the response header fields for an answer, in the
+     * order and form of docs/protocol.md ("Rendering HTTP headers"), as
+     * rld's HTTP endpoint renders them: X-RateLimit-Limit, -Remaining,
+     * -Reset (Unix seconds), RateLimit-Policy (when the quota is known),
+     * RateLimit (with t when the daemon knows when quota comes back), and
+     * Retry-After when there is a retry-after. Empty when no limit applied.
      */
     public static function headers(array $res, ?float $now = null): array
     {
@@ -416,18 +422,27 @@ final class Rld
             return [];
         }
         $now ??= microtime(true);
+        $rule = self::sfString($res['rule']);
         $h = [
             'X-RateLimit-Limit' => (string) $res['limit'],
             'X-RateLimit-Remaining' => (string) $res['remaining'],
             'X-RateLimit-Reset' => (string) (int) floor($now + $res['reset'] / 1000 + 0.999999999),
         ];
-        $rl = self::sfString($res['rule']) . ';r=' . $res['remaining'];
-        if ($res['status'] === self::LIMITED) {
-            $retry = (string) max(1, self::seconds($res['retry']));
-            $h['RateLimit'] = $rl . ';t=' . $retry;
-            $h['Retry-After'] = $retry;
-        } else {
-            $h['RateLimit'] = $rl;
+        if ($res['quota'] > 0) {
+            $policy = $rule . ';q=' . $res['quota'];
+            $w = $res['quota_window'] ?: $res['window'];
+            if ($w > 0) {
+                $policy .= ';w=' . self::seconds($w);
+            }
+            $h['RateLimit-Policy'] = $policy;
+        }
+        $rl = $rule . ';r=' . $res['remaining'];
+        if ($res['next'] !== self::NEXT_UNKNOWN) {
+            $rl .= ';t=' . self::seconds($res['next']);
+        }
+        $h['RateLimit'] = $rl;
+        if ($res['retry'] > 0) {
+            $h['Retry-After'] = (string) max(1, self::seconds($res['retry']));
         }
         return $h;
     }

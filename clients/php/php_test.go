@@ -51,7 +51,7 @@ func TestCorpus(t *testing.T) {
 func TestCorpusGuards(t *testing.T) {
 	data, err := os.ReadFile(corpus)
 	require.NoError(t, err)
-	bad := strings.Replace(string(data), "00000030018100000000000701000000000000001e", "00000030018100000000000701000000000000001f", 1)
+	bad := strings.Replace(string(data), "00000040018100000000000701000000000000001e", "00000040018100000000000701000000000000001f", 1)
 	require.NotEqual(t, string(data), bad)
 	path := filepath.Join(t.TempDir(), "golden.tsv")
 	require.NoError(t, os.WriteFile(path, []byte(bad), 0o644))
@@ -217,6 +217,46 @@ func get(t *testing.T, url string, hdr ...string) reply {
 	return reply{resp.StatusCode, resp.Header, string(b)}
 }
 
+// fieldNames are the rate-limit header fields of docs/protocol.md.
+var fieldNames = []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit", "Retry-After"}
+
+func fields(h http.Header) map[string]string {
+	m := map[string]string{}
+	for _, name := range fieldNames {
+		if v := h.Get(name); v != "" {
+			m[name] = v
+		}
+	}
+	return m
+}
+
+// sameAsHTTP peeks at key's count with the PHP client (peek.php, through
+// Rld::headers) and with the daemon's HTTP endpoint, and requires the same
+// six header fields. Time moves between the two asks, so a pair that
+// straddles a second is asked again; a wrong rendering differs every time.
+func (s *setup) sameAsHTTP(t *testing.T, key string) map[string]string {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", s.httpSock)
+	}}}
+	var mine, theirs map[string]string
+	for range 3 {
+		r := get(t, s.nginx.URL+"/peek.php?api_key="+key)
+		require.Equal(t, 200, r.status, "%s\n%s", r.body, s.fpm.phpLog())
+		mine = fields(r.header)
+		resp, err := c.Get("http://rld/v1/check?peek=1&api_key=" + key + "&endpoint=/check.php")
+		require.NoError(t, err)
+		resp.Body.Close()
+		theirs = fields(resp.Header)
+		if assert.ObjectsAreEqual(mine, theirs) {
+			break
+		}
+	}
+	require.Equal(t, theirs, mine, "the PHP client and the HTTP endpoint, for %s", key)
+	return mine
+}
+
 func sequence(t *testing.T, s *setup, key string) {
 	t.Helper()
 	for i := 1; i <= 5; i++ {
@@ -225,15 +265,21 @@ func sequence(t *testing.T, s *setup, key string) {
 		assert.Equal(t, "hello from php\n", r.body)
 		assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
 		assert.Equal(t, strconv.Itoa(5-i), r.header.Get("X-RateLimit-Remaining"))
-		assert.Empty(t, r.header.Get("RateLimit-Policy"), "a frame does not carry the sustained quota")
-		assert.Equal(t, `"page";r=`+strconv.Itoa(5-i), r.header.Get("RateLimit"))
+		assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
+		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.header.Get("RateLimit"), "a token bucket knows when the next unit comes back")
+		assert.Empty(t, r.header.Get("Retry-After"))
+		h := s.sameAsHTTP(t, key)
+		assert.Equal(t, strconv.Itoa(max(0, 4-i)), h["X-RateLimit-Remaining"], "a peek says what a check would leave")
 	}
 	r := get(t, s.nginx.URL+"/check.php", "X-API-Key", key)
 	require.Equal(t, 429, r.status, r.body)
 	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
 	require.NoError(t, err)
 	assert.True(t, retry >= 1 && retry <= 720, "Retry-After %d", retry)
-	assert.Equal(t, `"page";r=0;t=`+strconv.Itoa(retry), r.header.Get("RateLimit"))
+	assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
+	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.header.Get("RateLimit"))
+	h := s.sameAsHTTP(t, key)
+	assert.NotEmpty(t, h["Retry-After"], "limited")
 	assert.Equal(t, "0", r.header.Get("X-RateLimit-Remaining"))
 	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
 	require.NoError(t, err)

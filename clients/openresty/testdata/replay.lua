@@ -42,7 +42,7 @@ local function descs(field)
     return list
 end
 
-local FIELDS = { "id", "op", "flags", "status", "limit", "remaining", "reset", "retry", "window", "rule", "code", "message" }
+local FIELDS = { "id", "op", "flags", "status", "limit", "remaining", "reset", "retry", "window", "quota", "quota_window", "next", "rule", "code", "message" }
 
 local function same(a, b)
     for _, k in ipairs(FIELDS) do
@@ -81,8 +81,9 @@ for line in f:lines() do
             local want = {
                 id = tonumber(t[4]), op = tonumber(t[5]), flags = tonumber(t[6]), status = tonumber(t[7]),
                 limit = tonumber(t[8]), remaining = tonumber(t[9]), reset = tonumber(t[10]),
-                retry = tonumber(t[11]), window = tonumber(t[12]), rule = unhex(t[13]),
-                code = tonumber(t[14]), message = unhex(t[15]),
+                retry = tonumber(t[11]), window = tonumber(t[12]), quota = tonumber(t[13]),
+                quota_window = tonumber(t[14]), next = tonumber(t[15]), rule = unhex(t[16]),
+                code = tonumber(t[17]), message = unhex(t[18]),
             }
             local got, err = rld.decode(frame)
             if not got then

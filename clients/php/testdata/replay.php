@@ -25,7 +25,7 @@ function descs(string $field): array
     return $list;
 }
 
-const FIELDS = ['id', 'op', 'flags', 'status', 'limit', 'remaining', 'reset', 'retry', 'window', 'rule', 'code', 'message'];
+const FIELDS = ['id', 'op', 'flags', 'status', 'limit', 'remaining', 'reset', 'retry', 'window', 'quota', 'quota_window', 'next', 'rule', 'code', 'message'];
 
 function differs(array $a, array $b): ?string
 {
@@ -70,7 +70,8 @@ foreach (file($argv[1], FILE_IGNORE_NEW_LINES) as $line) {
             $want = [
                 'id' => (int) $t[3], 'op' => (int) $t[4], 'flags' => (int) $t[5], 'status' => (int) $t[6],
                 'limit' => (int) $t[7], 'remaining' => (int) $t[8], 'reset' => (int) $t[9], 'retry' => (int) $t[10],
-                'window' => (int) $t[11], 'rule' => unhex($t[12]), 'code' => (int) $t[13], 'message' => unhex($t[14]),
+                'window' => (int) $t[11], 'quota' => (int) $t[12], 'quota_window' => (int) $t[13], 'next' => (int) $t[14],
+                'rule' => unhex($t[15]), 'code' => (int) $t[16], 'message' => unhex($t[17]),
             ];
             try {
                 $got = Rld::decode($frame);
