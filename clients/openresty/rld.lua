@@ -77,45 +77,69 @@ local function pairs_of(descs)
     return list
 end
 
+-- LuaJIT's string.buffer (LuaJIT 2.1 since 2021) builds a frame in one
+-- buffer; without it, encode concatenates a table of parts.
+local has_buffer, strbuf = pcall(require, "string.buffer")
+local ebuf = has_buffer and strbuf.new(512) or nil
+
 --- encode(id, op, cost, descs) returns the request frame (a string), or
 -- nil and an error for a request the protocol cannot carry (more than 32
 -- descriptors, an empty or 65-byte name, a 1025-byte value, a cost that
 -- does not fit in 4 bytes, a frame over 16384 bytes). CHECK (1) and PEEK
 -- (2) carry cost and descriptors; other ops have an empty body.
 function _M.encode(id, op, cost, descs)
-    local parts
-    if op == 1 or op == 2 then
-        cost = cost or 1
-        if type(cost) ~= "number" or cost < 0 or cost > MAX_U32 or cost ~= floor(cost) then
-            return nil, "cost " .. tostring(cost) .. " is not a whole number from 0 to 4294967295"
-        end
-        local list = pairs_of(descs)
-        local n = #list
-        if n > MAX_DESCS then
-            return nil, n .. " descriptors, more than " .. MAX_DESCS
-        end
-        parts = { "", "", u32(cost), char(n) }
-        local size = 16 + 1
-        for i = 1, n do
-            local name, value = tostring(list[i][1]), tostring(list[i][2] or "")
-            local nl, vl = #name, #value
-            if nl == 0 or nl > MAX_NAME then
-                return nil, "descriptor name of " .. nl .. " bytes (1 to 64)"
-            end
-            if vl > MAX_VALUE then
-                return nil, "descriptor " .. name .. ": value of " .. vl .. " bytes (at most 1024)"
-            end
-            size = size + 3 + nl + vl
-            parts[#parts + 1] = char(nl) .. name .. u16(vl) .. value
-        end
-        if size > MAX_FRAME then
-            return nil, "frame of " .. size .. " bytes, more than " .. MAX_FRAME
-        end
-        parts[1] = u32(size - 4)
-    else
-        parts = { u32(8), "" }
+    if op ~= 1 and op ~= 2 then
+        return u32(8) .. char(1, op, 0, 0) .. u32(id)
     end
-    parts[2] = char(1, op) .. "\0\0" .. u32(id)
+    cost = cost or 1
+    if type(cost) ~= "number" or cost < 0 or cost > MAX_U32 or cost ~= floor(cost) then
+        return nil, "cost " .. tostring(cost) .. " is not a whole number from 0 to 4294967295"
+    end
+    local list = pairs_of(descs)
+    local n = #list
+    if n > MAX_DESCS then
+        return nil, n .. " descriptors, more than " .. MAX_DESCS
+    end
+    -- First pass: check the sizes, and turn names and values into strings.
+    local size = 16 + 1
+    for i = 1, n do
+        local d = list[i]
+        local name, value = d[1], d[2]
+        if type(name) ~= "string" then
+            name = tostring(name)
+        end
+        if type(value) ~= "string" then
+            value = tostring(value or "")
+        end
+        local nl, vl = #name, #value
+        if nl == 0 or nl > MAX_NAME then
+            return nil, "descriptor name of " .. nl .. " bytes (1 to 64)"
+        end
+        if vl > MAX_VALUE then
+            return nil, "descriptor " .. name .. ": value of " .. vl .. " bytes (at most 1024)"
+        end
+        size = size + 3 + nl + vl
+    end
+    if size > MAX_FRAME then
+        return nil, "frame of " .. size .. " bytes, more than " .. MAX_FRAME
+    end
+    local head = u32(size - 4) .. char(1, op, 0, 0) .. u32(id) .. u32(cost) .. char(n)
+    if ebuf then
+        ebuf:reset():put(head)
+        for i = 1, n do
+            local d = list[i]
+            local name, value = tostring(d[1]), tostring(d[2] or "")
+            local vl = #value
+            ebuf:put(char(#name), name, char(floor(vl / 256), vl % 256), value)
+        end
+        return ebuf:tostring()
+    end
+    local parts = { head }
+    for i = 1, n do
+        local d = list[i]
+        local name, value = tostring(d[1]), tostring(d[2] or "")
+        parts[i + 1] = char(#name) .. name .. u16(#value) .. value
+    end
     return concat(parts)
 end
 
@@ -423,12 +447,16 @@ function Client:pipelined(id, frame)
     semaphore = semaphore or require("ngx.semaphore")
     -- One pipe per socket and timeout: the timer uses the timeout for
     -- its connect, send and receive.
-    local key = self.socket .. "|" .. self.timeout
-    local p = pipes[key]
+    local p = self._pipe
+    if not p then
+        local key = self.socket .. "|" .. self.timeout
+        p = pipes[key]
+    end
     if not p then
         p = { queue = {}, ids = {}, waiters = {}, free = {}, wake = semaphore.new(0), idle = false, running = false }
-        pipes[key] = p
+        pipes[self.socket .. "|" .. self.timeout] = p
     end
+    self._pipe = p
     if not p.running then
         local ok, err = ngx.timer.at(0, pipe_loop, p, self)
         if not ok then
@@ -511,8 +539,46 @@ local function sf_string(s)
     end) .. '"'
 end
 
+-- num renders a whole number in decimal (tostring would switch to an
+-- exponent above 1e14).
 local function num(n)
+    if n < 1e14 then
+        return tostring(n)
+    end
     return string.format("%.0f", n)
+end
+
+-- The parts of the header fields that depend only on the rule, its quota
+-- and its windows, rendered once per rule (per worker).
+local rendered = {}
+local nrendered = 0
+
+local function rule_fields(res)
+    local r = rendered[res.rule]
+    local w = res.quota_window
+    if w == 0 then
+        w = res.window
+    end
+    if r and r.quota == res.quota and r.w == w then
+        return r
+    end
+    if nrendered >= 1024 then -- rules with ever-new names: start again
+        rendered, nrendered = {}, 0
+    end
+    local quoted = sf_string(res.rule)
+    local policy
+    if res.quota > 0 then
+        policy = quoted .. ";q=" .. num(res.quota)
+        if w > 0 then
+            policy = policy .. ";w=" .. seconds(w)
+        end
+    end
+    r = { quota = res.quota, w = w, quoted = quoted .. ";r=", policy = policy }
+    if not rendered[res.rule] then
+        nrendered = nrendered + 1
+    end
+    rendered[res.rule] = r
+    return r
 end
 
 --- headers(res, now) returns the response header fields for an answer,
@@ -529,28 +595,23 @@ function _M.headers(res, now)
         return h
     end
     now = now or ngx.now()
-    local rule = sf_string(res.rule)
+    local r = rule_fields(res)
+    local remaining = num(res.remaining)
     h[1], h["X-RateLimit-Limit"] = "X-RateLimit-Limit", num(res.limit)
-    h[2], h["X-RateLimit-Remaining"] = "X-RateLimit-Remaining", num(res.remaining)
+    h[2], h["X-RateLimit-Remaining"] = "X-RateLimit-Remaining", remaining
     h[3], h["X-RateLimit-Reset"] = "X-RateLimit-Reset", num(floor(now + res.reset / 1000 + 0.999999999))
-    if res.quota > 0 then
-        local policy = rule .. ";q=" .. num(res.quota)
-        local w = res.quota_window
-        if w == 0 then
-            w = res.window
-        end
-        if w > 0 then
-            policy = policy .. ";w=" .. seconds(w)
-        end
-        h[#h + 1], h["RateLimit-Policy"] = "RateLimit-Policy", policy
+    local i = 4
+    if r.policy then
+        h[4], h["RateLimit-Policy"] = "RateLimit-Policy", r.policy
+        i = 5
     end
-    local rl = rule .. ";r=" .. num(res.remaining)
+    local rl = r.quoted .. remaining
     if res.next ~= MAX_U32 then
         rl = rl .. ";t=" .. seconds(res.next)
     end
-    h[#h + 1], h["RateLimit"] = "RateLimit", rl
+    h[i], h["RateLimit"] = "RateLimit", rl
     if res.retry > 0 then
-        h[#h + 1], h["Retry-After"] = "Retry-After", tostring(math.max(1, seconds(res.retry)))
+        h[i + 1], h["Retry-After"] = "Retry-After", tostring(math.max(1, seconds(res.retry)))
     end
     return h
 end
@@ -583,7 +644,31 @@ _M.BLOCKED_BODY = '{"error":{"code":"BLOCKED","message":"request blocked by the 
 
 -- The access helper.
 
-local clients = setmetatable({}, { __mode = "k" })
+local by_socket = {} -- socket -> timeout -> pipeline -> client
+
+-- client_for returns the client for opts, found by socket, timeout and
+-- mode rather than by the table: the recipe writes its options as a table
+-- literal, a new table every request.
+local function client_for(opts)
+    local socket, timeout = opts.socket or "unix:/run/rld/rld.sock", opts.timeout or 5
+    local t = by_socket[socket]
+    if not t then
+        t = {}
+        by_socket[socket] = t
+    end
+    local m = t[timeout]
+    if not m then
+        m = {}
+        t[timeout] = m
+    end
+    local pipeline = opts.pipeline ~= false
+    local c = m[pipeline]
+    if not c or c.pool_size ~= (opts.pool_size or 64) or c.keepalive ~= (opts.keepalive or 60000) then
+        c = _M.new(opts)
+        m[pipeline] = c
+    end
+    return c
+end
 local last_log = 0 -- per worker, when there is no shared dict
 
 -- failed counts a failure to ask the daemon and logs it at most once per
@@ -630,37 +715,54 @@ end
 -- opts.descriptors (a list of {name, value} or a map) and of
 -- opts.descriptors_fn() (per request). Set opts.ip, opts.endpoint or
 -- opts.method to false to leave one out.
+local header_vars = {} -- header name -> nginx variable name
+
+local function append(d, list)
+    list = pairs_of(list)
+    local n = #d
+    for i = 1, #list do
+        d[n + i] = list[i]
+    end
+end
+
 function _M.descriptors(opts)
-    local d = {}
+    local var = ngx.var
+    local d, n = {}, 0
     if opts.ip ~= false then
-        d[#d + 1] = { "ip", ngx.var.remote_addr }
+        n = n + 1
+        d[n] = { "ip", var.remote_addr }
     end
     local hdr = opts.api_key_header
     if hdr == nil then
         hdr = "X-API-Key"
     end
     if hdr then
-        local var = opts._api_key_var
-        if not var then
-            var = "http_" .. gsub(hdr:lower(), "-", "_")
-            opts._api_key_var = var
+        local name = header_vars[hdr]
+        if not name then
+            name = "http_" .. gsub(hdr:lower(), "-", "_")
+            header_vars[hdr] = name
         end
-        local key = ngx.var[var]
+        local key = var[name]
         if key and key ~= "" then
-            d[#d + 1] = { "api_key", key }
+            n = n + 1
+            d[n] = { "api_key", key }
         end
     end
     if opts.endpoint ~= false then
-        d[#d + 1] = { "endpoint", endpoint() }
+        n = n + 1
+        d[n] = { "endpoint", endpoint() }
     end
     if opts.method ~= false then
-        d[#d + 1] = { "method", ngx.req.get_method() }
+        n = n + 1
+        d[n] = { "method", ngx.req.get_method() }
     end
-    for _, list in ipairs({ opts.descriptors or false, opts.descriptors_fn and opts.descriptors_fn() or false }) do
+    if opts.descriptors then
+        append(d, opts.descriptors)
+    end
+    if opts.descriptors_fn then
+        local list = opts.descriptors_fn()
         if list then
-            for _, p in ipairs(pairs_of(list)) do
-                d[#d + 1] = p
-            end
+            append(d, list)
         end
     end
     return d
@@ -678,11 +780,7 @@ end
 -- log_interval.
 function _M.access(opts)
     opts = opts or {}
-    local c = clients[opts]
-    if not c then
-        c = _M.new(opts)
-        clients[opts] = c
-    end
+    local c = client_for(opts)
     local cost = opts.cost
     if type(cost) == "function" then
         cost = cost()
@@ -704,8 +802,10 @@ function _M.access(opts)
     end
     local now = ngx.now()
     local h = _M.headers(res, now)
+    local header = ngx.header
     for i = 1, #h do
-        ngx.header[h[i]] = h[h[i]]
+        local name = h[i]
+        header[name] = h[name]
     end
     if res.status == 1 then
         ngx.status = 429
