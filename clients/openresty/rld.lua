@@ -59,22 +59,35 @@ local function rd64(s, i)
     return hi * 4294967296 + lo
 end
 
+local function by_name(a, b)
+    return a[1] < b[1]
+end
+
+-- map_pairs returns the pairs of a map {api_key = "k"}, sorted by name.
+-- It is apart from pairs_of because LuaJIT does not compile next() and
+-- pairs(): a list, the common case, stays on compiled code.
+local function map_pairs(descs)
+    local list = {}
+    for k, v in pairs(descs) do
+        list[#list + 1] = { k, v }
+    end
+    sort(list, by_name)
+    return list
+end
+
+local EMPTY = {}
+
 -- pairs_of turns descriptors into a list of {name, value}: a list of pairs
 -- stays as it is (order kept, duplicate names allowed); a map
 -- {api_key = "k"} is sorted by name.
 local function pairs_of(descs)
     if descs == nil then
-        return {}
+        return EMPTY
     end
-    if descs[1] ~= nil or next(descs) == nil then
+    if descs[1] ~= nil then
         return descs
     end
-    local list = {}
-    for k, v in pairs(descs) do
-        list[#list + 1] = { k, v }
-    end
-    sort(list, function(a, b) return a[1] < b[1] end)
-    return list
+    return map_pairs(descs)
 end
 
 -- LuaJIT's string.buffer (LuaJIT 2.1 since 2021) builds a frame in one
@@ -354,22 +367,36 @@ local function run_batch(p, c, frames, ids)
     for i = 1, left do
         pending[ids[i]] = true
     end
+    -- The answers are read as they come, many in one read, and cut into
+    -- frames here.
+    local buf, pos = "", 1
     while ok and left > 0 do
-        local head, body
-        head, err = sock:receive(4)
-        if not head then
-            break
+        local avail, need = #buf - pos + 1, 4
+        if avail >= 4 then
+            local length = rd32(buf, pos)
+            if length < 8 or length > MAX_FRAME - 4 then
+                err = "bad length field " .. length
+                break
+            end
+            need = length + 4
         end
-        local length = rd32(head, 1)
-        if length < 8 or length > MAX_FRAME - 4 then
-            err = "bad length field " .. length
-            break
+        if avail < need then
+            local data
+            data, err = sock:receiveany(65536)
+            if not data then
+                break
+            end
+            if avail > 0 then
+                buf = sub(buf, pos) .. data
+            else
+                buf = data
+            end
+            pos = 1
+            goto continue
         end
-        body, err = sock:receive(length)
-        if not body then
-            break
-        end
-        local res, derr = _M.decode(head .. body)
+        local frame = sub(buf, pos, pos + need - 1)
+        pos = pos + need
+        local res, derr = _M.decode(frame)
         if not res then
             err = "bad answer: " .. derr
             break
@@ -385,6 +412,7 @@ local function run_batch(p, c, frames, ids)
                 w.sema:post(1)
             end
         end
+        ::continue::
     end
     if left == 0 then
         return true
