@@ -7,11 +7,21 @@
 #   lua_pool   the same, one pooled connection per check (pipeline = false)
 #   auth       the same file behind the auth_request recipe
 #   php        a PHP page under php-fpm, without and with Rld.php's check
-# Usage: clients/openresty/bench.sh [DURATION] (default 10s); needs nginx,
-# libnginx-mod-http-lua, php-fpm8.2 and wrk (make deps). CONNS=32 and
-# TIMEOUT_MS=200 (the clients' check timeout) by default.
+# Each round runs every case twice, interleaved: unpinned (nginx, php-fpm,
+# rld and wrk wherever the kernel puts them) and pinned (nginx's one
+# worker and php-fpm on CPU 0, rld and wrk on CPU 1, as on a host where
+# the web server has its own core), so that a neighbour's burst hits both
+# alike. It prints each round's figures and, per case and mode, the
+# median over the rounds of: requests/s as a ratio of the baseline's in
+# the same round (static; nocheck.php for php), p99 minus the baseline's,
+# and the CPU per request of nginx and of rld.
+# Usage: clients/openresty/bench.sh [DURATION] [ROUNDS] (default 5s, 5);
+# needs nginx, libnginx-mod-http-lua, php-fpm8.2, wrk and taskset (make
+# deps). CONNS=32 and TIMEOUT_MS=200 (the clients' check timeout) by
+# default.
 set -euo pipefail
-DURATION=${1:-10s}
+DURATION=${1:-5s}
+ROUNDS=${2:-5}
 CONNS=${CONNS:-32}
 # A check that times out fails open and costs nothing: on a loaded machine
 # the default 5 ms would flatter the figures. The run reports failures.
@@ -55,7 +65,7 @@ listen = $TMP/fpm.sock
 pm = static
 pm.max_children = 2
 FPM
-setsid php-fpm8.2 -F -R -y "$TMP/fpm.conf" & pids+=($!)
+setsid php-fpm8.2 -F -R -y "$TMP/fpm.conf" & pids+=($!); FPM_PID=$!
 wait_for "$TMP/fpm.sock"
 
 mkdir -p "$TMP/www"
@@ -118,40 +128,72 @@ curl -si "http://127.0.0.1:$P2/static" | grep -q '^X-RateLimit-Limit' || { echo 
 
 # us converts wrk's "1.23ms" / "456.00us" / "1.2s" to microseconds.
 us() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n * 1000; else print n * 1000000 }'; }
-declare -A RPS P99 P50 CPU_NGINX CPU_RLD
 # ticks returns a process's user+system CPU time in clock ticks.
 ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-run() {
-  local name=$1 url=$2 out n0 r0 n1 r1
-  n0=$(ticks "$NGINX_PID"); r0=$(ticks "$RLD_PID")
-  out=$(wrk -t1 -c"$CONNS" -d"$DURATION" --latency "$url")
-  n1=$(ticks "$NGINX_PID"); r1=$(ticks "$RLD_PID")
-  local reqs; reqs=$(awk '/requests in/ { print $1 }' <<<"$out")
-  CPU_NGINX[$name]=$(awk -v t=$((n1 - n0)) -v r="$reqs" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", 1e6 * t / hz / r }')
-  CPU_RLD[$name]=$(awk -v t=$((r1 - r0)) -v r="$reqs" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", 1e6 * t / hz / r }')
-  RPS[$name]=$(awk '/^Requests\/sec/ { print $2 }' <<<"$out")
-  P50[$name]=$(us "$(awk '$1 == "50%" { print $2 }' <<<"$out")")
-  P99[$name]=$(us "$(awk '$1 == "99%" { print $2 }' <<<"$out")")
+HZ=$(getconf CLK_TCK)
+NCPU=$(nproc)
+FPM_PIDS="$FPM_PID $(pgrep -d ' ' -P "$FPM_PID" || true)"
+# pin puts the web tier (nginx, php-fpm) on CPU 0 and rld on CPU 1, or
+# lets them all run anywhere; wrk follows rld.
+pin() {
+  local web=$1 other=$2
+  taskset -apc "$web" "$NGINX_PID" >/dev/null
+  for p in $FPM_PIDS; do taskset -apc "$web" "$p" >/dev/null 2>&1 || true; done
+  taskset -apc "$other" "$RLD_PID" >/dev/null
+  WRK_CPUS=$other
 }
-echo "wrk -t1 -c$CONNS -d$DURATION --latency; nginx (one worker), rld and wrk on the same $(nproc) cores"
-run static "http://127.0.0.1:$P1/static"
-run lua_empty "http://127.0.0.1:$P1/lua-empty"
-run lua "http://127.0.0.1:$P1/lua"
-run lua_pool "http://127.0.0.1:$P1/lua-pool"
-run auth "http://127.0.0.1:$P2/static"
-run php_nocheck "http://127.0.0.1:$P1/nocheck.php"
-run php_check "http://127.0.0.1:$P1/check.php"
-printf '%-12s %12s %10s %10s %14s %16s %14s\n' case "requests/s" "p50 us" "p99 us" "vs baseline" "nginx CPU us/req" "rld CPU us/req"
-for n in static lua_empty lua lua_pool auth php_nocheck php_check; do
-  base=static; [[ $n == php_* ]] && base=php_nocheck
-  ratio=$(awk -v a="${RPS[$n]}" -v b="${RPS[$base]}" 'BEGIN { printf "%.2f", a / b }')
-  printf '%-12s %12s %10.0f %10.0f %13sx %16s %14s\n' "$n" "${RPS[$n]}" "${P50[$n]}" "${P99[$n]}" "$ratio" "${CPU_NGINX[$n]}" "${CPU_RLD[$n]}"
-done
+# run MODE ROUND CASE CONNS URL: one wrk run; one line "mode round case
+# rps p50 p99 nginx_us rld_us".
+run() {
+  local mode=$1 round=$2 name=$3 conns=$4 url=$5 out n0 r0 n1 r1 reqs
+  n0=$(ticks "$NGINX_PID"); r0=$(ticks "$RLD_PID")
+  out=$(taskset -c "$WRK_CPUS" wrk -t1 -c"$conns" -d"$DURATION" --latency "$url")
+  n1=$(ticks "$NGINX_PID"); r1=$(ticks "$RLD_PID")
+  reqs=$(awk '/requests in/ { print $1 }' <<<"$out")
+  printf '%s %s %s %s %s %s %s %s\n' "$mode" "$round" "$name" \
+    "$(awk '/^Requests\/sec/ { print $2 }' <<<"$out")" \
+    "$(us "$(awk '$1 == "50%" { print $2 }' <<<"$out")")" \
+    "$(us "$(awk '$1 == "99%" { print $2 }' <<<"$out")")" \
+    "$(awk -v t=$((n1 - n0)) -v r="$reqs" -v hz="$HZ" 'BEGIN { printf "%.1f", 1e6 * t / hz / r }')" \
+    "$(awk -v t=$((r1 - r0)) -v r="$reqs" -v hz="$HZ" 'BEGIN { printf "%.1f", 1e6 * t / hz / r }')"
+}
+# name:connections:address. The _c1 cases, one connection, measure the
+# latency a check adds to a request when nginx is not saturated (with
+# $CONNS connections the worker is CPU-bound and p99 follows requests/s).
+CASES="static:$CONNS:$P1/static lua_empty:$CONNS:$P1/lua-empty lua:$CONNS:$P1/lua lua_pool:$CONNS:$P1/lua-pool auth:$CONNS:$P2/static
+  php_nocheck:$CONNS:$P1/nocheck.php php_check:$CONNS:$P1/check.php static_c1:1:$P1/static lua_c1:1:$P1/lua"
+MODES="unpinned"
+if [ "$NCPU" -ge 2 ]; then MODES="unpinned pinned"; else echo "bench: one CPU: no pinned runs" >&2; fi
+echo "wrk -t1 -c$CONNS (-c1 for the _c1 cases) -d$DURATION --latency, $ROUNDS rounds; $NCPU CPUs; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "pinned: nginx (one worker) and php-fpm on CPU 0, rld and wrk on CPU 1; unpinned: anywhere"
+printf '%-9s %5s %-12s %10s %8s %8s %9s %7s\n' mode round case "req/s" "p50 us" "p99 us" "nginx us" "rld us"
+for round in $(seq "$ROUNDS"); do
+  for mode in $MODES; do
+    if [ "$mode" = pinned ]; then pin 0 1; else pin "0-$((NCPU - 1))" "0-$((NCPU - 1))"; fi
+    for c in $CASES; do
+      IFS=: read -r name conns addr <<<"$c"
+      run "$mode" "$round" "$name" "$conns" "http://127.0.0.1:$addr"
+    done
+  done
+done | tee "$TMP/results" | awk '{ printf "%-9s %5s %-12s %10.0f %8.0f %8.0f %9s %7s\n", $1, $2, $3, $4, $5, $6, $7, $8 }'
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "checks that failed (timed out) in the Lua runs: $(curl -s "http://127.0.0.1:$P1/rld-failures")"
-awk -v s="${RPS[static]}" -v l="${RPS[lua]}" -v lp="${RPS[lua_pool]}" -v a="${RPS[auth]}" -v ps="${P99[static]}" -v pl="${P99[lua]}" -v pa="${P99[auth]}" \
-  -v pn="${RPS[php_nocheck]}" -v pc="${RPS[php_check]}" 'BEGIN {
-  printf "lua:  %.1f%% of the requests/s, p99 %+.0f us\n", 100 * (1 - l / s), pl - ps
-  printf "lua_pool: %.1f%% of the requests/s\n", 100 * (1 - lp / s)
-  printf "auth: %.1f%% of the requests/s, p99 %+.0f us\n", 100 * (1 - a / s), pa - ps
-  printf "php:  %+.0f us per request (1/rps, with vs without the check; %d FPM workers)\n", 1e6 * (1 / pc - 1 / pn) * 2, 2
-}'
+echo
+echo "median over $ROUNDS rounds (ratio and p99 against the same round's baseline: static, static_c1 for lua_c1, nocheck.php for php):"
+printf '%-9s %-12s %10s %9s %12s %9s %7s\n' mode case "req/s" "vs base" "p99 vs base" "nginx us" "rld us"
+awk '
+  function median(list,   a, n, i, j, t) {
+    n = split(list, a, " ")
+    for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+  }
+  { rps[$1, $2, $3] = $4; p99[$1, $2, $3] = $6; nus[$1, $3] = nus[$1, $3] " " $7; rus[$1, $3] = rus[$1, $3] " " $8
+    rounds[$2] = 1; modes[$1] = 1; if (!($3 in seen)) { seen[$3] = 1; order[++nc] = $3 } }
+  END {
+    for (m in modes) for (i = 1; i <= nc; i++) {
+      c = order[i]; base = c ~ /^php_/ ? "php_nocheck" : c ~ /_c1$/ ? "static_c1" : "static"
+      r = ""; d = ""; q = ""
+      for (k in rounds) { q = q " " rps[m, k, c]; r = r " " rps[m, k, c] / rps[m, k, base]; d = d " " p99[m, k, c] - p99[m, k, base] }
+      printf "%-9s %-12s %10.0f %8.2fx %+9.0f us %9.1f %7.1f\n", m, c, median(q), median(r), median(d), median(nus[m, c]), median(rus[m, c])
+    }
+  }' "$TMP/results" | sort -s -k1,1r
