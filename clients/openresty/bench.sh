@@ -12,9 +12,9 @@
 # worker and php-fpm on CPU 0, rld and wrk on CPU 1, as on a host where
 # the web server has its own core), so that a neighbour's burst hits both
 # alike. It prints each round's figures and, per case and mode, the
-# median over the rounds of: requests/s as a ratio of the baseline's in
-# the same round (static; nocheck.php for php), p99 minus the baseline's,
-# and the CPU per request of nginx and of rld.
+# median over the rounds of: requests/s, its ratio to the baseline's in
+# the same round (static; static_c1 for lua_c1; nocheck.php for php), p50,
+# p99 minus the baseline's, and the CPU per request of nginx and of rld.
 # Usage: clients/openresty/bench.sh [DURATION] [ROUNDS] (default 5s, 5);
 # needs nginx, libnginx-mod-http-lua, php-fpm8.2, wrk and taskset (make
 # deps). CONNS=32 and TIMEOUT_MS=200 (the clients' check timeout) by
@@ -180,20 +180,20 @@ echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "checks that failed (timed out) in the Lua runs: $(curl -s "http://127.0.0.1:$P1/rld-failures")"
 echo
 echo "median over $ROUNDS rounds (ratio and p99 against the same round's baseline: static, static_c1 for lua_c1, nocheck.php for php):"
-printf '%-9s %-12s %10s %9s %12s %9s %7s\n' mode case "req/s" "vs base" "p99 vs base" "nginx us" "rld us"
+printf '%-9s %-12s %10s %9s %7s %12s %9s %7s\n' mode case "req/s" "vs base" "p50 us" "p99 vs base" "nginx us" "rld us"
 awk '
   function median(list,   a, n, i, j, t) {
     n = split(list, a, " ")
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
   }
-  { rps[$1, $2, $3] = $4; p99[$1, $2, $3] = $6; nus[$1, $3] = nus[$1, $3] " " $7; rus[$1, $3] = rus[$1, $3] " " $8
+  { rps[$1, $2, $3] = $4; p99[$1, $2, $3] = $6; p50[$1, $3] = p50[$1, $3] " " $5; nus[$1, $3] = nus[$1, $3] " " $7; rus[$1, $3] = rus[$1, $3] " " $8
     rounds[$2] = 1; modes[$1] = 1; if (!($3 in seen)) { seen[$3] = 1; order[++nc] = $3 } }
   END {
     for (m in modes) for (i = 1; i <= nc; i++) {
       c = order[i]; base = c ~ /^php_/ ? "php_nocheck" : c ~ /_c1$/ ? "static_c1" : "static"
       r = ""; d = ""; q = ""
       for (k in rounds) { q = q " " rps[m, k, c]; r = r " " rps[m, k, c] / rps[m, k, base]; d = d " " p99[m, k, c] - p99[m, k, base] }
-      printf "%-9s %-12s %10.0f %8.2fx %+9.0f us %9.1f %7.1f\n", m, c, median(q), median(r), median(d), median(nus[m, c]), median(rus[m, c])
+      printf "%-9s %-12s %10.0f %8.2fx %7.0f %+9.0f us %9.1f %7.1f\n", m, c, median(q), median(r), median(p50[m, c]), median(d), median(nus[m, c]), median(rus[m, c])
     }
   }' "$TMP/results" | sort -s -k1,1r
