@@ -280,3 +280,96 @@ func TestMovingClientOnRedis(t *testing.T) {
 	t.Logf("after 60 checks on a, b got the remaining %d in %v (sync interval 100ms)", onB, took.Round(time.Millisecond))
 	assert.Less(t, took, 300*time.Millisecond, "about one sync interval")
 }
+
+// TestDenialsUnderTwoRulesCostRedisNothing: one key hammered under two
+// cached rules (per key 5/min, then per tenant) on one daemon costs Redis
+// about what it costs under the first rule alone, measured side by side
+// on another Redis: once the key is denied, the peek of the tenant rule
+// that looks for a longer denial is answered from the cache, or by one
+// remembered store call per retry-after period, never by a call per
+// check.
+func TestDenialsUnderTwoRulesCostRedisNothing(t *testing.T) {
+	const perKey = `
+[[rule]]
+name = "per_key"
+by = ["api_key"]
+limit = 5
+period = "1m"
+`
+	const perTenant = `
+[[rule]]
+name = "per_tenant"
+by = ["tenant"]
+limit = 100000
+period = "1m"
+`
+	var one, two int
+	t.Run("group", func(t *testing.T) {
+		t.Run("one rule", func(t *testing.T) {
+			t.Parallel()
+			one = hammerTwoRules(t, perKey)
+		})
+		t.Run("two rules", func(t *testing.T) {
+			t.Parallel()
+			two = hammerTwoRules(t, perKey+perTenant)
+		})
+	})
+	t.Logf("script calls for one hammered key over 3 s: %d under one rule, %d under two", one, two)
+	// The tenant rule adds its own takes of the 5 units admitted (about
+	// two, with a lease), the return of that lease, and a peek per
+	// retry-after period told: one short one (a sync interval) before the
+	// key counts as hammered, then one of 12 s. Checking the tenant rule
+	// on every denial would cost about 3,000.
+	assert.LessOrEqual(t, two, one+6)
+}
+
+// hammerTwoRules checks one key (api_key abuser, tenant t1) at 1,000
+// checks/s for 3 s through one daemon on its own Redis with rules, and
+// returns the script calls Redis ran (heartbeats not counted). The
+// per-key rule admits 5 units a minute: 5 are admitted, and the others
+// denied with a retry-after of up to 12 s.
+func hammerTwoRules(t *testing.T, rules string) int {
+	srv := redistest.Standalone(t)
+	store := fmt.Sprintf("[store]\nredis = [%q]\ntimeout = %q\nsync_interval = \"100ms\"\n", srv.Addr, fleetTimeout)
+	s := start(t, store+rules)
+	resetStats(t, srv.Addr)
+	// 1,000 checks/s for 3 s, through two connections.
+	const conns, rate, runFor = 2, 1000, 3 * time.Second
+	var admitted, denied atomic.Int64
+	var retryAfter atomic.Int64 // the longest retry-after told, ns
+	var wg sync.WaitGroup
+	start := time.Now()
+	end := start.Add(runFor)
+	for range conns {
+		c := client.New(s.Socket)
+		defer c.Close()
+		wg.Go(func() {
+			d := []client.Descriptor{{Name: "api_key", Value: "abuser"}, {Name: "tenant", Value: "t1"}}
+			interval := time.Second / (rate / conns)
+			for next := time.Now(); next.Before(end); next = next.Add(interval) {
+				time.Sleep(time.Until(next)) // pacing the load
+				r, err := c.Check(context.Background(), d, 1)
+				if !assert.NoError(t, err) {
+					return
+				}
+				if r.Allowed() {
+					admitted.Add(1)
+					continue
+				}
+				denied.Add(1)
+				if ra := int64(r.RetryAfter); ra > retryAfter.Load() {
+					retryAfter.Store(ra) // racy, and only logged
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	calls := scriptCalls(t, srv.Addr)
+	t.Logf("%d checks in %v: %d admitted, %d denied, longest retry-after %v; Redis: %d script calls",
+		admitted.Load()+denied.Load(), elapsed.Round(time.Millisecond), admitted.Load(), denied.Load(),
+		time.Duration(retryAfter.Load()).Round(time.Millisecond), calls)
+	assert.Equal(t, int64(5), admitted.Load(), "the per-key limit")
+	assert.Greater(t, denied.Load(), int64(2000), "the key was hammered")
+	return calls
+}

@@ -476,7 +476,13 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 			continue
 		}
 		op := o.paramsAt(o.tier(descs))
-		ores, err := o.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
+		var ores algo.Result
+		var err error
+		if dp, ok := o.store.(DenialPeeker); ok {
+			ores, err = dp.PeekForDenial(ctx, sc.keys[start:], *op, cost, now, res.RetryAfter)
+		} else {
+			ores, err = o.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
+		}
 		if err != nil && isTimeout(err) {
 			break // the store is slow: answer with what is known
 		}

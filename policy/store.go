@@ -22,3 +22,19 @@ type Store interface {
 	// allowed when a later rule denies.
 	Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error
 }
+
+// DenialPeeker is implemented by stores that can answer more cheaply the
+// peeks a denied check makes of the rules after the one that denied it,
+// which look only for a longer retry-after to report (see Check). Such a
+// peek may be answered from what the store knew of the key, or fetched
+// once and then kept for retryAfter, the denial's: the client told to
+// wait that long does not come back sooner, and a stale answer can only
+// make the retry-after reported shorter, never admit anything. The
+// hot-key cache implements it, so that a hammered key costs the shared
+// store nothing for its later rules.
+type DenialPeeker interface {
+	// PeekForDenial decides cost units of p for key at now without
+	// taking them, as Take with peek does, for a check denied with
+	// retry-after retryAfter.
+	PeekForDenial(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, retryAfter time.Duration) (algo.Result, error)
+}

@@ -72,6 +72,7 @@ type Cache struct {
 	entries atomic.Int64
 	miss    *coalesce.Group[missReq, missResp]
 	strict  *coalesce.Group[missReq, missResp]
+	peeks   *coalesce.Group[missReq, missResp]
 
 	// orphans are leases of entries that were evicted or replaced: the
 	// next sync returns them.
@@ -104,6 +105,7 @@ type entry struct {
 	answerAt  int64 // when that answer was asked for (0: never)
 	resetAt   int64 // when the store's limit fully resets
 	windowEnd int64 // windowed algorithms: when the answer's window ends
+	peekUntil int64 // a denial's peeks may be answered from the answer until then
 	lastUse   int64 // the time of the last check of the key
 
 	used      int64 // units admitted since the last sync
@@ -123,6 +125,7 @@ func New(b Backend, o Options) *Cache {
 	}
 	c.miss = coalesce.New(c.runMiss, coalesce.Options{})
 	c.strict = coalesce.New(c.runStrict, coalesce.Options{})
+	c.peeks = coalesce.New(c.runPeek, coalesce.Options{})
 	return c
 }
 
@@ -140,13 +143,16 @@ var ErrClosed = errors.New("shardcache: closed")
 // denial covers the check and through the store otherwise; see the
 // package doc. A cost below 1 counts as 1. It implements policy.Store.
 func (c *Cache) Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
+	if peek {
+		return c.peek(ctx, key, p, max(cost, 1), now, 0)
+	}
 	cost = max(cost, 1)
 	ns := now.UnixNano()
 	sh := c.shard(key)
 	sh.mu.Lock()
 	if e := sh.m[string(key)]; e != nil && e.p == p {
 		e.seen, e.lastUse = true, max(e.lastUse, ns)
-		if r, ok := e.local(ns, cost, peek); ok {
+		if r, ok := c.local(e, ns, cost, peek); ok {
 			sh.mu.Unlock()
 			if r.Allowed {
 				localAllowed.Inc()
@@ -160,10 +166,6 @@ func (c *Cache) Take(ctx context.Context, key []byte, p algo.Params, cost int64,
 	if c.closed.Load() {
 		return algo.Result{}, ErrClosed
 	}
-	if peek {
-		storeDecided.Inc()
-		return c.b.Take(ctx, key, p, cost, now, true)
-	}
 	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
 	res, err := c.miss.Do(ctx, key, missReq{p: p, cost: cost, ns: ns})
 	cancel()
@@ -173,9 +175,18 @@ func (c *Cache) Take(ctx context.Context, key []byte, p algo.Params, cost int64,
 	return res.r, nil
 }
 
+// countLocal counts a decision r made on the host.
+func countLocal(r algo.Result) {
+	if r.Allowed {
+		localAllowed.Inc()
+	} else {
+		localDenied.Inc()
+	}
+}
+
 // local answers a check from e when it can: from the lease, or from a
 // denial still in force.
-func (e *entry) local(ns, cost int64, peek bool) (algo.Result, bool) {
+func (c *Cache) local(e *entry, ns, cost int64, peek bool) (algo.Result, bool) {
 	capacity := e.p.Capacity()
 	if cost >= e.deniedCost && ns < e.deniedUntil {
 		e.denials++
@@ -253,6 +264,7 @@ type missReq struct {
 	p    algo.Params
 	cost int64
 	ns   int64 // the check's time, local unix ns
+	keep int64 // a denial's peek: how long to keep the answer, ns
 }
 
 type missResp struct {
@@ -277,7 +289,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	e.seen, e.lastUse = true, max(e.lastUse, reqs[len(reqs)-1].ns)
 	i := 0
 	for ; i < len(reqs) && reqs[i].p == p; i++ {
-		r, ok := e.local(reqs[i].ns, reqs[i].cost, false)
+		r, ok := c.local(e, reqs[i].ns, reqs[i].cost, false)
 		if !ok {
 			break
 		}

@@ -472,3 +472,47 @@ func TestKnown(t *testing.T) {
 		})
 	}
 }
+
+// TestPeeksAreRememberedAndCoalesced: concurrent peeks of a key share one
+// store call, and its answer is kept: for a sync interval for a plain
+// peek, for the denial's retry-after for a denial's peek; a peek the
+// store denies is remembered as a take's denial is.
+func TestPeeksAreRememberedAndCoalesced(t *testing.T) {
+	b := newAlgoBackend()
+	c := shardcache.New(b, shardcache.Options{SyncInterval: time.Hour, Timeout: time.Second})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
+	now := time.Now()
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for range 100 {
+				r, err := c.PeekForDenial(ctx, []byte("tenant"), p, 1, now, time.Minute)
+				assert.NoError(t, err)
+				assert.True(t, r.Allowed)
+				assert.Equal(t, int64(999), r.Remaining)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(1), b.calls.Load(), "1,600 denial peeks: one store call")
+	r, err := c.Take(ctx, []byte("tenant"), p, 1, now, true)
+	require.NoError(t, err)
+	assert.True(t, r.Allowed)
+	assert.Equal(t, int64(1), b.calls.Load(), "a plain peek within the sync interval: no call")
+
+	// A peek whose cost does not fit asks the store, and its denial is
+	// kept like a take's.
+	small := algo.Params{Kind: algo.TokenBucket, Limit: 2, Period: time.Hour}
+	for range 2 {
+		_, err := c.Take(ctx, []byte("full"), small, 1, now, false)
+		require.NoError(t, err)
+	}
+	calls := b.calls.Load()
+	for range 10 {
+		r, err := c.Take(ctx, []byte("full"), small, 1, now, true)
+		require.NoError(t, err)
+		assert.False(t, r.Allowed)
+		assert.Positive(t, r.RetryAfter)
+	}
+	assert.LessOrEqual(t, b.calls.Load()-calls, int64(1), "ten denied peeks: one store call at most")
+}
