@@ -72,12 +72,14 @@ func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 		MaxEntries:   sc.MaxKeys,
 		Timeout:      time.Duration(sc.Timeout),
 		Peers:        func() int { return int(f.peers.Load()) },
+		Clock:        time.Now,
 	})
 	f.fallback = policy.NewFallback(policy.FallbackOptions{
 		Health:  f,
 		MaxKeys: sc.MaxKeys,
 		Timeout: time.Duration(sc.Timeout),
 		Seed:    f.cache.Known, // an outage starts from what the cache knew
+		Clock:   time.Now,
 	})
 	return f
 }

@@ -62,6 +62,9 @@ type FallbackOptions struct {
 	// full share, so that an outage does not hand out quota the fleet
 	// had already spent. It must be safe for concurrent use.
 	Seed func(key []byte, p algo.Params, now time.Time) (remaining int64, ok bool)
+	// Clock tells the time for Active (nil: time.Now); checks and Sweep
+	// take theirs as an argument.
+	Clock func() time.Time
 }
 
 // Fallback decides the checks of rules whose store failed (an error, a
@@ -99,13 +102,17 @@ func NewFallback(o FallbackOptions) *Fallback {
 	if o.Forget <= 0 {
 		o.Forget = DefaultFallbackForget
 	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
 	return &Fallback{o: o}
 }
 
-// local returns the local store, a fresh one when the last one has not
-// been used for Forget (its state is from an earlier outage).
-func (f *Fallback) local() *memstore.Store {
-	ns := time.Now().UnixNano()
+// local returns the local store for a check at now, a fresh one when the
+// last one has not been used for Forget (its state is from an earlier
+// outage).
+func (f *Fallback) local(now time.Time) *memstore.Store {
+	ns := now.UnixNano()
 	m := f.mem.Load()
 	if m == nil || ns-f.lastUse.Load() > int64(f.o.Forget) {
 		f.mu.Lock()
@@ -154,7 +161,7 @@ func (f *Fallback) Sweep(now time.Time) bool {
 // Active reports whether the Fallback holds local state: some check used
 // it within Forget.
 func (f *Fallback) Active() bool {
-	return f.mem.Load() != nil && time.Now().UnixNano()-f.lastUse.Load() <= int64(f.o.Forget)
+	return f.mem.Load() != nil && f.o.Clock().UnixNano()-f.lastUse.Load() <= int64(f.o.Forget)
 }
 
 // Peers returns the live daemons as the Health says, at least 1.
@@ -178,7 +185,7 @@ func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int
 	}
 	peers := f.Peers()
 	share := fairShare(*p, peers)
-	m := f.local()
+	m := f.local(now)
 	if f.o.Seed != nil && !m.Has(key) {
 		f.seed(m, key, p, share, peers, now)
 	}

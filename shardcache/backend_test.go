@@ -11,7 +11,7 @@ import (
 )
 
 // algoBackend is a shared store in this process: package algo's exact
-// decisions on one map under one lock, timed by the wall clock. The Redis
+// decisions on one map under one lock, timed by the test's fake clock. The Redis
 // scripts compute the same (the lua package's differential test), so the
 // cache's logic can be tested here for every interleaving the race
 // detector explores; the daemon's tests run it against real Redis.
@@ -23,19 +23,71 @@ type algoBackend struct {
 	calls    atomic.Int64 // TakeLease and Take calls
 	syncs    atomic.Int64 // Sync calls
 	syncOps  atomic.Int64
-	now      func() int64 // store µs; nil: the wall clock
+	clk      *fakeClock // the store's time, and its caches'
 	failNext atomic.Bool
 }
 
 func newAlgoBackend() *algoBackend {
-	return &algoBackend{states: map[string]*algo.State{}}
+	return &algoBackend{states: map[string]*algo.State{}, clk: newFakeClock()}
 }
 
-func (b *algoBackend) clock() int64 {
-	if b.now != nil {
-		return b.now()
+func (b *algoBackend) clock() int64 { return b.clk.Now().UnixMicro() }
+
+// newCache returns a Cache in front of b on b's clock.
+func newCache(b shardcache.Backend, clk *fakeClock, o shardcache.Options) *shardcache.Cache {
+	o.Clock = clk.Now
+	return shardcache.New(b, o)
+}
+
+// fakeClock is the time of a test's store and caches: it moves only when
+// the test moves it, so that no outcome depends on the machine's speed.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := new(fakeClock)
+	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+
+// Now returns the fake time.
+func (c *fakeClock) Now() time.Time { return time.Unix(0, c.ns.Load()) }
+
+// set moves the clock to t.
+func (c *fakeClock) set(t time.Time) { c.ns.Store(t.UnixNano()) }
+
+// loops runs caches' sync loops on a fake clock, as Cache.Run does on the
+// wall clock: every half sync interval, ReturnIdle and Sync in turn. One
+// goroutine drives it.
+type loops struct {
+	clk    *fakeClock
+	caches []*shardcache.Cache
+	half   time.Duration
+	next   time.Time // the next tick
+	n      int       // ticks run
+}
+
+func newLoops(clk *fakeClock, interval time.Duration, caches ...*shardcache.Cache) *loops {
+	return &loops{clk: clk, caches: caches, half: interval / 2, next: clk.Now().Add(interval / 2)}
+}
+
+// advance moves the clock d on, running every tick due on the way at its
+// time, and returns the new time.
+func (l *loops) advance(d time.Duration) time.Time {
+	end := l.clk.Now().Add(d)
+	for !l.next.After(end) {
+		l.clk.set(l.next)
+		for _, c := range l.caches {
+			if l.n%2 == 0 {
+				c.ReturnIdle(l.next)
+			} else {
+				c.Sync(l.next)
+			}
+		}
+		l.n++
+		l.next = l.next.Add(l.half)
 	}
-	return time.Now().UnixMicro()
+	l.clk.set(end)
+	return end
 }
 
 func (b *algoBackend) state(key []byte, p algo.Params) *algo.State {

@@ -42,6 +42,11 @@ type Options struct {
 	// leases are capped at the key's remaining quota over twice that. Nil,
 	// or a result below 1, means 1.
 	Peers func() int
+	// Clock tells the time of the calls the cache sends, which it maps
+	// to the store's clock, and of a windowed lease's last use (nil:
+	// time.Now). Checks, syncs and returns take their time as an
+	// argument; a test drives all of them with one fake clock.
+	Clock func() time.Time
 }
 
 func (o Options) withDefaults() Options {
@@ -57,6 +62,9 @@ func (o Options) withDefaults() Options {
 	o.Shards = 1 << bits.Len(uint(o.Shards-1))
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
 	}
 	return o
 }
@@ -197,7 +205,7 @@ func (c *Cache) local(e *entry, ns, cost int64, peek bool) (algo.Result, bool) {
 	}
 	// A windowed lease is checked against the clock itself, not just the
 	// batch's time: its units belong to a window that ends at leaseUntil.
-	if e.lease >= cost && ns < e.leaseUntil && (!windowed(e.p.Kind) || time.Now().UnixNano() < e.leaseUntil) {
+	if e.lease >= cost && ns < e.leaseUntil && (!windowed(e.p.Kind) || c.o.Clock().UnixNano() < e.leaseUntil) {
 		if !peek {
 			e.lease -= cost
 			e.used += cost
@@ -318,7 +326,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		for k := range costs {
 			costs[k] = reqs[i+k].cost
 		}
-		sent := time.Now().UnixNano()
+		sent := c.o.Clock().UnixNano()
 		admitted, leased, r, err := c.b.TakeLease(ctx, []byte(key), p, costs, want)
 		storeCalls.Inc()
 		batchSize.Update(float64(len(costs)))

@@ -27,18 +27,17 @@ func TestHotKeyIsLocal(t *testing.T) {
 	for _, k := range cachedKinds {
 		t.Run(k.String(), func(t *testing.T) {
 			b := newAlgoBackend()
-			c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
+			c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
+			l := newLoops(b.clk, shardcache.DefaultSyncInterval, c)
 			// An hour: no window ends during the test (near its end a
 			// window's checks go to the store, by design).
 			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Hour}
 			const checks = 20_000
 			for i := range checks {
-				r, err := c.Take(ctx, []byte("hot"), p, 1, time.Now(), false)
+				r, err := c.Take(ctx, []byte("hot"), p, 1, b.clk.Now(), false)
 				require.NoError(t, err)
 				require.True(t, r.Allowed, "check %d: %+v", i, r)
-				if i%1000 == 999 { // a sync interval's worth of traffic
-					c.Sync(time.Now())
-				}
+				l.advance(100 * time.Microsecond) // 1,000 checks per sync interval
 			}
 			calls := b.calls.Load() + b.syncOps.Load()
 			t.Logf("%s: %d checks, %d store calls + %d sync ops", k, checks, b.calls.Load(), b.syncOps.Load())
@@ -60,34 +59,61 @@ func bound(p algo.Params, from, to int64) int64 {
 	}
 }
 
-// hammer runs workers goroutines per cache, each checking key as fast as
-// it can until stop is closed, and returns the admissions.
-func hammer(caches []*shardcache.Cache, workers int, key string, p algo.Params, stop <-chan struct{}) (admitted, denied int64) {
-	var a, d atomic.Int64
+// drive runs each of checks in a loop on a goroutine of its own, perStep
+// checks in all at each time of the clock: when they have made them, the
+// clock moves step on, running l's ticks on the way. When it has moved
+// d, drive stops them. Each call of a check is one check.
+func drive(l *loops, d, step time.Duration, perStep int64, checks ...func()) {
+	var budget, done atomic.Int64 // checks left to start, and made, at this time
+	var stop atomic.Bool
 	var wg sync.WaitGroup
+	for _, check := range checks {
+		wg.Go(func() {
+			for !stop.Load() {
+				if budget.Add(-1) < 0 {
+					runtime.Gosched() // polling for the next step
+					continue
+				}
+				check()
+				done.Add(1)
+			}
+		})
+	}
+	end := l.clk.Now().Add(d)
+	for l.clk.Now().Before(end) {
+		done.Store(0)
+		budget.Store(perStep)
+		for done.Load() < perStep {
+			runtime.Gosched() // polling the checks' count
+		}
+		l.advance(step)
+	}
+	stop.Store(true)
+	wg.Wait()
+}
+
+// hammer checks key through each cache from workers goroutines each, as
+// fast as they can, while the clock moves for d (see drive: a step of
+// 100 µs every 10 checks), and returns the admissions and denials.
+func hammer(l *loops, caches []*shardcache.Cache, workers int, key string, p algo.Params, d time.Duration) (admitted, denied int64) {
+	var a, n atomic.Int64
+	var checks []func()
 	for _, c := range caches {
 		for range workers {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					r, err := c.Take(ctx, []byte(key), p, 1, time.Now(), false)
-					switch {
-					case err != nil:
-					case r.Allowed:
-						a.Add(1)
-					default:
-						d.Add(1)
-					}
+			checks = append(checks, func() {
+				r, err := c.Take(ctx, []byte(key), p, 1, l.clk.Now(), false)
+				switch {
+				case err != nil:
+				case r.Allowed:
+					a.Add(1)
+				default:
+					n.Add(1)
 				}
 			})
 		}
 	}
-	wg.Wait()
-	return a.Load(), d.Load()
+	drive(l, d, 100*time.Microsecond, 10, checks...)
+	return a.Load(), n.Load()
 }
 
 // TestNeverOverLimit: three caches on one store, each with its sync loop,
@@ -99,24 +125,19 @@ func TestNeverOverLimit(t *testing.T) {
 		t.Run(k.String(), func(t *testing.T) {
 			t.Parallel()
 			b := newAlgoBackend()
-			runCtx, cancel := context.WithCancel(ctx)
-			defer cancel()
 			var caches []*shardcache.Cache
+			o := shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }}
 			for range 3 {
-				c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }})
-				go c.Run(runCtx)
-				caches = append(caches, c)
+				caches = append(caches, newCache(b, b.clk, o))
 			}
+			l := newLoops(b.clk, o.SyncInterval, caches...)
 			p := algo.Params{Kind: k, Limit: 200, Period: 100 * time.Millisecond}
-			from := time.Now().UnixMicro()
-			stop := make(chan struct{})
-			time.AfterFunc(400*time.Millisecond, func() { close(stop) })
-			admitted, denied := hammer(caches, 4, "k", p, stop)
+			from := b.clk.Now().UnixMicro()
+			admitted, denied := hammer(l, caches, 4, "k", p, 400*time.Millisecond)
 			// The second half: one cache is dead, its leases never returned.
-			stop2 := make(chan struct{})
-			time.AfterFunc(300*time.Millisecond, func() { close(stop2) })
-			a2, d2 := hammer(caches[1:], 4, "k", p, stop2)
-			to := time.Now().UnixMicro()
+			l.caches = caches[1:]
+			a2, d2 := hammer(l, caches[1:], 4, "k", p, 300*time.Millisecond)
+			to := b.clk.Now().UnixMicro()
 			admitted += a2
 			denied += d2
 			max := bound(p, from, to)
@@ -131,46 +152,42 @@ func TestNeverOverLimit(t *testing.T) {
 // more than the limit, though leases are taken close to its end.
 func TestWindowLeaseStaysInItsWindow(t *testing.T) {
 	b := newAlgoBackend()
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	p := algo.Params{Kind: algo.FixedWindow, Limit: 100, Period: 50 * time.Millisecond}
 	per := p.PeriodMicros()
+	o := shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }}
 	var caches []*shardcache.Cache
 	for range 3 {
-		c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }})
-		go c.Run(runCtx)
-		caches = append(caches, c)
+		caches = append(caches, newCache(b, b.clk, o))
 	}
+	l := newLoops(b.clk, o.SyncInterval, caches...)
 	var mu sync.Mutex
 	perWindow := map[int64]int64{} // admissions known to lie in the window
 	ambiguous := 0                 // admissions whose call spanned a window's end
-	var wg sync.WaitGroup
-	deadline := time.Now().Add(500 * time.Millisecond)
+	var checks []func()
 	for _, c := range caches {
 		for range 3 {
-			wg.Go(func() {
-				for time.Now().Before(deadline) {
-					before := time.Now()
-					r, err := c.Take(ctx, []byte("w"), p, 1, before, false)
-					after := time.Now().UnixMicro()
-					if err != nil || !r.Allowed {
-						continue
-					}
-					mu.Lock()
-					if w := before.UnixMicro() / per; w == after/per {
-						perWindow[w]++
-					} else {
-						ambiguous++
-					}
-					mu.Unlock()
+			checks = append(checks, func() {
+				before := b.clk.Now()
+				r, err := c.Take(ctx, []byte("w"), p, 1, before, false)
+				after := b.clk.Now().UnixMicro()
+				if err != nil || !r.Allowed {
+					return
 				}
+				mu.Lock()
+				if w := before.UnixMicro() / per; w == after/per {
+					perWindow[w]++
+				} else {
+					ambiguous++
+				}
+				mu.Unlock()
 			})
 		}
 	}
-	wg.Wait()
+	drive(l, 500*time.Millisecond, 100*time.Microsecond, 10, checks...)
 	for w, n := range perWindow {
 		assert.LessOrEqual(t, n, p.Limit, "window %d", w)
 	}
+	assert.Len(t, perWindow, 10, "ten windows, each with admissions")
 	t.Logf("admitted per window: %v (%d across a boundary)", perWindow, ambiguous)
 }
 
@@ -180,84 +197,71 @@ func TestNotUnderLimit(t *testing.T) {
 	for _, k := range cachedKinds {
 		t.Run(k.String(), func(t *testing.T) {
 			b := newAlgoBackend()
-			runCtx, cancel := context.WithCancel(ctx)
-			defer cancel()
+			o := shardcache.Options{SyncInterval: 20 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }}
 			var caches []*shardcache.Cache
 			for range 3 {
-				c := shardcache.New(b, shardcache.Options{SyncInterval: 20 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }})
-				go c.Run(runCtx)
-				caches = append(caches, c)
+				caches = append(caches, newCache(b, b.clk, o))
 			}
-			// 10,000 checks at 80% of 20,000/s, at least 1/16,000 s apart:
-			// a check that comes late does not make the next come early,
-			// so no stretch of time sees more than 80% (a sliding
-			// counter refuses a catch-up burst with or without a cache).
+			l := newLoops(b.clk, o.SyncInterval, caches...)
+			// 10,000 checks at 80% of 20,000/s, evenly spaced.
 			p := algo.Params{Kind: k, Limit: 2_000, Period: 100 * time.Millisecond}
 			const checks = 10_000
 			interval := time.Duration(float64(p.Period) / float64(p.Limit) / 0.8)
-			start := time.Now()
-			next := start
 			refused := 0
 			for i := range checks {
-				for time.Now().Before(next) {
-					runtime.Gosched()
-				}
-				next = time.Now().Add(interval)
-				r, err := caches[i%3].Take(ctx, []byte("steady"), p, 1, time.Now(), false)
+				r, err := caches[i%3].Take(ctx, []byte("steady"), p, 1, b.clk.Now(), false)
 				require.NoError(t, err)
 				if !r.Allowed {
 					refused++
 				}
+				l.advance(interval)
 			}
-			t.Logf("%s: %d checks in %v, %d refused, %d store calls, %d sync ops", k, checks, time.Since(start).Round(time.Millisecond), refused, b.calls.Load(), b.syncOps.Load())
+			t.Logf("%s: %d checks, %d refused, %d store calls, %d sync ops", k, checks, refused, b.calls.Load(), b.syncOps.Load())
 			assert.Zero(t, refused)
 		})
 	}
 }
 
 // TestMovingClientGetsQuota: a client that used one daemon, then moves to
-// another, gets the first one's unused lease within about one sync
-// interval. The bound allows four: one to return the lease, one to learn
-// of it, and room for a loaded machine under -race.
+// another, gets the first one's unused lease within two sync intervals:
+// the first daemon returns it within one interval of the client's last
+// check there, and the second learns of it when its denial, at most an
+// interval long, ends. On the fake clock the bound is exact.
 func TestMovingClientGetsQuota(t *testing.T) {
 	b := newAlgoBackend()
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	o := shardcache.Options{SyncInterval: 50 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 2 }}
-	a, other := shardcache.New(b, o), shardcache.New(b, o)
-	go a.Run(runCtx)
-	go other.Run(runCtx)
+	a, other := newCache(b, b.clk, o), newCache(b, b.clk, o)
+	l := newLoops(b.clk, o.SyncInterval, a, other)
 	p := algo.Params{Kind: algo.FixedWindow, Limit: 100, Period: time.Hour}
-	var wg sync.WaitGroup
 	var onA atomic.Int64
-	for range 20 { // concurrent checks, so that a leases ahead
-		wg.Go(func() {
-			for range 3 {
-				if r, err := a.Take(ctx, []byte("mover"), p, 1, time.Now(), false); err == nil && r.Allowed {
-					onA.Add(1)
-				}
-			}
-		})
+	for range 60 { // a hot key: a leases ahead
+		if r, err := a.Take(ctx, []byte("mover"), p, 1, b.clk.Now(), false); err == nil && r.Allowed {
+			onA.Add(1)
+		}
 	}
-	wg.Wait()
 	require.Equal(t, int64(60), onA.Load())
-	t.Logf("after 60 checks on a, the store has %d left: a holds the rest of 40", b.remaining("mover", p))
+	left := b.remaining("mover", p)
+	t.Logf("after 60 checks on a, the store has %d left: a holds the rest of 40", left)
+	require.Less(t, left, int64(40), "a holds a lease")
 
 	// The client moves, and keeps asking until it has the whole limit.
-	movedAt := time.Now()
+	movedAt := b.clk.Now()
 	onOther := int64(0)
 	for onA.Load()+onOther < p.Limit {
-		require.Less(t, time.Since(movedAt), 4*o.SyncInterval, "other got %d of the 40 left", onOther)
-		r, err := other.Take(ctx, []byte("mover"), p, 1, time.Now(), false)
+		waited := b.clk.Now().Sub(movedAt)
+		require.LessOrEqual(t, waited, 2*o.SyncInterval, "other got %d of the 40 left", onOther)
+		r, err := other.Take(ctx, []byte("mover"), p, 1, b.clk.Now(), false)
 		require.NoError(t, err)
 		if r.Allowed {
 			onOther++
+			l.advance(time.Millisecond) // the client's pace
 			continue
 		}
+		require.Positive(t, r.RetryAfter)
 		require.LessOrEqual(t, r.RetryAfter, o.SyncInterval, "a denial that may be a's lease lasts one sync interval at most")
-		time.Sleep(r.RetryAfter) // the client honours Retry-After
+		l.advance(r.RetryAfter) // the client honours Retry-After
 	}
-	t.Logf("other got the remaining %d within %v (sync interval %v)", onOther, time.Since(movedAt).Round(time.Millisecond), o.SyncInterval)
+	t.Logf("other got the remaining %d within %v (sync interval %v)", onOther, b.clk.Now().Sub(movedAt), o.SyncInterval)
 }
 
 // TestHammeredKeyCostsOneCallPerRetry: a key checked at far more than its
@@ -265,29 +269,30 @@ func TestMovingClientGetsQuota(t *testing.T) {
 // checks arrive.
 func TestHammeredKeyCostsOneCallPerRetry(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second})
+	o := shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second}
+	c := newCache(b, b.clk, o)
+	l := newLoops(b.clk, o.SyncInterval, c)
 	p := algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: 200 * time.Millisecond}
-	stop := make(chan struct{})
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go c.Run(runCtx)
-	from := time.Now()
-	time.AfterFunc(time.Second, func() { close(stop) })
-	admitted, denied := hammer([]*shardcache.Cache{c}, 4, "abuser", p, stop)
-	windows := time.Since(from)/p.Period + 1
+	// Start on a window boundary, so that the run covers whole windows.
+	b.clk.set(b.clk.Now().Truncate(p.Period))
+	const windows = 5
+	admitted, denied := hammer(l, []*shardcache.Cache{c}, 4, "abuser", p, windows*p.Period)
 	t.Logf("%d admitted, %d denied over %d windows: %d store calls, %d sync ops", admitted, denied, windows, b.calls.Load(), b.syncOps.Load())
+	assert.LessOrEqual(t, admitted, int64(windows+1)*p.Limit)
 	assert.Greater(t, denied, 100*admitted/10, "hammered")
 	// Per window: the call that takes the lease (or the limit), the one
 	// that learns the denial, and a slack of two for the boundary.
-	assert.LessOrEqual(t, b.calls.Load(), int64(windows)*4)
+	assert.LessOrEqual(t, b.calls.Load(), int64(windows+1)*4)
 }
 
-// TestStrictCoalesces: strict checks of one key never use a lease, and
-// concurrent ones share store calls.
+// TestStrictCoalesces: strict checks of one key never use a lease (the
+// syncs that follow have nothing to return or renew), and concurrent ones
+// share store calls.
 func TestStrictCoalesces(t *testing.T) {
 	b := newAlgoBackend()
 	slow := &slowBackend{algoBackend: b, delay: 200 * time.Microsecond}
-	s := shardcache.New(slow, shardcache.Options{Timeout: time.Second}).Strict()
+	c := newCache(slow, b.clk, shardcache.Options{Timeout: time.Second})
+	s := c.Strict()
 	p := algo.Params{Kind: algo.SlidingLog, Limit: 1000, Period: time.Hour}
 	var wg sync.WaitGroup
 	var admitted atomic.Int64
@@ -295,7 +300,7 @@ func TestStrictCoalesces(t *testing.T) {
 	for range workers {
 		wg.Go(func() {
 			for range each {
-				r, err := s.Take(ctx, []byte("strict"), p, 1, time.Now(), false)
+				r, err := s.Take(ctx, []byte("strict"), p, 1, b.clk.Now(), false)
 				if err == nil && r.Allowed {
 					admitted.Add(1)
 				}
@@ -307,7 +312,12 @@ func TestStrictCoalesces(t *testing.T) {
 	t.Logf("%d strict checks, %d store calls: %.1f checks per call", workers*each, calls, float64(workers*each)/float64(calls))
 	assert.Equal(t, p.Limit, admitted.Load(), "exactly the limit")
 	assert.Less(t, calls, int64(workers*each/2))
-	assert.Zero(t, b.syncOps.Load())
+	// What a sync loop would do next finds nothing to return or renew.
+	l := newLoops(b.clk, shardcache.DefaultSyncInterval, c)
+	l.advance(3 * shardcache.DefaultSyncInterval)
+	require.NoError(t, c.Close(ctx))
+	assert.Zero(t, b.syncOps.Load(), "no lease to return or renew")
+	assert.Zero(t, c.Len(), "no entry")
 }
 
 // slowBackend adds a delay to every call, as a network would.
@@ -324,13 +334,13 @@ func (s *slowBackend) TakeLease(ctx context.Context, key []byte, p algo.Params, 
 // TestCloseReturnsLeases: Close gives every unused unit back.
 func TestCloseReturnsLeases(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
+	c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
 			for range 10 {
-				_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+				_, err := c.Take(ctx, []byte("k"), p, 1, b.clk.Now(), false)
 				assert.NoError(t, err)
 			}
 		})
@@ -339,7 +349,7 @@ func TestCloseReturnsLeases(t *testing.T) {
 	require.Less(t, b.remaining("k", p), int64(1000-80), "leased ahead")
 	require.NoError(t, c.Close(ctx))
 	assert.Equal(t, int64(1000-80), b.remaining("k", p), "only what was admitted is gone")
-	_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	_, err := c.Take(ctx, []byte("k"), p, 1, b.clk.Now(), false)
 	assert.ErrorIs(t, err, shardcache.ErrClosed)
 }
 
@@ -347,16 +357,16 @@ func TestCloseReturnsLeases(t *testing.T) {
 // the lease, with no store call.
 func TestRefundGoesToLease(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
+	c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
 	for range 4 {
-		_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+		_, err := c.Take(ctx, []byte("k"), p, 1, b.clk.Now(), false)
 		require.NoError(t, err)
 	}
-	r, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	r, err := c.Take(ctx, []byte("k"), p, 1, b.clk.Now(), false)
 	require.NoError(t, err)
 	calls := b.calls.Load()
-	require.NoError(t, c.Refund(ctx, []byte("k"), p, 1, time.UnixMicro(r.At), time.Now()))
+	require.NoError(t, c.Refund(ctx, []byte("k"), p, 1, time.UnixMicro(r.At), b.clk.Now()))
 	assert.Equal(t, calls, b.calls.Load(), "refunded locally")
 	require.NoError(t, c.Close(ctx))
 	assert.Equal(t, int64(1000-4), b.remaining("k", p))
@@ -366,15 +376,16 @@ func TestRefundGoesToLease(t *testing.T) {
 // with them; MaxEntries bounds the cache.
 func TestSyncEvictsIdle(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{MaxEntries: 100, Timeout: time.Second})
+	c := newCache(b, b.clk, shardcache.Options{MaxEntries: 100, Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
 	for i := range 1000 {
-		_, err := c.Take(ctx, fmt.Appendf(nil, "k%d", i), p, 1, time.Now(), false)
+		_, err := c.Take(ctx, fmt.Appendf(nil, "k%d", i), p, 1, b.clk.Now(), false)
 		require.NoError(t, err)
 	}
 	assert.LessOrEqual(t, c.Len(), 100+shardcache.DefaultShards)
 	for range 3 {
-		c.Sync(time.Now())
+		b.clk.set(b.clk.Now().Add(shardcache.DefaultSyncInterval))
+		c.Sync(b.clk.Now())
 	}
 	assert.Zero(t, c.Len())
 	for i := range 1000 {
@@ -386,12 +397,12 @@ func TestSyncEvictsIdle(t *testing.T) {
 // needed it, and the next call works.
 func TestStoreErrorIsReturned(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
+	c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
 	b.failNext.Store(true)
-	_, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	_, err := c.Take(ctx, []byte("k"), p, 1, b.clk.Now(), false)
 	require.Error(t, err)
-	r, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+	r, err := c.Take(ctx, []byte("k"), p, 1, b.clk.Now(), false)
 	require.NoError(t, err)
 	assert.True(t, r.Allowed)
 }
@@ -400,7 +411,8 @@ func TestStoreErrorIsReturned(t *testing.T) {
 // 24 bytes, each with a lease, against a store that keeps nothing.
 func TestBytesPerEntry(t *testing.T) {
 	const n = 100_000
-	c := shardcache.New(grantAll{}, shardcache.Options{MaxEntries: n, Timeout: time.Second})
+	clk := newFakeClock()
+	c := newCache(grantAll{clk}, clk, shardcache.Options{MaxEntries: n, Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
 	keys := make([][]byte, n)
 	for i := range keys {
@@ -410,7 +422,7 @@ func TestBytesPerEntry(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for _, k := range keys {
-		_, err := c.Take(ctx, k, p, 1, time.Now(), false)
+		_, err := c.Take(ctx, k, p, 1, clk.Now(), false)
 		require.NoError(t, err)
 	}
 	runtime.GC()
@@ -423,7 +435,7 @@ func TestBytesPerEntry(t *testing.T) {
 }
 
 // grantAll is a store that admits everything and keeps no state.
-type grantAll struct{}
+type grantAll struct{ clk *fakeClock }
 
 func (grantAll) Take(context.Context, []byte, algo.Params, int64, time.Time, bool) (algo.Result, error) {
 	return algo.Result{Allowed: true}, nil
@@ -431,8 +443,8 @@ func (grantAll) Take(context.Context, []byte, algo.Params, int64, time.Time, boo
 func (grantAll) Refund(context.Context, []byte, algo.Params, int64, time.Time, time.Time) error {
 	return nil
 }
-func (grantAll) TakeLease(_ context.Context, _ []byte, p algo.Params, costs []int64, want int64) (int, int64, algo.Result, error) {
-	return len(costs), want, algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), At: time.Now().UnixMicro()}, nil
+func (g grantAll) TakeLease(_ context.Context, _ []byte, p algo.Params, costs []int64, want int64) (int, int64, algo.Result, error) {
+	return len(costs), want, algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), At: g.clk.Now().UnixMicro()}, nil
 }
 func (grantAll) Sync(context.Context, []shardcache.Op) error { return nil }
 
@@ -444,29 +456,29 @@ func TestKnown(t *testing.T) {
 	for _, k := range cachedKinds {
 		t.Run(k.String(), func(t *testing.T) {
 			b := newAlgoBackend()
-			c := shardcache.New(b, shardcache.Options{Timeout: time.Second})
+			c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
 			p := algo.Params{Kind: k, Limit: 100, Period: time.Hour}
-			_, ok := c.Known([]byte("k"), p, time.Now())
+			_, ok := c.Known([]byte("k"), p, b.clk.Now())
 			assert.False(t, ok, "never answered")
-			r, err := c.Take(ctx, []byte("k"), p, 10, time.Now(), false)
+			r, err := c.Take(ctx, []byte("k"), p, 10, b.clk.Now(), false)
 			require.NoError(t, err)
 			require.True(t, r.Allowed)
-			got, ok := c.Known([]byte("k"), p, time.Now())
+			got, ok := c.Known([]byte("k"), p, b.clk.Now())
 			require.True(t, ok)
 			assert.Equal(t, b.remaining("k", p), got, "the store's remainder, the lease left out")
-			_, ok = c.Known([]byte("k"), algo.Params{Kind: k, Limit: 50, Period: time.Hour}, time.Now())
+			_, ok = c.Known([]byte("k"), algo.Params{Kind: k, Limit: 50, Period: time.Hour}, b.clk.Now())
 			assert.False(t, ok, "another limit")
 
 			// Use it up: denied, and known as used up.
 			for i := 0; ; i++ {
 				require.Less(t, i, 1000)
-				r, err := c.Take(ctx, []byte("k"), p, 1, time.Now(), false)
+				r, err := c.Take(ctx, []byte("k"), p, 1, b.clk.Now(), false)
 				require.NoError(t, err)
 				if !r.Allowed {
 					break
 				}
 			}
-			got, ok = c.Known([]byte("k"), p, time.Now())
+			got, ok = c.Known([]byte("k"), p, b.clk.Now())
 			require.True(t, ok)
 			assert.Zero(t, got, "a key the store refused")
 		})
@@ -479,9 +491,9 @@ func TestKnown(t *testing.T) {
 // store denies is remembered as a take's denial is.
 func TestPeeksAreRememberedAndCoalesced(t *testing.T) {
 	b := newAlgoBackend()
-	c := shardcache.New(b, shardcache.Options{SyncInterval: time.Hour, Timeout: time.Second})
+	c := newCache(b, b.clk, shardcache.Options{SyncInterval: time.Hour, Timeout: time.Second})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
-	now := time.Now()
+	now := b.clk.Now()
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {

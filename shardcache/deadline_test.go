@@ -48,7 +48,7 @@ func (h *hungBackend) TakeLease(ctx context.Context, key []byte, p algo.Params, 
 func TestHungStoreHoldsNothing(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	b := &hungBackend{algoBackend: newAlgoBackend()}
-	c := shardcache.New(b, shardcache.Options{Timeout: timeout, Shards: 1})
+	c := newCache(b, b.clk, shardcache.Options{Timeout: timeout, Shards: 1})
 	stores := map[string]interface {
 		Take(context.Context, []byte, algo.Params, int64, time.Time, bool) (algo.Result, error)
 	}{"cached": c, "strict": c.Strict()}
@@ -63,7 +63,7 @@ func TestHungStoreHoldsNothing(t *testing.T) {
 				wg.Go(func() {
 					for range 2 {
 						start := time.Now()
-						_, err := s.Take(ctx, []byte("hung"), p, 1, time.Now(), false)
+						_, err := s.Take(ctx, []byte("hung"), p, 1, b.clk.Now(), false)
 						if err != nil {
 							failed.Add(1)
 						}
@@ -78,7 +78,7 @@ func TestHungStoreHoldsNothing(t *testing.T) {
 			// Another key of the same shard is decided meanwhile.
 			for range 20 {
 				start := time.Now()
-				r, err := s.Take(ctx, []byte("fine"), p, 1, time.Now(), false)
+				r, err := s.Take(ctx, []byte("fine"), p, 1, b.clk.Now(), false)
 				require.NoError(t, err)
 				assert.True(t, r.Allowed)
 				assert.Less(t, time.Since(start), timeout/2, "not held up by the hung key")
@@ -96,7 +96,7 @@ func TestHungStoreHoldsNothing(t *testing.T) {
 	b.hung.Store(false)
 	for name, s := range stores {
 		assert.Eventually(t, func() bool {
-			r, err := s.Take(ctx, []byte("hung"), p, 1, time.Now(), false)
+			r, err := s.Take(ctx, []byte("hung"), p, 1, b.clk.Now(), false)
 			return err == nil && r.Allowed
 		}, 2*time.Second, 10*time.Millisecond, name)
 	}

@@ -41,6 +41,23 @@
 // refreshes the remaining quota of the others that are hot, and drops
 // entries idle for two intervals. Close returns every lease.
 //
+// # Peeks
+//
+// A peek (a check that takes nothing) is answered like a take from the
+// key's lease or denial, else from the store's last answer while it is
+// younger than a sync interval; else by one store call, coalesced per key,
+// whose answer the entry keeps like a take's. The peeks a denied check
+// makes of its later rules (Cache.PeekForDenial) keep an allowed answer
+// for the denial's retry-after: a key hammered under several rules costs
+// the store about one call per retry-after, as under one.
+//
+// # Time
+//
+// The cache reads no clock of its own to decide: checks, Sync and
+// ReturnIdle take their time as an argument, and the times of its store
+// calls come from Options.Clock. Run drives Sync and ReturnIdle on the
+// wall clock; the tests drive them, and the clock, themselves.
+//
 // # Strict rules
 //
 // Cache.Strict gives the Store of strict rules: every decision is made by

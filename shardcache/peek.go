@@ -96,7 +96,7 @@ func (c *Cache) runPeek(key string, reqs []missReq, out []missResp) error {
 			continue
 		}
 		sh.mu.Unlock()
-		sent := time.Now().UnixNano()
+		sent := c.o.Clock().UnixNano()
 		r, err := c.b.Take(ctx, []byte(key), q.p, q.cost, time.Unix(0, q.ns), true)
 		storeCalls.Inc()
 		storeDecided.Inc()
