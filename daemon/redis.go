@@ -24,9 +24,9 @@ const (
 	heartbeatTTL   = 3 * time.Second
 )
 
-// syncTimeout bounds one sync's pipelined call: it carries an op per hot
-// key, which Redis runs at some µs each, so it gets longer than a check.
-const syncTimeout = 200 * time.Millisecond
+// syncTimeout bounds the heartbeat's and the last sync's calls, as a
+// sync's own.
+const syncTimeout = redisx.DefaultSyncTimeout
 
 // fleet is the daemon's part in a fleet sharing one Redis: the Redis
 // store, the hot-key cache in front of it, the heartbeats that count the
@@ -67,7 +67,7 @@ func redisOptions(sc *config.Store, password string) redisx.Options {
 func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 	f := &fleet{c: c, rs: redisx.NewStore(c), id: daemonID()}
 	f.peers.Store(1)
-	f.cache = shardcache.New(redisBackend{f.rs}, shardcache.Options{
+	f.cache = shardcache.New(f.rs, shardcache.Options{
 		SyncInterval: time.Duration(sc.SyncInterval),
 		MaxEntries:   sc.MaxKeys,
 		Timeout:      time.Duration(sc.Timeout),
@@ -183,33 +183,4 @@ func (f *fleet) close(log *slog.Logger) {
 		log.Warn("could not return every lease", slog.Any("error", err))
 	}
 	_ = f.rs.Leave(ctx, f.id)
-}
-
-// redisBackend adapts the Redis store to the cache's Backend.
-type redisBackend struct{ *redisx.Store }
-
-// opKinds maps the cache's op kinds to the store's.
-var opKinds = [...]redisx.OpKind{
-	shardcache.OpPeek:   redisx.OpPeek,
-	shardcache.OpLease:  redisx.OpLease,
-	shardcache.OpReturn: redisx.OpReturn,
-}
-
-// Sync runs the cache's ops as one Store.Do.
-func (b redisBackend) Sync(ctx context.Context, ops []shardcache.Op) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, syncTimeout)
-		defer cancel()
-	}
-	rops := make([]redisx.Op, len(ops))
-	for i := range ops {
-		o := &ops[i]
-		rops[i] = redisx.Op{Kind: opKinds[o.Kind], Key: o.Key, Params: o.Params, N: o.N, TakenAt: o.TakenAt}
-	}
-	err := b.Do(ctx, rops)
-	for i := range ops {
-		ops[i].Granted, ops[i].Result, ops[i].Err = rops[i].Granted, rops[i].Result, rops[i].Err
-	}
-	return err
 }

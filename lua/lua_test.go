@@ -50,17 +50,18 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-type op uint8
+// op is the scripts' ARGV[1]: one vocabulary with algo's ops, whose
+// algo.Apply is the scripts' specification. A take of several costs is
+// the scripts' batch: an OpTakeLease that leases nothing.
+type op = algo.OpKind
 
 const (
-	take op = iota
-	peek
-	lease
-	refund
-	takelease
+	take      = algo.OpTake
+	peek      = algo.OpPeek
+	lease     = algo.OpLease
+	refund    = algo.OpRefund
+	takelease = algo.OpTakeLease
 )
-
-var opNames = [...]string{take: "take", peek: "peek", lease: "lease", refund: "refund", takelease: "takelease"}
 
 // step is one call of a timeline, at start+at µs: a take of the batch
 // costs, a peek of costs[0], a lease of want costs[0], a refund of
@@ -126,31 +127,35 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	t, p := r.t, r.p
 	t.Helper()
 	before := clone(r.s)
+	// The Go side: algo.Apply, the specification of every op.
+	ao := algo.Op{Kind: o, Params: p, TakenAt: takenAt}
+	switch o {
+	case take:
+		ao.Kind, ao.Costs = algo.OpTakeLease, costs // a batch: takes, no lease
+	case takelease:
+		ao.N, ao.Costs = costs[0], costs[1:]
+	default:
+		ao.N = costs[0]
+	}
+	algo.Apply(&ao, &r.s, now)
 	var want []int64
 	switch o {
 	case take:
-		n, res := algo.Batch(p, &r.s, now, costs)
-		want = reply(int64(n), res, now)
+		want = reply(int64(ao.Admitted), ao.Result, now)
 	case peek:
-		res := algo.Decide(p, &r.s, now, costs[0], true)
-		want = reply(b2i(res.Allowed), res, now)
+		want = reply(b2i(ao.Result.Allowed), ao.Result, now)
 	case lease:
-		g, res := algo.Lease(p, &r.s, now, costs[0])
-		want = reply(g, res, now)
+		want = reply(ao.Granted, ao.Result, now)
 	case takelease:
-		n, l, res := algo.TakeLease(p, &r.s, now, costs[1:], costs[0])
-		want = append(reply(int64(n), res, now), l)
+		want = append(reply(int64(ao.Admitted), ao.Result, now), ao.Granted)
 	case refund:
-		algo.Refund(p, &r.s, now, takenAt, costs[0])
-		res := algo.Decide(p, &r.s, now, 1, true)
-		res.RetryAfter = 0
-		want = reply(0, res, now)
+		want = reply(0, ao.Result, now)
 	}
 
 	// One transaction: the key cannot expire between the script and the
 	// PERSIST that keeps it for the rest of the timeline (the timeline's
 	// clock is not Redis's).
-	args := []string{"EVALSHA", r.e.shas[p.Kind], "1", r.key, opNames[o],
+	args := []string{"EVALSHA", r.e.shas[p.Kind], "1", r.key, o.String(),
 		itoa(p.Limit), itoa(p.PeriodMicros()), itoa(p.Burst), itoa(now)}
 	for _, c := range costs {
 		args = append(args, itoa(c))
@@ -177,9 +182,9 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	}
 	got, err := ints(exec[0])
 	if err != nil {
-		t.Fatalf("%s %v at %d: %v", opNames[o], costs, now, err)
+		t.Fatalf("%s %v at %d: %v", o, costs, now, err)
 	}
-	what := fmt.Sprintf("%s %v (takenAt %d) at %d on %+v", opNames[o], costs, takenAt, now, before)
+	what := fmt.Sprintf("%s %v (takenAt %d) at %d on %+v", o, costs, takenAt, now, before)
 	if !slices.Equal(got, want) {
 		t.Errorf("%s:\n  script %v\n  algo   %v", what, got, want)
 	}
@@ -320,7 +325,7 @@ func (r *runner) run(start int64, steps []step) {
 		got := r.apply(st.op, start+st.at, st.costs, start+st.takenAt)
 		noNow := append(got[:4:4], got[5:]...)
 		if st.want != nil && !slices.Equal(noNow, st.want) {
-			r.t.Errorf("step %d (%s %v at +%dµs): reply %v, want %v", i, opNames[st.op], st.costs, st.at, noNow, st.want)
+			r.t.Errorf("step %d (%s %v at +%dµs): reply %v, want %v", i, st.op, st.costs, st.at, noNow, st.want)
 		}
 		if r.t.Failed() {
 			r.t.FailNow()

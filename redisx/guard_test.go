@@ -83,7 +83,7 @@ func TestBreakerGuardsCalls(t *testing.T) {
 	assert.Less(t, time.Since(start), timeout, "100 refused calls take less than one timeout")
 	assert.GreaterOrEqual(t, metricValue(t, `rld_redis_calls_total{op="take",result="breaker_open"}`)-refusedBefore, float64(101))
 
-	ops := []redisx.Op{{Kind: redisx.OpLease, Key: []byte("a"), Params: p, N: 5}, {Kind: redisx.OpPeek, Key: []byte("b"), Params: p, N: 1}}
+	ops := []algo.Op{{Kind: algo.OpLease, Key: []byte("a"), Params: p, N: 5}, {Kind: algo.OpPeek, Key: []byte("b"), Params: p, N: 1}}
 	err = rs.Do(ctx, ops)
 	assert.ErrorIs(t, err, redisx.ErrBreakerOpen, "nothing sent")
 	for _, o := range ops {

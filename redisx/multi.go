@@ -17,76 +17,38 @@ import (
 	"github.com/rld/rld/lua"
 )
 
-// OpKind is what one Op of a batch (Store.Do) does.
-type OpKind uint8
+// The ops Store.Do runs are algo.Ops: OpTake, OpPeek, OpLease and
+// OpRefund (an OpTakeLease, whose reply differs, goes by Store.TakeLease).
+// Do sets Granted (OpLease), Result and Err. N below 1 counts as 1 for
+// OpTake, OpPeek and OpLease; an OpRefund of less than 1 is invalid (not
+// sent, Err set), since giving back a unit that was never taken would
+// over-admit. Key is the counter key, as given to Store.Take: Do applies
+// AppendKey with the Store's prefix and Params.Kind. An OpRefund's
+// TakenAt is on Redis's clock (the Result.At of the lease). An op whose
+// Err is a timeout may still have been applied.
 
-// The kinds of Op.
-const (
-	// OpPeek decides a cost of N and consumes nothing: it refreshes the
-	// view of a key (the scripts' peek op).
-	OpPeek OpKind = iota
-	// OpLease leases up to N units (at least 1), exactly as if that many
-	// had been admitted (the scripts' lease op, Store.Lease).
-	OpLease
-	// OpReturn gives back N units (N >= 1) of a lease taken at TakenAt
-	// (the scripts' refund op, Store.Refund).
-	OpReturn
-	numOpKinds
-)
-
-var opKindNames = [numOpKinds]string{OpPeek: "peek", OpLease: "lease", OpReturn: "return"}
-
-// opKindScript maps an OpKind to its script op (ARGV[1]), opKindMetric to
-// the op its calls are counted under in metrics (with the duration of
-// the whole Do).
+// opKindMetric maps an op kind to the op its calls are counted under in
+// metrics (with the duration of the whole Do), and batchable says which
+// kinds Do sends.
 var (
-	opKindScript = [numOpKinds]string{OpPeek: "peek", OpLease: "lease", OpReturn: "refund"}
-	opKindMetric = [numOpKinds]op{OpPeek: opPeek, OpLease: opLease, OpReturn: opRefund}
+	opKindMetric = [algo.NumOpKinds]op{algo.OpTake: opTake, algo.OpPeek: opPeek, algo.OpLease: opLease, algo.OpTakeLease: opBatch, algo.OpRefund: opRefund}
+	batchable    = [algo.NumOpKinds]bool{algo.OpTake: true, algo.OpPeek: true, algo.OpLease: true, algo.OpRefund: true}
 )
 
-// String returns "peek", "lease" or "return".
-func (k OpKind) String() string {
-	if k < numOpKinds {
-		return opKindNames[k]
+// DefaultSyncTimeout bounds a Sync whose context has no deadline: a sync
+// carries an op per hot key, which Redis runs at some µs each, so it
+// gets longer than a check.
+const DefaultSyncTimeout = 200 * time.Millisecond
+
+// Sync runs ops as Do does, within DefaultSyncTimeout when ctx has no
+// deadline. It makes the Store the hot-key cache's backend as it is.
+func (s *Store) Sync(ctx context.Context, ops []algo.Op) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultSyncTimeout)
+		defer cancel()
 	}
-	return "OpKind(" + strconv.Itoa(int(k)) + ")"
-}
-
-// Op is one call of a batch run by Store.Do. The caller sets Kind, Key,
-// Params, N and, for OpReturn, TakenAt; Do sets Granted, Result and Err.
-type Op struct {
-	// Kind is what the op does.
-	Kind OpKind
-	// Key is the counter key, as given to Store.Take; Do applies
-	// AppendKey with the Store's prefix and Params.Kind.
-	Key []byte
-	// Params is the limit of the key.
-	Params algo.Params
-	// N is the cost of an OpPeek, the units wanted by an OpLease, or the
-	// units an OpReturn gives back. Below 1 it counts as 1 for OpPeek and
-	// OpLease; an OpReturn of less than 1 is invalid (not sent, Err set),
-	// since giving back a unit that was never leased would over-admit.
-	N int64
-	// TakenAt is, for OpReturn, when the units were leased: unix µs on
-	// Redis's clock, the now_us of the lease's reply (Result.At). It
-	// matters to the window algorithms (units of a window that has passed
-	// are not given back) and to sliding_log (the entry at TakenAt).
-	TakenAt int64
-
-	// Granted is set by Do for an OpLease: the units granted, 0 to N.
-	Granted int64
-	// Result is set by Do when Err is nil. For OpPeek it is the peek's
-	// Result; for OpLease, as Store.Lease returns it (Allowed when
-	// Granted > 0, else the denial of a take of 1, whose RetryAfter says
-	// when a lease can next grant anything); for OpReturn, Remaining and
-	// Reset are those of a peek of cost 1 after the return, Allowed is
-	// false and RetryAfter 0. Result.At is the Redis time the script
-	// used (µs).
-	Result algo.Result
-	// Err is set by Do when the op failed: invalid Params or Kind, a
-	// timeout, a connection or Redis error. An op whose Err is a timeout
-	// may still have been applied.
-	Err error
+	return s.Do(ctx, ops)
 }
 
 // scriptSHA is the SHA-1 (hex) of each algorithm's script, indexed by
@@ -193,12 +155,12 @@ func (b *multiBuf) paramArgs(p algo.Params) [3]string {
 //
 // Do may be called concurrently, with distinct ops slices; it does not
 // keep ops or their Keys after it returns.
-func (s *Store) Do(ctx context.Context, ops []Op) error {
+func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 	if len(ops) == 0 {
 		return nil
 	}
 	for i := range ops {
-		ops[i].Granted, ops[i].Result, ops[i].Err = 0, algo.Result{}, nil
+		ops[i].Admitted, ops[i].Granted, ops[i].Result, ops[i].Err = 0, 0, algo.Result{}, nil
 	}
 	b := multiBufs.Get().(*multiBuf)
 	defer b.put()
@@ -252,7 +214,7 @@ func (s *Store) Do(ctx context.Context, ops []Op) error {
 		}
 	}
 	for i := range ops {
-		if o := &ops[i]; !errors.Is(o.Err, errInvalidOp) && o.Kind < numOpKinds {
+		if o := &ops[i]; !errors.Is(o.Err, errInvalidOp) && o.Kind < algo.NumOpKinds {
 			opKindMetric[o.Kind].record(start, o.Err)
 		}
 	}
@@ -289,7 +251,7 @@ type breakerGrant struct {
 // send runs the ops b.pending of ops (which hold their Redis keys in
 // b.keys), filling each op's outcome. It returns an error, also set in
 // every pending op's Err, when nothing could be sent.
-func (s *Store) send(ctx context.Context, ops []Op, b *multiBuf) error {
+func (s *Store) send(ctx context.Context, ops []algo.Op, b *multiBuf) error {
 	rc, err := s.c.client()
 	if err != nil {
 		err = fmt.Errorf("redisx: %d ops: %w", len(ops), err)
@@ -330,7 +292,7 @@ func (s *Store) send(ctx context.Context, ops []Op, b *multiBuf) error {
 				again = append(again, i)
 				continue
 			}
-			ops[i].fill(r, b.keys[i])
+			fill(&ops[i], r, b.keys[i])
 		}
 		b.pending = again
 	}
@@ -352,14 +314,14 @@ func (s *Store) multiCtx(ctx context.Context) (context.Context, context.CancelFu
 var errInvalidOp = errors.New("invalid op")
 
 // checkOp rejects an Op that cannot be sent.
-func checkOp(o *Op) error {
-	if o.Kind >= numOpKinds {
-		return fmt.Errorf("%w: unknown kind %d", errInvalidOp, o.Kind)
+func checkOp(o *algo.Op) error {
+	if o.Kind >= algo.NumOpKinds || !batchable[o.Kind] {
+		return fmt.Errorf("%w: kind %s not in a batch", errInvalidOp, o.Kind)
 	}
 	if err := checkParams(o.Params); err != nil {
 		return fmt.Errorf("%w: %w", errInvalidOp, err)
 	}
-	if o.Kind == OpReturn && o.N < 1 {
+	if o.Kind == algo.OpRefund && o.N < 1 {
 		return fmt.Errorf("%w: return of %d units", errInvalidOp, o.N)
 	}
 	return nil
@@ -367,10 +329,10 @@ func checkOp(o *Op) error {
 
 // command builds the script call of o on rkey: EVALSHA, or EVAL with the
 // script's text when eval is set.
-func (b *multiBuf) command(rc rueidis.Client, o *Op, rkey string, eval bool) rueidis.Completed {
+func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool) rueidis.Completed {
 	pa := b.paramArgs(o.Params)
-	b.args = append(b.args[:0], opKindScript[o.Kind], pa[0], pa[1], pa[2], "0", strconv.FormatInt(max(o.N, 1), 10))
-	if o.Kind == OpReturn {
+	b.args = append(b.args[:0], o.Kind.String(), pa[0], pa[1], pa[2], "0", strconv.FormatInt(max(o.N, 1), 10))
+	if o.Kind == algo.OpRefund {
 		b.args = append(b.args, strconv.FormatInt(o.TakenAt, 10))
 	}
 	k := o.Params.Kind
@@ -382,7 +344,7 @@ func (b *multiBuf) command(rc rueidis.Client, o *Op, rkey string, eval bool) rue
 }
 
 // fill sets o's outcome from the script's reply r.
-func (o *Op) fill(r rueidis.RedisResult, rkey string) {
+func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 	var buf [5]int64
 	v, err := replyInts(r, buf[:0])
 	if err != nil {
@@ -390,12 +352,12 @@ func (o *Op) fill(r rueidis.RedisResult, rkey string) {
 		return
 	}
 	switch o.Kind {
-	case OpPeek:
+	case algo.OpTake, algo.OpPeek:
 		o.Result = result(o.Params, v, v[0] == 1)
-	case OpLease:
+	case algo.OpLease:
 		o.Granted = v[0]
 		o.Result = result(o.Params, v, v[0] > 0)
-	case OpReturn:
+	case algo.OpRefund:
 		o.Result = result(o.Params, v, false)
 	}
 }
@@ -435,7 +397,7 @@ func doMulti(ctx context.Context, rc rueidis.Client, cmds []rueidis.Completed, r
 // to every node rc knows, concurrently, one pipeline per node. Errors are
 // ignored: an op whose node still lacks its script meets NOSCRIPT again
 // and goes as EVAL.
-func loadScripts(ctx context.Context, rc rueidis.Client, ops []Op, pending []int) {
+func loadScripts(ctx context.Context, rc rueidis.Client, ops []algo.Op, pending []int) {
 	var need [algo.FixedWindow + 1]bool
 	for _, i := range pending {
 		need[ops[i].Params.Kind] = true

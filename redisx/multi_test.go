@@ -74,23 +74,23 @@ func TestDo(t *testing.T) {
 	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
 	ctx := context.Background()
 
-	var ops []redisx.Op
+	var ops []algo.Op
 	for _, k := range kinds {
 		p := algo.Params{Kind: k, Limit: 10, Period: time.Hour}
 		key := []byte("do\x00" + k.String())
 		ops = append(ops,
-			redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 4},
+			algo.Op{Kind: algo.OpLease, Key: key, Params: p, N: 4},
 			// The same key, later in the same pipeline: after the lease.
-			redisx.Op{Kind: redisx.OpPeek, Key: key, Params: p, N: 6},
-			redisx.Op{Kind: redisx.OpPeek, Key: key, Params: p, N: 7},
-			redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 100},
-			redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 1},
+			algo.Op{Kind: algo.OpPeek, Key: key, Params: p, N: 6},
+			algo.Op{Kind: algo.OpPeek, Key: key, Params: p, N: 7},
+			algo.Op{Kind: algo.OpLease, Key: key, Params: p, N: 100},
+			algo.Op{Kind: algo.OpLease, Key: key, Params: p, N: 1},
 		)
 	}
 	ops = append(ops,
-		redisx.Op{Kind: redisx.OpPeek, Key: []byte("bad"), Params: algo.Params{Limit: 0, Period: time.Second}, N: 1},
-		redisx.Op{Kind: 7, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 1},
-		redisx.Op{Kind: redisx.OpReturn, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 0},
+		algo.Op{Kind: algo.OpPeek, Key: []byte("bad"), Params: algo.Params{Limit: 0, Period: time.Second}, N: 1},
+		algo.Op{Kind: 7, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 1},
+		algo.Op{Kind: algo.OpRefund, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 0},
 	)
 	require.NoError(t, rs.Do(ctx, ops))
 	for i, k := range kinds {
@@ -119,12 +119,12 @@ func TestDo(t *testing.T) {
 	}
 
 	// Return the units of the first lease of each key, then peek.
-	var back []redisx.Op
+	var back []algo.Op
 	for i := range kinds {
 		lease := ops[5*i]
 		back = append(back,
-			redisx.Op{Kind: redisx.OpReturn, Key: lease.Key, Params: lease.Params, N: 3, TakenAt: lease.Result.At},
-			redisx.Op{Kind: redisx.OpPeek, Key: lease.Key, Params: lease.Params, N: 3},
+			algo.Op{Kind: algo.OpRefund, Key: lease.Key, Params: lease.Params, N: 3, TakenAt: lease.Result.At},
+			algo.Op{Kind: algo.OpPeek, Key: lease.Key, Params: lease.Params, N: 3},
 		)
 	}
 	require.NoError(t, rs.Do(ctx, back))
@@ -150,9 +150,9 @@ func TestDoOneRoundTrip(t *testing.T) {
 	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
 	ctx := context.Background()
 	const n = 200
-	ops := make([]redisx.Op, n)
+	ops := make([]algo.Op, n)
 	for i := range ops {
-		ops[i] = redisx.Op{Kind: redisx.OpKind(i % 3), Key: []byte(fmt.Sprintf("rt-%d", i%50)),
+		ops[i] = algo.Op{Kind: [...]algo.OpKind{algo.OpPeek, algo.OpLease, algo.OpRefund}[i%3], Key: []byte(fmt.Sprintf("rt-%d", i%50)),
 			Params: algo.Params{Kind: kinds[i%len(kinds)], Limit: 1000, Period: time.Minute}, N: 2, TakenAt: time.Now().UnixMicro()}
 	}
 	require.NoError(t, rs.Do(ctx, ops)) // warm: connections up, scripts loaded
@@ -193,9 +193,9 @@ func TestDoOneRoundTrip(t *testing.T) {
 	bigCtx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for _, size := range []int{1000, 2000, 5000} {
-		big := make([]redisx.Op, size)
+		big := make([]algo.Op, size)
 		for i := range big {
-			big[i] = redisx.Op{Kind: redisx.OpKind(i % 2), Key: []byte(fmt.Sprintf("big-%d", i)),
+			big[i] = algo.Op{Kind: [...]algo.OpKind{algo.OpPeek, algo.OpLease}[i%2], Key: []byte(fmt.Sprintf("big-%d", i)),
 				Params: algo.Params{Kind: kinds[i%len(kinds)], Limit: 1000, Period: time.Minute}, N: 1}
 		}
 		require.NoError(t, rsBig.Do(bigCtx, big))
@@ -216,9 +216,9 @@ func TestDoOneRoundTrip(t *testing.T) {
 			size, best, time.Duration(cmdUsec(t, srv.Addr, "evalsha")/3)*time.Microsecond)
 	}
 	// Without a deadline in ctx, the Timeout of 1ms bounds the Do.
-	big := make([]redisx.Op, 2000)
+	big := make([]algo.Op, 2000)
 	for i := range big {
-		big[i] = redisx.Op{Kind: redisx.OpPeek, Key: []byte(fmt.Sprintf("big-%d", i)), Params: algo.Params{Limit: 10, Period: time.Minute}, N: 1}
+		big[i] = algo.Op{Kind: algo.OpPeek, Key: []byte(fmt.Sprintf("big-%d", i)), Params: algo.Params{Limit: 10, Period: time.Minute}, N: 1}
 	}
 	start = time.Now()
 	require.NoError(t, rsBig.Do(ctx, big))
@@ -245,9 +245,9 @@ func TestDoScriptLoss(t *testing.T) {
 			ctx := context.Background()
 			lease := func(round int) {
 				t.Helper()
-				var ops []redisx.Op
+				var ops []algo.Op
 				for _, k := range kinds {
-					ops = append(ops, redisx.Op{Kind: redisx.OpLease, Key: []byte("flush"),
+					ops = append(ops, algo.Op{Kind: algo.OpLease, Key: []byte("flush"),
 						Params: algo.Params{Kind: k, Limit: 10, Period: time.Hour}, N: 2})
 				}
 				require.NoError(t, rs.Do(ctx, ops))
@@ -282,7 +282,7 @@ func TestDoCluster(t *testing.T) {
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
 
 	perPrimary := map[string][]string{}
-	var ops []redisx.Op
+	var ops []algo.Op
 	for i := 0; len(ops) < 60; i++ {
 		key := []byte(fmt.Sprintf("multi-%d", i))
 		rkey := string(redisx.AppendKey(nil, "t:", key, p.Kind))
@@ -291,7 +291,7 @@ func TestDoCluster(t *testing.T) {
 			continue
 		}
 		perPrimary[addr] = append(perPrimary[addr], rkey)
-		ops = append(ops, redisx.Op{Kind: redisx.OpLease, Key: key, Params: p, N: 3})
+		ops = append(ops, algo.Op{Kind: algo.OpLease, Key: key, Params: p, N: 3})
 	}
 	require.Len(t, perPrimary, 3)
 	for _, primary := range c.Primaries() {
@@ -319,7 +319,7 @@ func TestDoCluster(t *testing.T) {
 		require.NoError(t, err)
 	}
 	for i := range ops {
-		ops[i].Kind, ops[i].N, ops[i].TakenAt = redisx.OpReturn, 3, ops[i].Result.At
+		ops[i].Kind, ops[i].N, ops[i].TakenAt = algo.OpRefund, 3, ops[i].Result.At
 	}
 	require.NoError(t, rs.Do(ctx, ops))
 	for i := range ops {
@@ -342,7 +342,7 @@ func TestDoNotConnected(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}})
 	c.Close()
-	ops := []redisx.Op{{Kind: redisx.OpPeek, Key: []byte("k"), Params: algo.Params{Limit: 1, Period: time.Second}}}
+	ops := []algo.Op{{Kind: algo.OpPeek, Key: []byte("k"), Params: algo.Params{Limit: 1, Period: time.Second}}}
 	err := redisx.NewStore(c).Do(context.Background(), ops)
 	require.ErrorIs(t, err, redisx.ErrClosed)
 	assert.ErrorIs(t, ops[0].Err, redisx.ErrClosed)
@@ -354,9 +354,9 @@ func TestDoPausedRedis(t *testing.T) {
 	srv := redistest.Standalone(t)
 	const timeout = 20 * time.Millisecond
 	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}, Timeout: timeout}))
-	ops := make([]redisx.Op, 50)
+	ops := make([]algo.Op, 50)
 	for i := range ops {
-		ops[i] = redisx.Op{Kind: redisx.OpLease, Key: []byte(fmt.Sprint(i)), Params: algo.Params{Limit: 1_000_000, Period: time.Second}, N: 1}
+		ops[i] = algo.Op{Kind: algo.OpLease, Key: []byte(fmt.Sprint(i)), Params: algo.Params{Limit: 1_000_000, Period: time.Second}, N: 1}
 	}
 	redistest.WaitFor(t, "a Do within the timeout", func() bool {
 		return rs.Do(context.Background(), ops) == nil && ops[0].Err == nil
@@ -378,9 +378,9 @@ func TestDoPausedRedis(t *testing.T) {
 func BenchmarkDo(b *testing.B) {
 	srv := redistest.Standalone(b)
 	rs := redisx.NewStore(newClient(b, redisx.Options{Addrs: []string{srv.Addr}, Timeout: 5 * time.Second}))
-	ops := make([]redisx.Op, 500)
+	ops := make([]algo.Op, 500)
 	for i := range ops {
-		ops[i] = redisx.Op{Kind: redisx.OpKind(i % 2), Key: []byte(fmt.Sprintf("bench-%d", i)),
+		ops[i] = algo.Op{Kind: [...]algo.OpKind{algo.OpPeek, algo.OpLease}[i%2], Key: []byte(fmt.Sprintf("bench-%d", i)),
 			Params: algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000_000, Period: time.Second}, N: 1}
 	}
 	ctx := context.Background()
@@ -391,4 +391,28 @@ func BenchmarkDo(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/float64(len(ops)), "µs/op-in-batch")
+}
+
+// TestDoTake: a batch takes as Store.Take does; an OpTakeLease, whose
+// reply differs, goes by Store.TakeLease and is refused in a batch.
+func TestDoTake(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
+	ops := []algo.Op{
+		{Kind: algo.OpTake, Key: []byte("take"), Params: p, N: 3},
+		{Kind: algo.OpTake, Key: []byte("take"), Params: p, N: 8},
+		{Kind: algo.OpTakeLease, Key: []byte("take"), Params: p, N: 1, Costs: []int64{1}},
+	}
+	require.NoError(t, rs.Do(context.Background(), ops))
+	require.NoError(t, ops[0].Err)
+	assert.True(t, ops[0].Result.Allowed)
+	assert.Equal(t, int64(7), ops[0].Result.Remaining)
+	require.NoError(t, ops[1].Err)
+	assert.False(t, ops[1].Result.Allowed, "8 of 7 left")
+	require.Error(t, ops[2].Err)
+	assert.Contains(t, ops[2].Err.Error(), "takelease not in a batch")
+	r, err := rs.Take(context.Background(), []byte("take"), p, 1, time.Now(), true)
+	require.NoError(t, err)
+	assert.Equal(t, int64(6), r.Remaining, "the batch took 3")
 }

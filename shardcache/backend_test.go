@@ -131,24 +131,14 @@ func (b *algoBackend) TakeLease(_ context.Context, key []byte, p algo.Params, co
 	return n, g, r, nil
 }
 
-func (b *algoBackend) Sync(_ context.Context, ops []shardcache.Op) error {
+func (b *algoBackend) Sync(_ context.Context, ops []algo.Op) error {
 	b.syncs.Add(1)
 	b.syncOps.Add(int64(len(ops)))
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.clock()
 	for i := range ops {
-		op := &ops[i]
-		s := b.state(op.Key, op.Params)
-		switch op.Kind {
-		case shardcache.OpPeek:
-			op.Result = algo.Decide(op.Params, s, now, op.N, true)
-		case shardcache.OpLease:
-			op.Granted, op.Result = algo.Lease(op.Params, s, now, op.N)
-		case shardcache.OpReturn:
-			algo.Refund(op.Params, s, now, op.TakenAt, op.N)
-			op.Result = algo.Decide(op.Params, s, now, 1, true)
-		}
+		algo.Apply(&ops[i], b.state(ops[i].Key, ops[i].Params), now)
 	}
 	return nil
 }

@@ -85,7 +85,9 @@ type Cache struct {
 	// orphans are leases of entries that were evicted or replaced: the
 	// next sync returns them.
 	orphanMu sync.Mutex
-	orphans  []Op
+	orphans  []algo.Op
+
+	sync syncBuf // the ops of Sync and ReturnIdle
 
 	closed  atomic.Bool
 	running atomic.Int64 // runMiss calls in progress
@@ -429,7 +431,7 @@ func (c *Cache) orphan(key string, e *entry) {
 		return
 	}
 	c.orphanMu.Lock()
-	c.orphans = append(c.orphans, Op{Kind: OpReturn, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
+	c.orphans = append(c.orphans, algo.Op{Kind: algo.OpRefund, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
 	c.orphanMu.Unlock()
 	e.lease = 0
 }

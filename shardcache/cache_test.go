@@ -446,7 +446,7 @@ func (grantAll) Refund(context.Context, []byte, algo.Params, int64, time.Time, t
 func (g grantAll) TakeLease(_ context.Context, _ []byte, p algo.Params, costs []int64, want int64) (int, int64, algo.Result, error) {
 	return len(costs), want, algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: p.Capacity(), At: g.clk.Now().UnixMicro()}, nil
 }
-func (grantAll) Sync(context.Context, []shardcache.Op) error { return nil }
+func (grantAll) Sync(context.Context, []algo.Op) error { return nil }
 
 // TestKnown: the cache reports what it last knew of a key's remaining
 // quota in the store: nothing for a key never answered, the store's

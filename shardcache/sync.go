@@ -1,8 +1,12 @@
 package shardcache
 
 import (
+	"bytes"
 	"context"
+	"sync"
 	"time"
+
+	"github.com/rld/rld/algo"
 )
 
 // Run runs the sync loop until ctx ends: Sync every Options.SyncInterval
@@ -27,9 +31,49 @@ func (c *Cache) Run(ctx context.Context) {
 
 // syncRef ties an op of a sync to the entry it was built from.
 type syncRef struct {
-	sh  *shard
-	key string
-	e   *entry // nil for an orphan's return
+	sh         *shard
+	key        string
+	e          *entry // nil for an orphan's return
+	start, end int    // the op's Key in syncBuf.keys
+}
+
+// syncBuf holds what Sync and ReturnIdle build, reused from one to the
+// next, so that a sync allocates nothing once warm. Its mutex serialises
+// them (Run calls them in turn; a test may call them itself).
+type syncBuf struct {
+	mu   sync.Mutex
+	ops  []algo.Op
+	refs []syncRef
+	keys []byte // the ops' keys, back to back
+}
+
+// add appends op, the op of entry e of key in sh (nil for an orphan's),
+// to b.
+func (b *syncBuf) add(op algo.Op, sh *shard, key string, e *entry) {
+	ref := syncRef{sh: sh, key: key, e: e}
+	if sh != nil {
+		ref.start = len(b.keys)
+		b.keys = append(b.keys, key...)
+		ref.end = len(b.keys)
+	}
+	b.ops = append(b.ops, op)
+	b.refs = append(b.refs, ref)
+}
+
+// reset empties b for the next sync.
+func (b *syncBuf) reset() {
+	clear(b.ops) // drops the keys and errors they point to
+	b.ops, b.refs, b.keys = b.ops[:0], b.refs[:0], b.keys[:0]
+}
+
+// seal points each op of an entry at its key, once b.keys has stopped
+// growing.
+func (b *syncBuf) seal() {
+	for i := range b.refs {
+		if r := &b.refs[i]; r.sh != nil {
+			b.ops[i].Key = b.keys[r.start:r.end:r.end]
+		}
+	}
 }
 
 // Sync runs one sync at now: it returns the leases of keys that saw no
@@ -44,16 +88,16 @@ func (c *Cache) Sync(now time.Time) int {
 	start := time.Now() // for the duration metric only
 	ns := now.UnixNano()
 	peers := c.peers()
-	var ops []Op
-	var refs []syncRef
+	b := &c.sync
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	defer b.reset()
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		for key, e := range sh.m {
 			if op, ok := c.plan(e, ns, peers); ok {
-				op.Key = []byte(key)
-				ops = append(ops, op)
-				refs = append(refs, syncRef{sh: sh, key: key, e: e})
+				b.add(op, sh, key, e)
 			}
 			if e.idleSyncs >= 2 && e.lease == 0 && ns >= e.deniedUntil {
 				delete(sh.m, key)
@@ -65,24 +109,24 @@ func (c *Cache) Sync(now time.Time) int {
 	}
 	c.orphanMu.Lock()
 	for _, op := range c.orphans {
-		ops = append(ops, op)
-		refs = append(refs, syncRef{})
+		b.add(op, nil, "", nil)
 	}
+	clear(c.orphans)
 	c.orphans = c.orphans[:0]
 	c.orphanMu.Unlock()
-	if len(ops) == 0 {
+	if len(b.ops) == 0 {
 		return 0
 	}
-
-	c.send(ops, refs)
+	b.seal()
+	c.send(b.ops, b.refs)
 	syncs.Inc()
 	syncDuration.UpdateDuration(start)
-	return len(ops)
+	return len(b.ops)
 }
 
 // send runs ops in one Backend.Sync and applies each outcome to the entry
 // of its ref.
-func (c *Cache) send(ops []Op, refs []syncRef) {
+func (c *Cache) send(ops []algo.Op, refs []syncRef) {
 	sent := c.o.Clock().UnixNano()
 	if err := c.b.Sync(context.Background(), ops); err != nil {
 		for i := range ops {
@@ -97,7 +141,7 @@ func (c *Cache) send(ops []Op, refs []syncRef) {
 
 // plan updates e's rates for the interval that ended at ns and returns
 // the op e needs, if any. The caller holds e's shard lock.
-func (c *Cache) plan(e *entry, ns, peers int64) (Op, bool) {
+func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 	e.rate = (e.rate + e.used + 1) / 2
 	e.denyRate = (e.denyRate + e.denials + 1) / 2
 	if e.seen {
@@ -111,27 +155,27 @@ func (c *Cache) plan(e *entry, ns, peers int64) (Op, bool) {
 	switch {
 	case e.lease > 0 && (!hot || c.returnable(e, ns)):
 		// Nobody used it, or it lapsed: give it back.
-		op := Op{Kind: OpReturn, Params: e.p, N: e.lease, TakenAt: e.leaseAt}
+		op := algo.Op{Kind: algo.OpRefund, Params: e.p, N: e.lease, TakenAt: e.leaseAt}
 		e.lease = 0
 		return op, true
 	case !hot || ns < e.deniedUntil:
 		// Idle, or denied until a time the store gave: nothing to renew
 		// or refresh.
-		return Op{}, false
+		return algo.Op{}, false
 	case e.lease > 2*e.rate:
-		op := Op{Kind: OpReturn, Params: e.p, N: e.lease - e.rate, TakenAt: e.leaseAt}
+		op := algo.Op{Kind: algo.OpRefund, Params: e.p, N: e.lease - e.rate, TakenAt: e.leaseAt}
 		e.lease = e.rate
 		return op, true
 	case e.rate < minSyncRate:
 		// Warm, not hot: its next miss leases what it needs. Renewing
 		// or refreshing every such key of a long-tailed mix would cost
 		// Redis a call per key per interval.
-		return Op{}, false
+		return algo.Op{}, false
 	}
 	if want := min(e.rate-e.lease, c.remaining(e, ns)/(2*peers)); want > 0 {
-		return Op{Kind: OpLease, Params: e.p, N: want}, true
+		return algo.Op{Kind: algo.OpLease, Params: e.p, N: want}, true
 	}
-	return Op{Kind: OpPeek, Params: e.p, N: 1}, true
+	return algo.Op{Kind: algo.OpPeek, Params: e.p, N: 1}, true
 }
 
 // minSyncRate is the fewest units per sync interval a key must use for
@@ -139,20 +183,20 @@ func (c *Cache) plan(e *entry, ns, peers int64) (Op, bool) {
 const minSyncRate = 4
 
 // apply records the outcome of one sync op sent at local time sent.
-func (c *Cache) apply(op *Op, ref syncRef, sent int64) {
+func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 	if op.Err != nil {
 		syncErrors.Inc()
-		if op.Kind == OpReturn {
+		if op.Kind == algo.OpRefund {
 			// The units may or may not be back: counted as lost, never
 			// as admitted.
 			leasesLost.Add(int(op.N))
 		}
 		return
 	}
-	if op.Kind == OpReturn {
+	if op.Kind == algo.OpRefund {
 		leasesReturn.Add(int(op.N))
 	}
-	if op.Kind == OpLease {
+	if op.Kind == algo.OpLease {
 		leasesGranted.Add(int(op.Granted))
 	}
 	if ref.sh == nil {
@@ -163,14 +207,14 @@ func (c *Cache) apply(op *Op, ref syncRef, sent int64) {
 	e := ref.sh.m[ref.key]
 	if e != ref.e || e.p != op.Params {
 		// Evicted or replaced meanwhile: a lease goes back next time.
-		if op.Kind == OpLease && op.Granted > 0 {
+		if op.Kind == algo.OpLease && op.Granted > 0 {
 			c.orphanMu.Lock()
-			c.orphans = append(c.orphans, Op{Kind: OpReturn, Key: op.Key, Params: op.Params, N: op.Granted, TakenAt: op.Result.At})
+			c.orphans = append(c.orphans, algo.Op{Kind: algo.OpRefund, Key: bytes.Clone(op.Key), Params: op.Params, N: op.Granted, TakenAt: op.Result.At})
 			c.orphanMu.Unlock()
 		}
 		return
 	}
-	if op.Kind == OpLease {
+	if op.Kind == algo.OpLease {
 		c.applyLease(e, op.Granted, op.Result, sent)
 	}
 	c.learn(e, op.Result, sent)
@@ -197,24 +241,26 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 		return 0
 	}
 	ns := now.UnixNano()
-	var ops []Op
-	var refs []syncRef
+	b := &c.sync
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	defer b.reset()
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		for key, e := range sh.m {
 			if e.lease > 0 && c.returnable(e, ns) {
-				ops = append(ops, Op{Kind: OpReturn, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
-				refs = append(refs, syncRef{sh: sh, key: key, e: e})
+				b.add(algo.Op{Kind: algo.OpRefund, Params: e.p, N: e.lease, TakenAt: e.leaseAt}, sh, key, e)
 				e.lease = 0
 			}
 		}
 		sh.mu.Unlock()
 	}
-	if len(ops) > 0 {
-		c.send(ops, refs)
+	if len(b.ops) > 0 {
+		b.seal()
+		c.send(b.ops, b.refs)
 	}
-	return len(ops)
+	return len(b.ops)
 }
 
 // Close stops the cache taking checks and returns every lease it holds,
@@ -227,13 +273,13 @@ func (c *Cache) Close(ctx context.Context) error {
 	for c.running.Load() > 0 && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
 	}
-	var ops []Op
+	var ops []algo.Op
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		for key, e := range sh.m {
 			if e.lease > 0 {
-				ops = append(ops, Op{Kind: OpReturn, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
+				ops = append(ops, algo.Op{Kind: algo.OpRefund, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
 				e.lease = 0
 			}
 		}

@@ -1,0 +1,100 @@
+package algo
+
+import "strconv"
+
+// OpKind is what one Op does to a key's state. It is the one vocabulary
+// of store operations: memstore runs ops with Apply, the Redis scripts
+// in lua/ implement each kind as their ARGV[1] op (the lua package's
+// differential tests hold them to Apply), and the Redis store, the
+// hot-key cache and the test stores pass batches of them.
+type OpKind uint8
+
+// The kinds of Op. Room is left for those to come (reset, set, grant,
+// acquire, release, settle): a new kind is added here, to Apply, to the
+// scripts, and to the Redis store's script table.
+const (
+	// OpTake decides a cost of N (at least 1) and consumes it when it
+	// fits.
+	OpTake OpKind = iota
+	// OpPeek decides a cost of N and consumes nothing.
+	OpPeek
+	// OpLease leases up to N units (at least 1), exactly as if that many
+	// had been taken: see Lease. Granted is set.
+	OpLease
+	// OpTakeLease takes Costs in order as Batch does and, when all fit,
+	// leases up to N more units: see TakeLease. Admitted and Granted are
+	// set.
+	OpTakeLease
+	// OpRefund gives back N units (at least 1) taken at TakenAt: see
+	// Refund. Its Result is that of a peek of cost 1 after it, with
+	// Allowed false and RetryAfter 0. A lease's unused units go back
+	// this way.
+	OpRefund
+	// NumOpKinds is the number of kinds: tables indexed by OpKind are
+	// this long.
+	NumOpKinds
+)
+
+var opKindNames = [NumOpKinds]string{
+	OpTake: "take", OpPeek: "peek", OpLease: "lease", OpTakeLease: "takelease", OpRefund: "refund",
+}
+
+// String returns the op's name, as the scripts' ARGV[1] spells it.
+func (k OpKind) String() string {
+	if k < NumOpKinds {
+		return opKindNames[k]
+	}
+	return "OpKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Op is one operation on one key. The caller sets Kind, Key, Params, N
+// and, as the kind needs, Costs and TakenAt; whoever runs it (Apply, a
+// store's batch) sets Admitted, Granted, Result and Err.
+type Op struct {
+	// Kind is what the op does.
+	Kind OpKind
+	// Key is the counter key; Apply does not read it.
+	Key []byte
+	// Params is the limit of the key.
+	Params Params
+	// N is the cost of an OpTake or OpPeek, the units wanted by an
+	// OpLease or OpTakeLease, or the units an OpRefund gives back.
+	N int64
+	// Costs are the costs of an OpTakeLease, in arrival order.
+	Costs []int64
+	// TakenAt is, for OpRefund, when the units were taken: unix µs on
+	// the store's clock (the Result.At of the take or lease).
+	TakenAt int64
+
+	// Admitted is, for OpTakeLease, how many of Costs were admitted.
+	Admitted int
+	// Granted is the units an OpLease or OpTakeLease leased.
+	Granted int64
+	// Result is the key's state after the op (Result.At: the store's
+	// time), when Err is nil.
+	Result Result
+	// Err is the op's error; the other outcomes are then meaningless.
+	Err error
+}
+
+// Apply runs op on the state s of its key at now (unix µs, the store's
+// clock), setting its outcomes; Key and Err are left alone. It is the
+// executable specification of every OpKind. op.Params must be valid, and
+// an OpTakeLease must have Costs.
+func Apply(op *Op, s *State, now int64) {
+	p := op.Params
+	switch op.Kind {
+	case OpTake, OpPeek:
+		DecideTo(p, s, now, op.N, op.Kind == OpPeek, &op.Result)
+	case OpLease:
+		op.Granted, op.Result = Lease(p, s, now, op.N)
+	case OpTakeLease:
+		op.Admitted, op.Granted, op.Result = TakeLease(p, s, now, op.Costs, op.N)
+	case OpRefund:
+		Refund(p, s, now, op.TakenAt, op.N)
+		DecideTo(p, s, now, 1, true, &op.Result)
+		op.Result.Allowed, op.Result.RetryAfter = false, 0
+	default:
+		panic("BUG: algo.Apply: unknown " + op.Kind.String())
+	}
+}
