@@ -31,14 +31,19 @@ type conn struct {
 	// writeDeadline is the write deadline in force.
 	writeDeadline time.Time
 
-	// With Redis, the frames of one read batch are answered at once, so
-	// that a check waiting on Redis does not hold up those behind it and
-	// checks of one key share a Redis call: frames collects the batch,
-	// slots hold one frameState per frame.
+	// With Redis, a read batch's frames that the host answers (a lease,
+	// a denial in force: policy.TryCheckTo) are answered inline; those
+	// that wait on Redis are handed to the connection's workers, so that
+	// one does not hold up those behind it and checks of one key share a
+	// Redis call. frames collects the batch, slots hold one frameState
+	// per frame, and jobs feeds the workers, started as a batch first
+	// needs them and kept until the connection ends.
 	concurrent bool
 	frames     [][]byte
 	slots      []frameState
 	wg         sync.WaitGroup
+	jobs       chan *frameState
+	workers    int
 }
 
 // frameState is what answering one frame needs; it is reused.
@@ -50,6 +55,11 @@ type frameState struct {
 	obs *observer
 	os  obsScratch
 	out []byte // a concurrent frame's answer
+
+	// A frame handed to a worker: what deciding it needs.
+	ctx context.Context
+	p   *policy.Policy
+	now time.Time
 }
 
 func newFrameState(obs *observer) frameState {
@@ -82,6 +92,7 @@ const drainGrace = 50 * time.Millisecond
 // many answers per write.
 func (cn *conn) serve(ctx context.Context) {
 	defer cn.c.Close()
+	defer cn.stopWorkers()
 	start, end := 0, 0
 	srv := cn.d.cfg().Server
 	readTimeout, idleTimeout := time.Duration(srv.ReadTimeout), time.Duration(srv.IdleTimeout)
@@ -202,9 +213,10 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 	}
 }
 
-// answerFrames answers the frames collected in cn.frames, each in its own
-// goroutine when there are several, and appends the answers to cn.out in
-// the frames' order.
+// answerFrames answers the frames collected in cn.frames and appends the
+// answers to cn.out in the frames' order: inline those the host answers,
+// the others on the connection's workers when there are several (see
+// conn.jobs).
 func (cn *conn) answerFrames(ctx context.Context, p *policy.Policy, now time.Time) {
 	n := len(cn.frames)
 	switch n {
@@ -216,21 +228,61 @@ func (cn *conn) answerFrames(ctx context.Context, p *policy.Policy, now time.Tim
 		for len(cn.slots) < n {
 			cn.slots = append(cn.slots, newFrameState(cn.d.ops.obs))
 		}
-		cn.wg.Add(n)
+		var last *frameState
 		for i, f := range cn.frames {
 			s := &cn.slots[i]
-			go func() {
-				defer cn.wg.Done()
-				s.out = s.answer(ctx, p, now, f, s.out[:0])
-			}()
+			if s.answerLocal(ctx, p, now, f) {
+				continue
+			}
+			if last != nil {
+				cn.handOff(last)
+			}
+			s.ctx, s.p, s.now = ctx, p, now
+			last = s
+		}
+		if last != nil {
+			last.decide() // the batch's last waiting frame: on this goroutine
 		}
 		cn.wg.Wait()
 		for i := range n {
-			cn.out = append(cn.out, cn.slots[i].out...)
+			s := &cn.slots[i]
+			s.ctx, s.p = nil, nil
+			cn.out = append(cn.out, s.out...)
 		}
 	}
 	clear(cn.frames) // drop the references to the read buffer
 	cn.frames = cn.frames[:0]
+}
+
+// handOff gives fs, decoded and waiting on Redis, to a worker, starting
+// one when every worker is busy.
+func (cn *conn) handOff(fs *frameState) {
+	if cn.jobs == nil {
+		cn.jobs = make(chan *frameState)
+	}
+	cn.wg.Add(1)
+	select {
+	case cn.jobs <- fs:
+	default:
+		cn.workers++
+		go cn.work()
+		cn.jobs <- fs
+	}
+}
+
+// work decides the frames handed off until the connection ends.
+func (cn *conn) work() {
+	for fs := range cn.jobs {
+		fs.decide()
+		cn.wg.Done()
+	}
+}
+
+// stopWorkers ends the connection's workers.
+func (cn *conn) stopWorkers() {
+	if cn.jobs != nil {
+		close(cn.jobs)
+	}
 }
 
 // answer appends the answer to one complete frame to out.
@@ -247,12 +299,51 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 		return wire.AppendResponse(out, res)
 	}
 	p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
-	if req.Op == wire.OpCheck {
-		fs.obs.observe(p, &fs.dec, req.Descs, now, &fs.os)
+	return fs.respond(p, now, out)
+}
+
+// answerLocal writes to fs.out the answer to frame when it needs no wait
+// (a malformed frame, a ping, a check the host decides: see
+// policy.TryCheckTo) and reports whether it did. When not, fs holds the
+// decoded request for decide.
+func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now time.Time, frame []byte) bool {
+	req := &fs.req
+	if err := wire.DecodeRequest(frame, req); err != nil {
+		code := wire.CodeOf(err)
+		countFrameError(code)
+		fs.out = fs.appendError(fs.out[:0], req.Op, req.ID, code, err.Error())
+		return true
 	}
+	if req.Op == wire.OpPing {
+		fs.res = wire.Response{Op: req.Op, ID: req.ID}
+		fs.out = wire.AppendResponse(fs.out[:0], &fs.res)
+		return true
+	}
+	if !p.TryCheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec) {
+		return false
+	}
+	fs.out = fs.respond(p, now, fs.out[:0])
+	return true
+}
+
+// decide answers the request that answerLocal left in fs, waiting on the
+// stores as needed, to fs.out.
+func (fs *frameState) decide() {
+	req := &fs.req
+	fs.p.CheckTo(fs.ctx, fs.now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+	fs.out = fs.respond(fs.p, fs.now, fs.out[:0])
+}
+
+// respond appends the answer of fs's request, decided by p at now, to
+// out; a check's decision is observed first.
+func (fs *frameState) respond(p *policy.Policy, now time.Time, out []byte) []byte {
+	if fs.req.Op == wire.OpCheck {
+		fs.obs.observe(p, &fs.dec, fs.req.Descs, now, &fs.os)
+	}
+	res := &fs.res
 	fillResponse(res, &fs.dec)
 	fs.dec.Err = nil // not kept past its answer
-	res.Op, res.ID = req.Op, req.ID
+	res.Op, res.ID = fs.req.Op, fs.req.ID
 	return wire.AppendResponse(out, res)
 }
 

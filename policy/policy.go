@@ -75,7 +75,8 @@ type rule struct {
 	shadow bool
 	mode   config.Mode
 	fail   config.Fail
-	store  Store // where the rule's counters live: by its mode
+	store  Store      // where the rule's counters live: by its mode
+	local  LocalTaker // store, when it can answer on the host; else nil
 	m      *counters
 }
 
@@ -238,6 +239,7 @@ func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
 		if cr.Mode == config.ModeStrict {
 			p.rules[i].store = st.Strict
 		}
+		p.rules[i].local, _ = p.rules[i].store.(LocalTaker)
 		p.infos[i] = RuleInfo{Name: cr.Name, Summary: cr.Summary()}
 	}
 	return p, nil
@@ -331,6 +333,23 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 // Decision is too large to pass in registers, and copying one that was
 // just written stalls the processor.
 func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) {
+	p.check(ctx, now, descs, cost, peek, sc, d, false)
+}
+
+// TryCheckTo is CheckTo when every store the check needs answers on the
+// host with no wait (see LocalTaker): it then decides and reports true.
+// Otherwise it reports false, having taken nothing and counted nothing:
+// the caller hands the check to CheckTo where waiting is fine. The
+// daemon answers a read batch's checks inline this way, and hands off
+// only those that wait on Redis.
+func (p *Policy) TryCheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) bool {
+	return p.check(ctx, now, descs, cost, peek, sc, d, true)
+}
+
+// check is CheckTo, or TryCheckTo when local: then a rule whose store
+// cannot answer on the host makes it give back what it took and report
+// false.
+func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision, local bool) bool {
 	if cost <= 0 {
 		cost = 1
 	}
@@ -341,14 +360,14 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 		if p.deny[i].matches(descs) {
 			sc.count(p.denyM, decBlocked)
 			*d = Decision{Status: wire.StatusBlocked, Rule: RuleDeny}
-			return
+			return true
 		}
 	}
 	for i := range p.allow {
 		if p.allow[i].matches(descs) {
 			sc.count(p.allowM, decAllowed)
 			*d = Decision{Status: wire.StatusAllowed, Rule: RuleAllow}
-			return
+			return true
 		}
 	}
 
@@ -379,9 +398,21 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 		key := sc.keys[start:]
 		var res algo.Result
 		var err error
-		if slow {
+		switch {
+		case slow:
 			err = errSkipped
-		} else {
+		case local:
+			var ok bool
+			if r.local != nil {
+				res, ok = r.local.TakeLocal(key, *params, cost, now, peek)
+			}
+			if !ok || (r.shadow && !res.Allowed) {
+				// A shadow denial is counted at once: left to CheckTo,
+				// so that it is counted once.
+				p.refund(ctx, now, cost, peek, false, sc)
+				return false
+			}
+		default:
 			res, err = r.store.Take(ctx, key, *params, cost, now, peek)
 			slow = err != nil && p.fallback != nil && isTimeout(err)
 		}
@@ -402,35 +433,38 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 			if err != nil {
 				p.refund(ctx, now, cost, peek, slow, sc)
 				*d = p.storeFailed(r, params, err)
-				return
+				return true
 			}
 			if !res.Allowed && res.RetryAfter == algo.Never {
 				p.refund(ctx, now, cost, peek, slow, sc)
 				*d = p.costTooLarge(r, params, res, cost)
-				return
+				return true
 			}
 			if !res.Allowed {
 				p.refund(ctx, now, cost, peek, slow, sc)
 				sc.count(r.m, decLimitedDegraded)
 				d.set(wire.StatusLimited, true, r.name, &res, params)
-				return
+				return true
 			}
 			degraded = true
 			sc.take(i, ti, start, len(sc.keys), res.At).local = true
 		case err != nil:
 			p.refund(ctx, now, cost, peek, slow, sc)
 			*d = p.storeFailed(r, params, err)
-			return
+			return true
 		case !res.Allowed && res.RetryAfter == algo.Never:
 			p.refund(ctx, now, cost, peek, slow, sc)
 			*d = p.costTooLarge(r, params, res, cost)
-			return
+			return true
 		case !res.Allowed:
 			p.refund(ctx, now, cost, peek, slow, sc)
-			r, res, params = p.longestDenial(ctx, now, descs, cost, i, r, res, params, sc)
+			var ok bool
+			if r, res, params, ok = p.longestDenial(ctx, now, descs, cost, i, r, res, params, sc, local); !ok {
+				return false // nothing left taken
+			}
 			sc.count(r.m, decLimited)
 			d.set(wire.StatusLimited, false, r.name, &res, params)
-			return
+			return true
 		default:
 			sc.take(i, ti, start, len(sc.keys), res.At)
 		}
@@ -442,16 +476,17 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 	if best < 0 {
 		sc.count(p.noneM, decAllowed)
 		*d = Decision{Status: wire.StatusAllowed, Rule: RuleNone}
-		return
+		return true
 	}
 	r := &p.rules[best]
 	if degraded {
 		sc.count(r.m, decAllowedDegraded)
 		d.set(wire.StatusAllowedDegraded, true, r.name, &bestRes, r.paramsAt(bestTier))
-		return
+		return true
 	}
 	sc.count(r.m, decAllowed)
 	d.set(wire.StatusAllowed, false, r.name, &bestRes, r.paramsAt(bestTier))
+	return true
 }
 
 // errSkipped is the store error of a rule whose store was not asked: an
@@ -461,9 +496,11 @@ var errSkipped = errors.New("store not asked: an earlier rule of the check timed
 // longestDenial returns the denial to report when rule index i (r, with
 // res and params) denied: the applicable non-shadow rule after it whose
 // peek denies with the longest retry-after, if that is longer than r's.
-// Retrying after a shorter one would only be refused again.
+// Retrying after a shorter one would only be refused again. When local
+// (see TryCheckTo), a peek that cannot be answered on the host makes it
+// report false.
 func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, i int,
-	r *rule, res algo.Result, params *algo.Params, sc *Scratch) (*rule, algo.Result, *algo.Params) {
+	r *rule, res algo.Result, params *algo.Params, sc *Scratch, local bool) (*rule, algo.Result, *algo.Params, bool) {
 	for j := i + 1; j < len(p.rules); j++ {
 		o := &p.rules[j]
 		if o.shadow || !o.applies(descs) {
@@ -478,7 +515,15 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 		op := o.paramsAt(o.tier(descs))
 		var ores algo.Result
 		var err error
-		if dp, ok := o.store.(DenialPeeker); ok {
+		if local {
+			var ok bool
+			if o.local != nil {
+				ores, ok = o.local.TakeLocal(sc.keys[start:], *op, cost, now, true)
+			}
+			if !ok {
+				return r, res, params, false
+			}
+		} else if dp, ok := o.store.(DenialPeeker); ok {
 			ores, err = dp.PeekForDenial(ctx, sc.keys[start:], *op, cost, now, res.RetryAfter)
 		} else {
 			ores, err = o.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
@@ -490,7 +535,7 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 			r, res, params = o, ores, op
 		}
 	}
-	return r, res, params
+	return r, res, params, true
 }
 
 // costTooLarge is the answer to a check whose cost exceeds the capacity

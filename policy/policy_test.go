@@ -634,3 +634,55 @@ period = "1m"
 	})
 	assert.Zero(t, allocs, "a warm check with the fake store")
 }
+
+// localStore is a fakeStore that answers on the host the takes of keys
+// whose rule is in local, and no others (as the hot-key cache answers
+// from a lease).
+type localStore struct {
+	*fakeStore
+	local map[string]bool // rule names
+}
+
+func (s localStore) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, bool) {
+	rule, _, _ := strings.Cut(string(key), "\x00")
+	if !s.local[rule] {
+		return algo.Result{}, false
+	}
+	r, err := s.Take(context.Background(), key, p, cost, now, peek)
+	return r, err == nil
+}
+
+// TestTryCheck: TryCheckTo decides when every rule's store answers on the
+// host, as CheckTo would; when one cannot, it reports false having taken
+// nothing (what an earlier rule took is refunded) and counted nothing.
+func TestTryCheck(t *testing.T) {
+	st := localStore{fakeStore: newFakeStore(), local: map[string]bool{"a": true}}
+	const toml = `
+[[rule]]
+name = "a"
+by = ["ip"]
+limit = 10
+period = "1h"
+[[rule]]
+name = "b"
+match = { kind = "two" }
+by = ["ip"]
+limit = 10
+period = "1h"
+`
+	p := newPolicy(t, toml, st)
+	var d Decision
+	require.True(t, p.TryCheckTo(context.Background(), t0, descs("ip=1"), 1, false, nil, &d))
+	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, "a", d.Rule)
+	assert.Equal(t, int64(9), d.Result.Remaining)
+
+	allowedA := metrics.GetOrCreateCounter(`rld_checks_total{rule="a",decision="allowed"}`)
+	before := allowedA.Get()
+	assert.False(t, p.TryCheckTo(context.Background(), t0, descs("ip=1", "kind=two"), 1, false, nil, &d), "b's store would wait")
+	assert.Equal(t, []string{"a\x00\x011"}, st.refunds, "a's take is given back")
+	assert.Equal(t, before, allowedA.Get(), "nothing counted")
+	d = p.Check(context.Background(), t0, descs("ip=1", "kind=two"), 1, false, nil)
+	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, int64(8), d.Result.Remaining, "a: one take before, one now")
+}

@@ -38,3 +38,13 @@ type DenialPeeker interface {
 	// retry-after retryAfter.
 	PeekForDenial(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, retryAfter time.Duration) (algo.Result, error)
 }
+
+// LocalTaker is implemented by stores that can answer some takes and
+// peeks from what they hold on the host, with no wait: the hot-key
+// cache (a lease, a denial in force). Policy.TryCheckTo uses it to
+// answer a check inline when every rule's store can.
+type LocalTaker interface {
+	// TakeLocal decides as Take does when it can do so without waiting,
+	// and reports whether it did; when not, nothing was taken.
+	TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, bool)
+}

@@ -157,25 +157,13 @@ func (c *Cache) Take(ctx context.Context, key []byte, p algo.Params, cost int64,
 		return c.peek(ctx, key, p, max(cost, 1), now, 0)
 	}
 	cost = max(cost, 1)
-	ns := now.UnixNano()
-	sh := c.shard(key)
-	sh.mu.Lock()
-	if e := sh.m[string(key)]; e != nil && e.p == p {
-		e.seen, e.lastUse = true, max(e.lastUse, ns)
-		if r, ok := c.local(e, ns, cost, peek); ok {
-			sh.mu.Unlock()
-			if r.Allowed {
-				localAllowed.Inc()
-			} else {
-				localDenied.Inc()
-			}
-			return r, nil
-		}
+	if r, ok := c.TakeLocal(key, p, cost, now, false); ok {
+		return r, nil
 	}
-	sh.mu.Unlock()
 	if c.closed.Load() {
 		return algo.Result{}, ErrClosed
 	}
+	ns := now.UnixNano()
 	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
 	res, err := c.miss.Do(ctx, key, missReq{p: p, cost: cost, ns: ns})
 	cancel()
@@ -183,6 +171,35 @@ func (c *Cache) Take(ctx context.Context, key []byte, p algo.Params, cost int64,
 		return algo.Result{}, fmt.Errorf("shardcache: %w", err)
 	}
 	return res.r, nil
+}
+
+// TakeLocal decides cost units of p for key as Take does when the key's
+// lease or denial (or, for a peek, what the cache knows: see the package
+// doc) answers it with no store call, and reports whether it did. It
+// implements policy.LocalTaker.
+func (c *Cache) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, bool) {
+	cost = max(cost, 1)
+	ns := now.UnixNano()
+	sh := c.shard(key)
+	sh.mu.Lock()
+	e := sh.m[string(key)]
+	if e == nil || e.p != p || c.closed.Load() {
+		sh.mu.Unlock()
+		return algo.Result{}, false
+	}
+	e.seen, e.lastUse = true, max(e.lastUse, ns)
+	var r algo.Result
+	var ok bool
+	if peek {
+		r, ok = c.peekLocal(e, ns, cost, false)
+	} else {
+		r, ok = c.local(e, ns, cost, false)
+	}
+	sh.mu.Unlock()
+	if ok {
+		countLocal(r)
+	}
+	return r, ok
 }
 
 // countLocal counts a decision r made on the host.
