@@ -19,9 +19,14 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/shardcache"
+	"github.com/rld/rld/wire"
 )
 
-// Defaults of the [server] and [store] tables.
+// Defaults of the [server] and [store] tables. A setting a package owns
+// takes that package's default: the two cannot drift apart.
 const (
 	DefaultSocket         = "/run/rld/rld.sock"
 	DefaultSocketMode     = "0660"
@@ -34,17 +39,17 @@ const (
 	DefaultLogLevel       = "info"
 	DefaultLogFormat      = "text"
 
-	DefaultMaxKeys       = 1_000_000
-	DefaultSweepInterval = 10 * time.Second
+	DefaultMaxKeys       = memstore.DefaultMaxKeys
+	DefaultSweepInterval = memstore.DefaultSweepInterval
 
 	DefaultRedisMode    = RedisStandalone
-	DefaultKeyPrefix    = "rld:"
-	DefaultRedisTimeout = 5 * time.Millisecond
-	DefaultSyncInterval = 100 * time.Millisecond
+	DefaultKeyPrefix    = redisx.DefaultKeyPrefix
+	DefaultRedisTimeout = redisx.DefaultTimeout
+	DefaultSyncInterval = shardcache.DefaultSyncInterval
 
-	DefaultBreakerFailures = 5
-	DefaultBreakerWindow   = time.Second
-	DefaultBreakerCooldown = 250 * time.Millisecond
+	DefaultBreakerFailures = redisx.DefaultBreakerFailures
+	DefaultBreakerWindow   = redisx.DefaultBreakerWindow
+	DefaultBreakerCooldown = redisx.DefaultBreakerCooldown
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.
@@ -80,11 +85,12 @@ const (
 	// MaxRuleName is the longest rule name, in bytes.
 	MaxRuleName = 255
 	// MaxDescriptorName is the longest descriptor name, in bytes.
-	MaxDescriptorName = 64
+	MaxDescriptorName = wire.MaxNameLen
 	// MaxGlob is the longest glob, in bytes: the longest descriptor value.
-	MaxGlob = 1024
-	// MaxBy is the most descriptors a counter key may be built from.
-	MaxBy = 32
+	MaxGlob = wire.MaxValueLen
+	// MaxBy is the most descriptors a counter key may be built from: the
+	// most a request carries.
+	MaxBy = wire.MaxDescriptors
 )
 
 // Reserved rule names: a decision that no rule made reports "allow"
