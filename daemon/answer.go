@@ -26,14 +26,14 @@ func answerOf(dec *policy.Decision) header.Answer {
 		// The quota a client pacing itself evenly can sustain.
 		QuotaWindow: w,
 	}
-	if dec.Status == wire.StatusLimited {
+	if dec.Status == policy.StatusLimited {
 		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
 	}
 	if dec.Degraded {
 		// Decided on this daemon's share of the limit (or by a fail
 		// mode), not the limit itself: only the retry-after is known.
 		a.Next = -1
-		if dec.Status == wire.StatusLimited {
+		if dec.Status == policy.StatusLimited {
 			a.Next = a.Retry
 		}
 	}
@@ -52,13 +52,25 @@ func fillResponse(res *wire.Response, dec *policy.Decision) {
 	}
 	res.Code = wire.CodeNone
 	res.Message = res.Message[:0]
-	res.Status = dec.Status
+	res.Status = wireStatus[dec.Status]
 	a := answerOf(dec)
 	header.SetResponse(res, &a)
-	if dec.Status == wire.StatusError {
-		res.Code = dec.Code
+	if dec.Status == policy.StatusError {
+		res.Code = wireCode[dec.Code]
 		if dec.Err != nil {
 			res.Message = append(res.Message[:0], dec.Err.Error()...)
 		}
 	}
 }
+
+// wireStatus and wireCode write policy's statuses and codes on the wire.
+var (
+	wireStatus = [policy.NumStatuses]wire.Status{
+		policy.StatusAllowed: wire.StatusAllowed, policy.StatusLimited: wire.StatusLimited,
+		policy.StatusBlocked: wire.StatusBlocked, policy.StatusAllowedDegraded: wire.StatusAllowedDegraded,
+		policy.StatusError: wire.StatusError,
+	}
+	wireCode = [policy.NumCodes]wire.Code{
+		policy.CodeNone: wire.CodeNone, policy.CodeCostTooLarge: wire.CodeCostTooLarge, policy.CodeInternal: wire.CodeInternal,
+	}
+)

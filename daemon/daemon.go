@@ -107,7 +107,7 @@ func New(opts Options) (*Daemon, error) {
 	if err := d.openStore(&cfg.Store); err != nil {
 		return nil, err
 	}
-	p, err := policy.NewStores(cfg, d.stores)
+	p, err := policy.Compile(cfg, nil, d.stores)
 	if err != nil {
 		d.closeStore()
 		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
@@ -257,7 +257,7 @@ func (d *Daemon) Reload() error {
 	}
 	if err == nil {
 		applyOverrides(cfg, d.opts)
-		p, err = policy.NewStores(cfg, d.stores)
+		p, err = policy.Compile(cfg, d.policy.Load().Changes(), d.stores)
 	}
 	if err != nil {
 		reloadsFailed.Inc()

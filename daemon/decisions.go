@@ -130,9 +130,9 @@ func (o *observer) sketch(rule string) *topk.Sketch {
 // observe records one decision dec for descs, decided by p; start is when
 // the request was read.
 func (o *observer) observe(p *policy.Policy, dec *policy.Decision, descs []wire.Descriptor, start time.Time, sc *obsScratch) {
-	denied := dec.Status == wire.StatusLimited || dec.Status == wire.StatusBlocked
+	denied := dec.Status == policy.StatusLimited || dec.Status == policy.StatusBlocked
 	keyed := false
-	if dec.Status == wire.StatusLimited && dec.Rule != "" {
+	if dec.Status == policy.StatusLimited && dec.Rule != "" {
 		var ok bool
 		sc.key, ok = p.AppendKeyText(sc.key[:0], dec.Rule, descs)
 		if ok {

@@ -28,8 +28,8 @@ func TestSamplingRates(t *testing.T) {
 	o := &observer{id: "test", out: &out, deniedThresh: threshold(0.01), allowedThresh: threshold(0)}
 	o.tops.Store(&map[string]*topk.Sketch{})
 	descs := []wire.Descriptor{{Name: []byte("k"), Value: []byte("v")}}
-	denied := policy.Decision{Status: wire.StatusLimited, Rule: "r"}
-	allowed := policy.Decision{Status: wire.StatusAllowed, Rule: "r"}
+	denied := policy.Decision{Status: policy.StatusLimited, Rule: "r"}
+	allowed := policy.Decision{Status: policy.StatusAllowed, Rule: "r"}
 	var sc obsScratch
 	now := time.Now()
 	const n = 100_000

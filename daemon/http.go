@@ -239,11 +239,11 @@ func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now tim
 		ctx.Response.Header.Set("X-RateLimit-Policy", "degraded")
 	}
 	switch dec.Status {
-	case wire.StatusAllowed, wire.StatusAllowedDegraded:
+	case policy.StatusAllowed, policy.StatusAllowedDegraded:
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("application/json")
 		ctx.SetBodyString(`{"decision":"` + dec.Status.String() + `"}` + "\n")
-	case wire.StatusLimited:
+	case policy.StatusLimited:
 		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
 		ctx.SetContentType("application/json")
 		b := s.body[:0]
@@ -262,15 +262,12 @@ func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now tim
 		b = append(b, "}}}\n"...)
 		s.body = b
 		ctx.SetBody(b)
-	case wire.StatusBlocked:
+	case policy.StatusBlocked:
 		httpError(ctx, fasthttp.StatusForbidden, "BLOCKED", "request blocked by the deny list")
 	default:
 		status, code := fasthttp.StatusInternalServerError, "INTERNAL"
-		switch dec.Code {
-		case wire.CodeCostTooLarge, wire.CodeBadCost:
+		if dec.Code == policy.CodeCostTooLarge {
 			status, code = fasthttp.StatusBadRequest, "COST_TOO_LARGE"
-		case wire.CodeUnavailable:
-			status, code = fasthttp.StatusServiceUnavailable, "UNAVAILABLE"
 		}
 		msg := dec.Code.String()
 		if dec.Err != nil {

@@ -216,10 +216,10 @@ func (d *Daemon) writeAuth(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Ti
 		ctx.Response.Header.Set("X-RateLimit-Policy", "degraded")
 	}
 	switch dec.Status {
-	case wire.StatusAllowed, wire.StatusAllowedDegraded:
+	case policy.StatusAllowed, policy.StatusAllowedDegraded:
 		ctx.SetStatusCode(fasthttp.StatusOK)
 	default:
-		if dec.Status == wire.StatusError {
+		if dec.Status == policy.StatusError {
 			ctx.Response.Header.Set("X-RateLimit-Error", dec.Code.String())
 		}
 		ctx.SetStatusCode(fasthttp.StatusForbidden)

@@ -301,7 +301,7 @@ func TestRateLimitFieldsGuideClients(t *testing.T) {
 			for i := range 5 * f.q {
 				now := start.Add(time.Duration(i) * step)
 				dec, _ := check("pacer", now, false)
-				require.Equal(t, wire.StatusAllowed, dec.Status, "paced request %d at +%s refused", i, now.Sub(start))
+				require.Equal(t, policy.StatusAllowed, dec.Status, "paced request %d at +%s refused", i, now.Sub(start))
 			}
 
 			// A client that goes as fast as it is let, then waits t.
@@ -310,7 +310,7 @@ func TestRateLimitFieldsGuideClients(t *testing.T) {
 			for i := 0; waits < 12; i++ {
 				require.Less(t, i, 1000, "never limited")
 				dec, f := check("greedy", now, false)
-				if dec.Status == wire.StatusAllowed {
+				if dec.Status == policy.StatusAllowed {
 					if f.t >= 1 && f.r > 0 {
 						// Within t no more than r: just before t the
 						// quota has not grown.
@@ -320,13 +320,13 @@ func TestRateLimitFieldsGuideClients(t *testing.T) {
 					now = now.Add(time.Millisecond)
 					continue
 				}
-				require.Equal(t, wire.StatusLimited, dec.Status)
+				require.Equal(t, policy.StatusLimited, dec.Status)
 				require.Equal(t, int64(0), f.r)
 				require.GreaterOrEqual(t, f.t, int64(1), "a limited answer says when quota comes back")
 				require.LessOrEqual(t, f.t, f.retryAfter, "t=%d later than Retry-After=%d", f.t, f.retryAfter)
 				now = now.Add(time.Duration(f.t) * time.Second)
 				dec, _ = check("greedy", now, true)
-				require.Equal(t, wire.StatusAllowed, dec.Status, "refused after waiting t=%d", f.t)
+				require.Equal(t, policy.StatusAllowed, dec.Status, "refused after waiting t=%d", f.t)
 				waits++
 			}
 		})
@@ -388,7 +388,7 @@ func TestFrameCarriesTheHTTPFields(t *testing.T) {
 				return m
 			}
 			start := time.Unix(1_700_000_007, 123_000_000)
-			seen := map[wire.Status]bool{}
+			seen := map[policy.Status]bool{}
 			var res wire.Response
 			for i := range 40 {
 				now := start.Add(time.Duration(i) * 1237 * time.Millisecond)
@@ -406,7 +406,7 @@ func TestFrameCarriesTheHTTPFields(t *testing.T) {
 					assert.Contains(t, frame[header.RateLimit], ";t=", "a limited answer carries t")
 				}
 			}
-			assert.True(t, seen[wire.StatusAllowed] && seen[wire.StatusLimited], "allowed and limited: %v", seen)
+			assert.True(t, seen[policy.StatusAllowed] && seen[policy.StatusLimited], "allowed and limited: %v", seen)
 		})
 	}
 }

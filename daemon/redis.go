@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/shardcache"
@@ -75,8 +76,10 @@ func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 		Clock:        time.Now,
 	})
 	f.fallback = policy.NewFallback(policy.FallbackOptions{
-		Health:  f,
-		MaxKeys: sc.MaxKeys,
+		Health: f,
+		NewLocal: func() policy.LocalStore {
+			return memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
+		},
 		Timeout: time.Duration(sc.Timeout),
 		Seed:    f.cache.Known, // an outage starts from what the cache knew
 		Clock:   time.Now,

@@ -10,8 +10,18 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/memstore"
 )
+
+// LocalStore is the store a Fallback keeps its local state in, private
+// to this daemon: the embedded store (package memstore) in the daemon.
+type LocalStore interface {
+	Store
+	// Sweep drops the state of every key idle at now and returns how
+	// many it dropped.
+	Sweep(now time.Time) int
+	// Has reports whether the store holds state for key.
+	Has(key []byte) bool
+}
 
 // Health is what a Policy learns of the shared store's fleet and circuit
 // breakers, without depending on them: the daemon's Redis fleet
@@ -44,8 +54,10 @@ type FallbackOptions struct {
 	// Health gives the live daemons and the breakers' next probe. Nil
 	// means one daemon and no breaker.
 	Health Health
-	// MaxKeys bounds the keys of local state (memstore.DefaultMaxKeys).
-	MaxKeys int
+	// NewLocal returns a fresh, empty LocalStore for the local state of
+	// an outage; it must be set. The daemon's builds a memstore bounded
+	// by store.max_keys.
+	NewLocal func() LocalStore
 	// Timeout is the store's call timeout: the retry-after of a
 	// fail-closed denial when no breaker says when to retry
 	// (DefaultClosedRetry when 0).
@@ -93,12 +105,20 @@ type Fallback struct {
 	o       FallbackOptions
 	seedMu  sync.Mutex // serialises seeding a key's local state
 	mu      sync.Mutex // serialises replacing mem
-	mem     atomic.Pointer[memstore.Store]
+	mem     atomic.Pointer[localState]
 	lastUse atomic.Int64 // unix ns of the last use of mem
 }
 
-// NewFallback returns a Fallback with options o.
+// localState holds the LocalStore in use, so that it can be swapped
+// atomically.
+type localState struct{ LocalStore }
+
+// NewFallback returns a Fallback with options o, whose NewLocal must be
+// set.
 func NewFallback(o FallbackOptions) *Fallback {
+	if o.NewLocal == nil {
+		panic("policy: FallbackOptions.NewLocal is nil")
+	}
 	if o.Forget <= 0 {
 		o.Forget = DefaultFallbackForget
 	}
@@ -111,14 +131,14 @@ func NewFallback(o FallbackOptions) *Fallback {
 // local returns the local store for a check at now, a fresh one when the
 // last one has not been used for Forget (its state is from an earlier
 // outage).
-func (f *Fallback) local(now time.Time) *memstore.Store {
+func (f *Fallback) local(now time.Time) *localState {
 	ns := now.UnixNano()
 	m := f.mem.Load()
 	if m == nil || ns-f.lastUse.Load() > int64(f.o.Forget) {
 		f.mu.Lock()
 		if m = f.mem.Load(); m == nil || ns-f.lastUse.Load() > int64(f.o.Forget) {
 			old := m
-			m = memstore.New(memstore.Options{MaxKeys: f.o.MaxKeys})
+			m = &localState{f.o.NewLocal()}
 			f.mem.Store(m)
 			drop(old)
 		}
@@ -137,7 +157,7 @@ var forever = time.Unix(1<<40, 0)
 
 // drop empties m, if not nil, so that the gauge of keys held counts its
 // keys out.
-func drop(m *memstore.Store) {
+func drop(m *localState) {
 	if m != nil {
 		m.Sweep(forever)
 	}
@@ -205,7 +225,7 @@ func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int
 // the daemon last knew of the key in the store (FallbackOptions.Seed):
 // this daemon's share of the remaining quota, the rest of the share taken
 // at now. A key it knows nothing of starts from a full share.
-func (f *Fallback) seed(m *memstore.Store, key []byte, p *algo.Params, share algo.Params, peers int, now time.Time) {
+func (f *Fallback) seed(m LocalStore, key []byte, p *algo.Params, share algo.Params, peers int, now time.Time) {
 	f.seedMu.Lock()
 	defer f.seedMu.Unlock()
 	if m.Has(key) {

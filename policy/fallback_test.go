@@ -13,7 +13,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/memstore"
 )
 
 // fakeHealth is a Health with fixed answers.
@@ -41,6 +41,9 @@ func newFallbackPolicy(t *testing.T, toml string, st Store, o FallbackOptions) (
 	require.NoError(t, err)
 	if o.Clock == nil {
 		o.Clock = func() time.Time { return t0 } // the checks' time
+	}
+	if o.NewLocal == nil {
+		o.NewLocal = func() LocalStore { return memstore.New(memstore.Options{}) }
 	}
 	f := NewFallback(o)
 	p, err := NewStores(cfg, Stores{Cached: st, Fallback: f})
@@ -76,11 +79,11 @@ period = "1h"
 				require.True(t, d.Degraded, "%+v", d)
 				require.Equal(t, "r", d.Rule)
 				require.Equal(t, tc.want, d.Result.Limit, "the share is the limit here")
-				if d.Status == wire.StatusAllowedDegraded {
+				if d.Status == StatusAllowedDegraded {
 					allowed++
 					continue
 				}
-				require.Equal(t, wire.StatusLimited, d.Status, "%+v", d)
+				require.Equal(t, StatusLimited, d.Status, "%+v", d)
 				require.Positive(t, d.Result.RetryAfter)
 			}
 			assert.Equal(t, tc.want, allowed)
@@ -121,7 +124,7 @@ fail = "closed"
 			st.fail["login"] = tc.err
 			p, f := newFallbackPolicy(t, rules, st, FallbackOptions{Health: tc.health, Timeout: tc.timeout})
 			d := p.Check(context.Background(), t0, descs("user=u"), 1, false, nil)
-			assert.Equal(t, wire.StatusLimited, d.Status)
+			assert.Equal(t, StatusLimited, d.Status)
 			assert.True(t, d.Degraded)
 			assert.Equal(t, "login", d.Rule)
 			assert.Equal(t, tc.want, d.Result.RetryAfter)
@@ -156,10 +159,10 @@ period = "1h"
 	st.fail["tenant"] = errDown
 	for i := range 2 {
 		d := check()
-		require.Equal(t, wire.StatusAllowedDegraded, d.Status, "check %d: %+v", i, d)
+		require.Equal(t, StatusAllowedDegraded, d.Status, "check %d: %+v", i, d)
 	}
 	d := check()
-	require.Equal(t, wire.StatusLimited, d.Status)
+	require.Equal(t, StatusLimited, d.Status)
 	require.True(t, d.Degraded)
 	assert.Equal(t, "tenant", d.Rule)
 	assert.Equal(t, int64(2), st.usedOf(key("key", "k")), "the denied check's take of key was refunded")
@@ -170,10 +173,10 @@ period = "1h"
 	delete(st.fail, "tenant")
 	st.fail["key"] = errDown
 	for range 4 {
-		require.Equal(t, wire.StatusAllowedDegraded, check().Status)
+		require.Equal(t, StatusAllowedDegraded, check().Status)
 	}
 	d = check()
-	require.Equal(t, wire.StatusLimited, d.Status)
+	require.Equal(t, StatusLimited, d.Status)
 	assert.False(t, d.Degraded, "the tenant's store decided")
 	// The key's local share is 50: 5 taken, the denied check's refunded.
 	share := algo.Params{Kind: algo.TokenBucket, Limit: 50, Period: time.Hour}
@@ -217,7 +220,7 @@ period = "1h"
 fail = "closed"
 `, st, FallbackOptions{})
 	d := p.Check(context.Background(), t0, descs("ip=1"), 1, false, nil)
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.True(t, d.Degraded)
 	assert.Equal(t, "c", d.Rule)
 	assert.Equal(t, 1, st.takeCount(), "one store call, then no more")
@@ -320,11 +323,11 @@ limit = 30
 period = "1m"
 `, st, FallbackOptions{Health: fakeHealth{peers: 3}})
 	d := p.Check(context.Background(), t0, descs("ip=1"), 31, false, nil)
-	assert.Equal(t, wire.StatusError, d.Status)
-	assert.Equal(t, wire.CodeCostTooLarge, d.Code)
+	assert.Equal(t, StatusError, d.Status)
+	assert.Equal(t, CodeCostTooLarge, d.Code)
 	assert.ErrorIs(t, d.Err, ErrCostTooLarge)
 	d = p.Check(context.Background(), t0, descs("ip=1"), 15, false, nil)
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.True(t, d.Degraded)
 	assert.Equal(t, time.Minute, d.Result.RetryAfter)
 }
@@ -363,7 +366,7 @@ period = "1h"
 				for range 40 {
 					d := p.Check(context.Background(), t0, descs("ip="+ip), 1, false, nil)
 					require.True(t, d.Degraded)
-					if d.Status == wire.StatusAllowedDegraded {
+					if d.Status == StatusAllowedDegraded {
 						n++
 					}
 				}

@@ -33,25 +33,25 @@ func TestShippedConfigWithMemstore(t *testing.T) {
 	// /search: 30 per minute per key; the token bucket refills one every 2 s.
 	for i := range 30 {
 		d := check(t0, 1, "api_key=demo", "endpoint=/v1/search")
-		require.Equal(t, wire.StatusAllowed, d.Status, "search %d", i)
+		require.Equal(t, StatusAllowed, d.Status, "search %d", i)
 		assert.Equal(t, "search", d.Rule)
 		assert.Equal(t, int64(29-i), d.Result.Remaining)
 	}
 	d := check(t0, 1, "api_key=demo", "endpoint=/v1/search")
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "search", d.Rule)
 	assert.Equal(t, int64(30), d.Result.Limit)
 	assert.Equal(t, 2*time.Second, d.Result.RetryAfter)
 	assert.Equal(t, time.Minute, d.Period)
 	d = check(t0.Add(2*time.Second), 1, "api_key=demo", "endpoint=/v1/search")
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 
 	// The per-tier rule (free: 100/min, the fallback; a token every 0.6 s)
 	// lost nothing to the denial: 100 - 30 at t0, +3 tokens by t0+2s, -1
 	// for the second search, -1 for this check. With less remaining than
 	// users (99), it decides.
 	d = check(t0.Add(2*time.Second), 1, "api_key=demo", "endpoint=/v1/users")
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "per-tier", d.Rule)
 	assert.Equal(t, int64(100-30+3-1-1), d.Result.Remaining)
 
@@ -64,16 +64,16 @@ func TestShippedConfigWithMemstore(t *testing.T) {
 	assert.Equal(t, int64(10000), d.Result.Limit)
 
 	// Internal and revoked keys.
-	assert.Equal(t, Decision{Status: wire.StatusAllowed, Rule: RuleAllow}, check(t0, 1, "api_key=sk_internal_x", "endpoint=/v1/search"))
-	assert.Equal(t, Decision{Status: wire.StatusBlocked, Rule: RuleDeny}, check(t0, 1, "api_key=sk_revoked_x", "endpoint=/v1/search"))
+	assert.Equal(t, Decision{Status: StatusAllowed, Rule: RuleAllow}, check(t0, 1, "api_key=sk_internal_x", "endpoint=/v1/search"))
+	assert.Equal(t, Decision{Status: StatusBlocked, Rule: RuleDeny}, check(t0, 1, "api_key=sk_revoked_x", "endpoint=/v1/search"))
 
 	// Login: 5 per minute per ip, exact.
 	for i := range 5 {
 		d = check(t0.Add(time.Duration(i)*time.Second), 1, "ip=203.0.113.7", "endpoint=/v1/login")
-		require.Equal(t, wire.StatusAllowed, d.Status, "login %d", i)
+		require.Equal(t, StatusAllowed, d.Status, "login %d", i)
 	}
 	d = check(t0.Add(30*time.Second), 1, "ip=203.0.113.7", "endpoint=/v1/login")
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "login", d.Rule)
 	assert.Equal(t, 30*time.Second, d.Result.RetryAfter)
 
@@ -81,11 +81,11 @@ func TestShippedConfigWithMemstore(t *testing.T) {
 	// the tenant's token back.
 	for i := range 30 {
 		d = check(t0, 1, "api_key=k2", "tenant=acme", "endpoint=/v1/search")
-		require.Equal(t, wire.StatusAllowed, d.Status, "tenant %d", i)
+		require.Equal(t, StatusAllowed, d.Status, "tenant %d", i)
 	}
 	for range 10 {
 		d = check(t0, 1, "api_key=k2", "tenant=acme", "endpoint=/v1/search")
-		require.Equal(t, wire.StatusLimited, d.Status)
+		require.Equal(t, StatusLimited, d.Status)
 	}
 	d = p.Check(ctx, t0, descs("tenant=acme"), 1, true, &sc)
 	assert.Equal(t, "per-tenant", d.Rule)
@@ -118,7 +118,7 @@ func BenchmarkCheck(b *testing.B) {
 		toml string
 		req  []wire.Descriptor
 		step time.Duration // the clock's advance per check: keys stay under their limits
-		want wire.Status
+		want Status
 	}{
 		{"one-rule", `
 [[rule]]
@@ -127,10 +127,10 @@ match = { endpoint = "/v1/search*" }
 by = ["api_key"]
 limit = 100000000
 period = "1m"
-`, descs("api_key=sk_live_1234567890", "endpoint=/v1/search"), time.Millisecond, wire.StatusAllowed},
+`, descs("api_key=sk_live_1234567890", "endpoint=/v1/search"), time.Millisecond, StatusAllowed},
 		// /v1/search: the rules search, per-tier and per-tenant apply.
-		{"shipped-rld.toml", "", descs("api_key=sk_live_1234567890", "endpoint=/v1/search", "tier=pro", "tenant=acme"), 2 * time.Second, wire.StatusAllowed},
-		{"allow-list", "", descs("api_key=sk_internal_1", "endpoint=/v1/search"), 0, wire.StatusAllowed},
+		{"shipped-rld.toml", "", descs("api_key=sk_live_1234567890", "endpoint=/v1/search", "tier=pro", "tenant=acme"), 2 * time.Second, StatusAllowed},
+		{"allow-list", "", descs("api_key=sk_internal_1", "endpoint=/v1/search"), 0, StatusAllowed},
 		// A hot key over its limit: per-tenant allows, search denies and
 		// per-tenant's take is refunded.
 		{"denied-with-refund", `
@@ -144,7 +144,7 @@ name = "search"
 by = ["api_key"]
 limit = 1
 period = "1h"
-`, descs("api_key=sk_live_1234567890", "tenant=acme"), 0, wire.StatusLimited},
+`, descs("api_key=sk_live_1234567890", "tenant=acme"), 0, StatusLimited},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
@@ -225,7 +225,7 @@ period = "1h"
 		require.True(t, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status.Allowed())
 	}
 	d := p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "per-hour", d.Rule)
 	assert.Equal(t, time.Hour, d.Result.RetryAfter)
 }
@@ -253,7 +253,7 @@ period = "1m"
 	ctx := context.Background()
 	require.True(t, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status.Allowed())
 	for range 5 {
-		require.Equal(t, wire.StatusLimited, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status)
+		require.Equal(t, StatusLimited, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status)
 	}
 	res, err := st.Take(ctx, []byte(key("observe", "1")), algo.Params{Kind: algo.FixedWindow, Limit: 100, Period: time.Minute}, 1, t0, true)
 	require.NoError(t, err)

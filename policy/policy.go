@@ -39,6 +39,7 @@ type Policy struct {
 	allow    []selector
 	rules    []rule
 	infos    []RuleInfo
+	changes  Changes // the run-time changes compiled in
 
 	denyM, allowM, noneM *counters
 }
@@ -90,14 +91,14 @@ type Decision struct {
 	// Status is StatusAllowed, StatusAllowedDegraded (allowed, and a
 	// rule's store failed: see Fallback), StatusLimited, StatusBlocked
 	// or StatusError.
-	Status wire.Status
+	Status Status
 	// Degraded is set when a rule whose store failed decided or took
 	// part in the decision by its fail mode (see Fallback): every
 	// StatusAllowedDegraded, and a StatusLimited made on local state
 	// (fail = "open") or by a fail-closed rule.
 	Degraded bool
 	// Code says what failed when Status is StatusError.
-	Code wire.Code
+	Code Code
 	// Rule names the rule that decided: RuleDeny, RuleAllow, a rule of the
 	// configuration, or RuleNone when no rule applied.
 	Rule string
@@ -114,8 +115,8 @@ type Decision struct {
 
 // set makes d a decision by a rule: every field is written in place, as
 // assigning a composite literal would build it on the stack and copy it.
-func (d *Decision) set(status wire.Status, degraded bool, rule string, res *algo.Result, params *algo.Params) {
-	d.Status, d.Degraded, d.Code, d.Rule = status, degraded, wire.CodeNone, rule
+func (d *Decision) set(status Status, degraded bool, rule string, res *algo.Result, params *algo.Params) {
+	d.Status, d.Degraded, d.Code, d.Rule = status, degraded, CodeNone, rule
 	d.Result, d.Period, d.Params, d.Err = *res, params.Period, *params, nil
 }
 
@@ -197,6 +198,35 @@ type Stores struct {
 	// embedded store, which does not fail) answers a store error with a
 	// StatusError decision, code internal.
 	Fallback *Fallback
+}
+
+// Changes are the run-time changes in force over a configuration: the
+// overrides, blocks and resets that admin operations make. A Policy is
+// compiled from a configuration plus its Changes (Compile); a change
+// compiles a new Policy and swaps it in atomically, as a reload does, and
+// a reload keeps the Changes in force. There are none yet: the type is
+// where they go.
+type Changes struct{}
+
+// Compile compiles cfg, which Load or Parse has validated, with the
+// run-time changes ch in force (nil: none), into a Policy that keeps each
+// rule's counters in the store of its mode. Nothing is read from a file.
+func Compile(cfg *config.Config, ch *Changes, st Stores) (*Policy, error) {
+	p, err := NewStores(cfg, st)
+	if err != nil {
+		return nil, err
+	}
+	if ch != nil {
+		p.changes = *ch
+	}
+	return p, nil
+}
+
+// Changes returns the run-time changes p was compiled with, for the
+// Policy that replaces it.
+func (p *Policy) Changes() *Changes {
+	ch := p.changes
+	return &ch
 }
 
 // New compiles cfg, which Load or Parse has validated, into a Policy that
@@ -359,14 +389,14 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 	for i := range p.deny {
 		if p.deny[i].matches(descs) {
 			sc.count(p.denyM, decBlocked)
-			*d = Decision{Status: wire.StatusBlocked, Rule: RuleDeny}
+			*d = Decision{Status: StatusBlocked, Rule: RuleDeny}
 			return true
 		}
 	}
 	for i := range p.allow {
 		if p.allow[i].matches(descs) {
 			sc.count(p.allowM, decAllowed)
-			*d = Decision{Status: wire.StatusAllowed, Rule: RuleAllow}
+			*d = Decision{Status: StatusAllowed, Rule: RuleAllow}
 			return true
 		}
 	}
@@ -443,7 +473,7 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 			if !res.Allowed {
 				p.refund(ctx, now, cost, peek, slow, sc)
 				sc.count(r.m, decLimitedDegraded)
-				d.set(wire.StatusLimited, true, r.name, &res, params)
+				d.set(StatusLimited, true, r.name, &res, params)
 				return true
 			}
 			degraded = true
@@ -463,7 +493,7 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 				return false // nothing left taken
 			}
 			sc.count(r.m, decLimited)
-			d.set(wire.StatusLimited, false, r.name, &res, params)
+			d.set(StatusLimited, false, r.name, &res, params)
 			return true
 		default:
 			sc.take(i, ti, start, len(sc.keys), res.At)
@@ -475,17 +505,17 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 
 	if best < 0 {
 		sc.count(p.noneM, decAllowed)
-		*d = Decision{Status: wire.StatusAllowed, Rule: RuleNone}
+		*d = Decision{Status: StatusAllowed, Rule: RuleNone}
 		return true
 	}
 	r := &p.rules[best]
 	if degraded {
 		sc.count(r.m, decAllowedDegraded)
-		d.set(wire.StatusAllowedDegraded, true, r.name, &bestRes, r.paramsAt(bestTier))
+		d.set(StatusAllowedDegraded, true, r.name, &bestRes, r.paramsAt(bestTier))
 		return true
 	}
 	sc.count(r.m, decAllowed)
-	d.set(wire.StatusAllowed, false, r.name, &bestRes, r.paramsAt(bestTier))
+	d.set(StatusAllowed, false, r.name, &bestRes, r.paramsAt(bestTier))
 	return true
 }
 
@@ -543,7 +573,7 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 func (p *Policy) costTooLarge(r *rule, params *algo.Params, res algo.Result, cost int64) Decision {
 	r.m.inc(decError)
 	return Decision{
-		Status: wire.StatusError, Code: wire.CodeCostTooLarge, Rule: r.name,
+		Status: StatusError, Code: CodeCostTooLarge, Rule: r.name,
 		Result: res, Period: params.Period, Params: *params,
 		Err: fmt.Errorf("%w: cost %d, capacity %d of rule %q", ErrCostTooLarge, cost, params.Capacity(), r.name),
 	}
@@ -556,7 +586,7 @@ func (p *Policy) costTooLarge(r *rule, params *algo.Params, res algo.Result, cos
 func (p *Policy) storeFailed(r *rule, params *algo.Params, err error) Decision {
 	r.m.inc(decError)
 	return Decision{
-		Status: wire.StatusError, Code: wire.CodeInternal, Rule: r.name, Period: params.Period,
+		Status: StatusError, Code: CodeInternal, Rule: r.name, Period: params.Period,
 		Err: fmt.Errorf("rule %q: %w", r.name, err),
 	}
 }

@@ -140,17 +140,17 @@ period = "1m"
 `, st)
 	tests := []struct {
 		descs  []wire.Descriptor
-		status wire.Status
+		status Status
 		rule   string
 	}{
-		{descs("api_key=sk_revoked_1"), wire.StatusBlocked, RuleDeny},
-		{descs("api_key=sk_internal_1"), wire.StatusAllowed, RuleAllow},
-		{descs("api_key=sk_internal_bad"), wire.StatusBlocked, RuleDeny},             // deny wins over allow
-		{descs("api_key=sk_revoked_1", "ip=10.0.0.1"), wire.StatusBlocked, RuleDeny}, // on any selector
-		{descs("api_key=sk_x", "ip=10.0.0.1"), wire.StatusAllowed, RuleAllow},
-		{descs("ip=10.0.0.1", "api_key=sk_revoked_1"), wire.StatusBlocked, RuleDeny},
-		{descs("api_key=sk_x", "api_key=sk_revoked_1"), wire.StatusAllowed, "all"}, // first occurrence counts
-		{descs("api_key=sk_revoked_1", "api_key=sk_x"), wire.StatusBlocked, RuleDeny},
+		{descs("api_key=sk_revoked_1"), StatusBlocked, RuleDeny},
+		{descs("api_key=sk_internal_1"), StatusAllowed, RuleAllow},
+		{descs("api_key=sk_internal_bad"), StatusBlocked, RuleDeny},             // deny wins over allow
+		{descs("api_key=sk_revoked_1", "ip=10.0.0.1"), StatusBlocked, RuleDeny}, // on any selector
+		{descs("api_key=sk_x", "ip=10.0.0.1"), StatusAllowed, RuleAllow},
+		{descs("ip=10.0.0.1", "api_key=sk_revoked_1"), StatusBlocked, RuleDeny},
+		{descs("api_key=sk_x", "api_key=sk_revoked_1"), StatusAllowed, "all"}, // first occurrence counts
+		{descs("api_key=sk_revoked_1", "api_key=sk_x"), StatusBlocked, RuleDeny},
 	}
 	for i, tt := range tests {
 		for range 3 { // the allow list bypasses the limit of 1
@@ -188,14 +188,14 @@ period = "1m"
 	req := descs("tenant=acme", "api_key=k1")
 	for i := range 2 {
 		d := p.Check(ctx, t0, req, 1, false, nil)
-		require.Equal(t, wire.StatusAllowed, d.Status)
+		require.Equal(t, StatusAllowed, d.Status)
 		assert.Equal(t, "key", d.Rule, "least remaining")
 		assert.Equal(t, int64(1-i), d.Result.Remaining)
 	}
 	assert.Equal(t, int64(2), st.usedOf(key("tenant", "acme")))
 
 	d := p.Check(ctx, t0, req, 1, false, nil)
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "key", d.Rule)
 	assert.Equal(t, int64(2), d.Result.Limit)
 	assert.Equal(t, int64(0), d.Result.Remaining)
@@ -206,16 +206,16 @@ period = "1m"
 
 	// Another key of the tenant sees the tenant's remaining unchanged.
 	d = p.Check(ctx, t0, descs("tenant=acme", "api_key=k2"), 5, false, nil)
-	require.Equal(t, wire.StatusError, d.Status) // 5 > capacity 2 of rule key
+	require.Equal(t, StatusError, d.Status) // 5 > capacity 2 of rule key
 	d = p.Check(ctx, t0, descs("tenant=acme", "api_key=k2"), 2, false, nil)
-	require.Equal(t, wire.StatusAllowed, d.Status)
+	require.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "key", d.Rule)
 	assert.Equal(t, int64(4), st.usedOf(key("tenant", "acme")))
 
 	// Peek: decides, takes nothing, refunds nothing.
 	st.refunds = nil
 	d = p.Check(ctx, t0, req, 1, true, nil)
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.Empty(t, st.refunds)
 	assert.Equal(t, int64(4), st.usedOf(key("tenant", "acme")))
 }
@@ -236,8 +236,8 @@ burst = 4
 period = "1s"
 `, st)
 	d := p.Check(context.Background(), t0, descs("tenant=acme"), 5, false, nil)
-	assert.Equal(t, wire.StatusError, d.Status)
-	assert.Equal(t, wire.CodeCostTooLarge, d.Code)
+	assert.Equal(t, StatusError, d.Status)
+	assert.Equal(t, CodeCostTooLarge, d.Code)
 	assert.Equal(t, "burst", d.Rule)
 	assert.Equal(t, algo.Never, d.Result.RetryAfter)
 	require.ErrorIs(t, d.Err, ErrCostTooLarge)
@@ -245,7 +245,7 @@ period = "1s"
 	assert.Equal(t, int64(0), st.usedOf(key("tenant", "acme")), "the tenant's take was refunded")
 
 	d = p.Check(context.Background(), t0, descs("tenant=acme"), 4, false, nil)
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 }
 
 func TestStoreError(t *testing.T) {
@@ -272,8 +272,8 @@ limit = 10
 period = "1m"
 `, st)
 	d := p.Check(context.Background(), t0, descs("ip=1.2.3.4"), 1, false, nil)
-	assert.Equal(t, wire.StatusError, d.Status)
-	assert.Equal(t, wire.CodeInternal, d.Code)
+	assert.Equal(t, StatusError, d.Status)
+	assert.Equal(t, CodeInternal, d.Code)
 	assert.Equal(t, "second", d.Rule)
 	require.ErrorIs(t, d.Err, boom)
 	assert.Contains(t, d.Err.Error(), `rule "second"`)
@@ -281,7 +281,7 @@ period = "1m"
 
 	delete(st.fail, "second")
 	d = p.Check(context.Background(), t0, descs("ip=1.2.3.4"), 1, false, nil)
-	assert.Equal(t, wire.StatusAllowed, d.Status, "a failing shadow rule changes nothing")
+	assert.Equal(t, StatusAllowed, d.Status, "a failing shadow rule changes nothing")
 }
 
 func TestTiers(t *testing.T) {
@@ -317,7 +317,7 @@ period = "1m"
 	}
 	for i, tt := range tests {
 		d := p.Check(context.Background(), t0, tt.descs, 1, false, nil)
-		assert.Equal(t, wire.StatusAllowed, d.Status, "case %d", i)
+		assert.Equal(t, StatusAllowed, d.Status, "case %d", i)
 		assert.Equal(t, tt.rule, d.Rule, "case %d", i)
 		assert.Equal(t, tt.limit, d.Result.Limit, "case %d", i)
 		assert.Equal(t, tt.limit-1, d.Result.Remaining, "case %d", i)
@@ -349,7 +349,7 @@ period = "1m"
 	}
 	for i, tt := range tests {
 		d := p.Check(context.Background(), t0, tt.descs, 1, false, nil)
-		assert.Equal(t, wire.StatusAllowed, d.Status, "case %d", i)
+		assert.Equal(t, StatusAllowed, d.Status, "case %d", i)
 		assert.Equal(t, tt.rule, d.Rule, "case %d", i)
 		if tt.rule == "" {
 			assert.Zero(t, d.Result, "case %d", i)
@@ -376,12 +376,12 @@ period = "1m"
 `, st)
 	ctx := context.Background()
 	// "ab"+"c" and "a"+"bc" are different keys.
-	assert.Equal(t, wire.StatusAllowed, p.Check(ctx, t0, descs("x=ab", "y=c"), 1, false, nil).Status)
-	assert.Equal(t, wire.StatusAllowed, p.Check(ctx, t0, descs("x=a", "y=bc"), 1, false, nil).Status)
-	assert.Equal(t, wire.StatusLimited, p.Check(ctx, t0, descs("x=a", "y=bc"), 1, false, nil).Status)
+	assert.Equal(t, StatusAllowed, p.Check(ctx, t0, descs("x=ab", "y=c"), 1, false, nil).Status)
+	assert.Equal(t, StatusAllowed, p.Check(ctx, t0, descs("x=a", "y=bc"), 1, false, nil).Status)
+	assert.Equal(t, StatusLimited, p.Check(ctx, t0, descs("x=a", "y=bc"), 1, false, nil).Status)
 	// Rules "a" and "a:" share nothing.
 	d := p.Check(ctx, t0, descs("x=q"), 1, false, nil)
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "a:", d.Rule)
 	assert.Equal(t, int64(1), st.usedOf(key("a", "ab", "c")))
 	assert.Equal(t, int64(1), st.usedOf(key("a", "a", "bc")))
@@ -420,26 +420,26 @@ period = "1m"
 	ctx := context.Background()
 	for i := range 3 {
 		d := p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
-		assert.Equal(t, wire.StatusAllowed, d.Status, "check %d", i)
+		assert.Equal(t, StatusAllowed, d.Status, "check %d", i)
 		assert.Equal(t, "real", d.Rule, "a shadow rule never decides")
 		assert.Equal(t, int64(2-i), d.Result.Remaining)
 	}
 	assert.Equal(t, uint64(2), shadowLimited.Get()-before)
 	d := p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
-	assert.Equal(t, wire.StatusLimited, d.Status)
+	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "real", d.Rule)
 	assert.Equal(t, int64(1), st.usedOf(key("shadow-tight", "1")), "shadow takes are not refunded")
 
 	// A cost above a shadow rule's capacity does not fail the check.
 	d = p.Check(ctx, t0, descs("ip=2", "endpoint=/x"), 2, false, nil)
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "real", d.Rule)
 
 	// Only shadow rules apply: no rule decides.
 	p = newPolicy(t, "[[rule]]\nname = \"s\"\nby = [\"ip\"]\nlimit = 1\nperiod = \"1m\"\nshadow = true\n", newFakeStore())
 	for range 2 {
 		d = p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
-		assert.Equal(t, Decision{Status: wire.StatusAllowed}, d)
+		assert.Equal(t, Decision{Status: StatusAllowed}, d)
 	}
 }
 
@@ -462,7 +462,7 @@ limit = 4
 period = "1s"
 `, newFakeStore())
 	d := p.Check(context.Background(), t0, descs("ip=1"), 2, false, nil)
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "small-a", d.Rule, "ties go to the first rule")
 	assert.Equal(t, algo.Result{Allowed: true, Limit: 4, Remaining: 2, Reset: time.Minute, At: t0.UnixMicro()}, d.Result)
 	assert.Equal(t, time.Minute, d.Period)
@@ -597,7 +597,7 @@ period = "1m"
 			req := descs("tenant=t", "api_key=k"+string(rune('0'+g%2)))
 			n := 0
 			for range 200 {
-				if p.Check(context.Background(), t0, req, 1, false, &sc).Status == wire.StatusAllowed {
+				if p.Check(context.Background(), t0, req, 1, false, &sc).Status == StatusAllowed {
 					n++
 				}
 			}
@@ -673,7 +673,7 @@ period = "1h"
 	p := newPolicy(t, toml, st)
 	var d Decision
 	require.True(t, p.TryCheckTo(context.Background(), t0, descs("ip=1"), 1, false, nil, &d))
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "a", d.Rule)
 	assert.Equal(t, int64(9), d.Result.Remaining)
 
@@ -683,6 +683,23 @@ period = "1h"
 	assert.Equal(t, []string{"a\x00\x011"}, st.refunds, "a's take is given back")
 	assert.Equal(t, before, allowedA.Get(), "nothing counted")
 	d = p.Check(context.Background(), t0, descs("ip=1", "kind=two"), 1, false, nil)
-	assert.Equal(t, wire.StatusAllowed, d.Status)
+	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, int64(8), d.Result.Remaining, "a: one take before, one now")
+}
+
+// TestCompile: a Policy is compiled from a configuration plus the
+// run-time changes in force, with no file, and hands its changes on to
+// the Policy that replaces it.
+func TestCompile(t *testing.T) {
+	cfg, err := config.Parse([]byte("[[rule]]\nname = \"r\"\nby = [\"ip\"]\nlimit = 1\nperiod = \"1h\"\n"), "inline")
+	require.NoError(t, err)
+	st := newFakeStore()
+	p, err := Compile(cfg, &Changes{}, Stores{Cached: st})
+	require.NoError(t, err)
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), t0, descs("ip=1"), 1, false, nil).Status)
+	next, err := Compile(cfg, p.Changes(), Stores{Cached: st})
+	require.NoError(t, err)
+	assert.Equal(t, StatusLimited, next.Check(context.Background(), t0, descs("ip=1"), 1, false, nil).Status, "the same store")
+	_, err = Compile(nil, nil, Stores{Cached: st})
+	assert.Error(t, err)
 }
