@@ -4,6 +4,43 @@
 // Every algorithm is defined on integer microseconds so that the Go code and
 // the Redis scripts in lua/ compute identical answers; docs/algorithms.md
 // gives the exact formulas.
+//
+// # Operations
+//
+// Every store speaks one vocabulary: an Op (take, peek, lease, take-lease,
+// refund) on one key, and Apply, which runs it on an algorithm's State and
+// is its specification. memstore decides with the same functions, the Redis
+// scripts implement each OpKind as their ARGV[1] op (the lua package's
+// differential tests hold them to Apply), the Redis store (redisx) takes a
+// batch of Ops, and the hot-key cache (shardcache) sends its syncs as one.
+//
+// # How to add an operation
+//
+//  1. algo/op.go: a new OpKind (before NumOpKinds), its name (the scripts'
+//     ARGV[1]), its fields' meaning on Op, and its case in Apply, built
+//     from the algorithm functions; a test in op_test.go.
+//  2. lua/*.lua: the op in each algorithm's script, and a timeline of it
+//     in lua/lua_test.go (the runner applies it with Apply and in Redis).
+//  3. redisx/multi.go: whether a batch may carry it (batchable), the
+//     metrics op it counts as (opKindMetric), and its reply in fill.
+//  4. The callers: memstore (in-process, with Apply or the functions it
+//     uses), shardcache when the cache sends it, policy for a decision
+//     step that needs it, and the daemon's faces (socket, HTTP, admin).
+//
+// # How to add an algorithm
+//
+//  1. algo: a Kind (at the end: Kinds are stored in Redis key names and
+//     metrics), its name in kindNames, its functions in a file of its own
+//     (decide, refund, and how it lays out State), their cases in DecideTo,
+//     Refund and Idle, and property tests (property_test.go).
+//  2. docs/algorithms.md: the formulas, in integer µs.
+//  3. lua/<name>.lua: the script, every op, exact as in Go; the lua
+//     package's timelines and random differential test cover it once the
+//     Kind is in their list.
+//  4. redisx: the script's SHA and its key suffix (AppendKey).
+//  5. config: its name is accepted by ParseKind; whether a cached rule may
+//     use it (shardcache leases only what a lease cannot make forget
+//     admissions early: see docs/cache.md).
 package algo
 
 import (
