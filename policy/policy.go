@@ -403,120 +403,166 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 
 	sc.keys = sc.keys[:0]
 	sc.taken = sc.taken[:0]
-	// degraded: a rule was decided by its fail mode. slow: a store call
-	// timed out; with a Fallback, the other rules of this check are then
-	// decided by their fail modes at once, so that the check waits on
-	// the store for one timeout at most.
-	degraded, slow := false, false
-	// best is the allowing non-shadow rule with the least remaining, the
-	// first of them on a tie: it decides when all allow.
-	best, bestTier := -1, -1
-	var bestRes algo.Result
+	c := checking{ctx: ctx, now: now, descs: descs, cost: cost, peek: peek, local: local, sc: sc, best: -1, bestTier: -1}
 	for i := range p.rules {
-		r := &p.rules[i]
-		if !r.applies(descs) {
-			continue
-		}
-		start := len(sc.keys)
-		var ok bool
-		if sc.keys, ok = r.appendKey(sc.keys, descs); !ok {
-			sc.keys = sc.keys[:start]
-			continue // a by descriptor is missing: the rule does not count it
-		}
-		ti := r.tier(descs)
-		params := r.paramsAt(ti)
-		key := sc.keys[start:]
-		var res algo.Result
-		var err error
-		switch {
-		case slow:
-			err = errSkipped
-		case local:
-			var ok bool
-			if r.local != nil {
-				res, ok = r.local.TakeLocal(key, *params, cost, now, peek)
-			}
-			if !ok || (r.shadow && !res.Allowed) {
-				// A shadow denial is counted at once: left to CheckTo,
-				// so that it is counted once.
-				p.refund(ctx, now, cost, peek, false, sc)
-				return false
-			}
-		default:
-			res, err = r.store.Take(ctx, key, *params, cost, now, peek)
-			slow = err != nil && p.fallback != nil && isTimeout(err)
-		}
-		switch {
-		case r.shadow:
-			if err != nil {
-				sc.count(r.m, decError)
-			} else if !res.Allowed {
-				sc.count(r.m, decShadowLimited)
-			} else {
-				// Refunded with the others when a rule denies, so that
-				// shadow counts show what enforcing the rule would do.
-				sc.take(i, ti, start, len(sc.keys), res.At).shadow = true
-			}
-			continue // never denies or decides
-		case err != nil && p.fallback != nil:
-			res, err = p.fallback.decide(r.fail, params, key, cost, now, peek, err)
-			if err != nil {
-				p.refund(ctx, now, cost, peek, slow, sc)
-				*d = p.storeFailed(r, params, err)
-				return true
-			}
-			if !res.Allowed && res.RetryAfter == algo.Never {
-				p.refund(ctx, now, cost, peek, slow, sc)
-				*d = p.costTooLarge(r, params, res, cost)
-				return true
-			}
-			if !res.Allowed {
-				p.refund(ctx, now, cost, peek, slow, sc)
-				sc.count(r.m, decLimitedDegraded)
-				d.set(StatusLimited, true, r.name, &res, params)
-				return true
-			}
-			degraded = true
-			sc.take(i, ti, start, len(sc.keys), res.At).local = true
-		case err != nil:
-			p.refund(ctx, now, cost, peek, slow, sc)
-			*d = p.storeFailed(r, params, err)
+		switch p.step(&c, i, d) {
+		case decided:
 			return true
-		case !res.Allowed && res.RetryAfter == algo.Never:
-			p.refund(ctx, now, cost, peek, slow, sc)
-			*d = p.costTooLarge(r, params, res, cost)
-			return true
-		case !res.Allowed:
-			p.refund(ctx, now, cost, peek, slow, sc)
-			var ok bool
-			if r, res, params, ok = p.longestDenial(ctx, now, descs, cost, i, r, res, params, sc, local); !ok {
-				return false // nothing left taken
-			}
-			sc.count(r.m, decLimited)
-			d.set(StatusLimited, false, r.name, &res, params)
-			return true
-		default:
-			sc.take(i, ti, start, len(sc.keys), res.At)
-		}
-		if best < 0 || res.Remaining < bestRes.Remaining {
-			best, bestTier, bestRes = i, ti, res
+		case wait:
+			return false
 		}
 	}
 
-	if best < 0 {
+	if c.best < 0 {
 		sc.count(p.noneM, decAllowed)
 		*d = Decision{Status: StatusAllowed, Rule: RuleNone}
 		return true
 	}
-	r := &p.rules[best]
-	if degraded {
+	r := &p.rules[c.best]
+	if c.degraded {
 		sc.count(r.m, decAllowedDegraded)
-		d.set(StatusAllowedDegraded, true, r.name, &bestRes, r.paramsAt(bestTier))
+		d.set(StatusAllowedDegraded, true, r.name, &c.bestRes, r.paramsAt(c.bestTier))
 		return true
 	}
 	sc.count(r.m, decAllowed)
-	d.set(StatusAllowed, false, r.name, &bestRes, r.paramsAt(bestTier))
+	d.set(StatusAllowed, false, r.name, &c.bestRes, r.paramsAt(c.bestTier))
 	return true
+}
+
+// checking is one check as its rules' steps see it: the request, and
+// what the steps before have found.
+type checking struct {
+	ctx         context.Context
+	now         time.Time
+	descs       []wire.Descriptor
+	cost        int64
+	peek, local bool // local: TryCheckTo
+	sc          *Scratch
+	// degraded: a rule was decided by its fail mode. slow: a store call
+	// timed out; with a Fallback, the other rules of this check are then
+	// decided by their fail modes at once, so that the check waits on
+	// the store for one timeout at most.
+	degraded, slow bool
+	// best is the allowing non-shadow rule with the least remaining, the
+	// first of them on a tie: it decides when all allow.
+	best, bestTier int
+	bestRes        algo.Result
+}
+
+// outcome is what one rule's step says of a check.
+type outcome uint8
+
+const (
+	// pass: the rule does not apply, or never decides (a shadow rule):
+	// the check goes on.
+	pass outcome = iota
+	// allow: the rule allows, its take recorded in the Scratch: the
+	// check goes on.
+	allow
+	// decided: the rule decided the check, whose Decision is written
+	// (what the rules before took is refunded when it denies).
+	decided
+	// wait: for TryCheckTo, the rule's store cannot answer on the host;
+	// what was taken is given back and the check is undecided.
+	wait
+)
+
+// step decides rule index i for check c: it asks the rule's store (or
+// its fail mode, when the store fails and there is a Fallback) and
+// returns the outcome, writing the check's Decision to d when the rule
+// decides it. (d is not kept in c: what c points to escapes with the
+// context it holds, and a caller's Decision must not.)
+func (p *Policy) step(c *checking, i int, d *Decision) outcome {
+	r := &p.rules[i]
+	sc := c.sc
+	if !r.applies(c.descs) {
+		return pass
+	}
+	start := len(sc.keys)
+	var ok bool
+	if sc.keys, ok = r.appendKey(sc.keys, c.descs); !ok {
+		sc.keys = sc.keys[:start]
+		return pass // a by descriptor is missing: the rule does not count it
+	}
+	ti := r.tier(c.descs)
+	params := r.paramsAt(ti)
+	key := sc.keys[start:]
+	var res algo.Result
+	var err error
+	switch {
+	case c.slow:
+		err = errSkipped
+	case c.local:
+		var ok bool
+		if r.local != nil {
+			res, ok = r.local.TakeLocal(key, *params, c.cost, c.now, c.peek)
+		}
+		if !ok || (r.shadow && !res.Allowed) {
+			// A shadow denial is counted at once: left to CheckTo, so
+			// that it is counted once.
+			p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
+			return wait
+		}
+	default:
+		res, err = r.store.Take(c.ctx, key, *params, c.cost, c.now, c.peek)
+		c.slow = err != nil && p.fallback != nil && isTimeout(err)
+	}
+	switch {
+	case r.shadow:
+		if err != nil {
+			sc.count(r.m, decError)
+		} else if !res.Allowed {
+			sc.count(r.m, decShadowLimited)
+		} else {
+			// Refunded with the others when a rule denies, so that
+			// shadow counts show what enforcing the rule would do.
+			sc.take(i, ti, start, len(sc.keys), res.At).shadow = true
+		}
+		return pass // never denies or decides
+	case err != nil && p.fallback != nil:
+		res, err = p.fallback.decide(r.fail, params, key, c.cost, c.now, c.peek, err)
+		if err != nil {
+			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+			*d = p.storeFailed(r, params, err)
+			return decided
+		}
+		if !res.Allowed && res.RetryAfter == algo.Never {
+			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+			*d = p.costTooLarge(r, params, res, c.cost)
+			return decided
+		}
+		if !res.Allowed {
+			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+			sc.count(r.m, decLimitedDegraded)
+			d.set(StatusLimited, true, r.name, &res, params)
+			return decided
+		}
+		c.degraded = true
+		sc.take(i, ti, start, len(sc.keys), res.At).local = true
+	case err != nil:
+		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+		*d = p.storeFailed(r, params, err)
+		return decided
+	case !res.Allowed && res.RetryAfter == algo.Never:
+		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+		*d = p.costTooLarge(r, params, res, c.cost)
+		return decided
+	case !res.Allowed:
+		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+		var ok bool
+		if r, res, params, ok = p.longestDenial(c.ctx, c.now, c.descs, c.cost, i, r, res, params, sc, c.local); !ok {
+			return wait // nothing left taken
+		}
+		sc.count(r.m, decLimited)
+		d.set(StatusLimited, false, r.name, &res, params)
+		return decided
+	default:
+		sc.take(i, ti, start, len(sc.keys), res.At)
+	}
+	if c.best < 0 || res.Remaining < c.bestRes.Remaining {
+		c.best, c.bestTier, c.bestRes = i, ti, res
+	}
+	return allow
 }
 
 // errSkipped is the store error of a rule whose store was not asked: an
