@@ -121,6 +121,32 @@ func (g *guard) refreshSoon() {
 	}
 }
 
+// exec runs script on rkey with args, as one call: through rkey's circuit
+// breaker (refused at once while it is not closed), on the rueidis
+// client, within the call timeout; the breaker then counts the reply's
+// error. It is the one way a single call reaches Redis (the checks',
+// leases' and heartbeats' scripts); a batch goes by Store.Do, which takes
+// one breaker ticket per node for all its ops there.
+func (c *Client) exec(ctx context.Context, script *rueidis.Lua, rkey string, args []string) (rueidis.RedisResult, error) {
+	b := c.g.breaker(rkey)
+	ticket, err := b.Pass()
+	if err != nil {
+		c.g.refreshSoon()
+		return rueidis.RedisResult{}, err
+	}
+	rc, err := c.client()
+	if err != nil {
+		c.done(b, ticket, err)
+		return rueidis.RedisResult{}, err
+	}
+	cctx, cancel := c.callCtx(ctx)
+	r := script.Exec(cctx, rc, []string{rkey}, args)
+	cancel()
+	err = r.Error()
+	c.done(b, ticket, err)
+	return r, err
+}
+
 // done records the outcome err of a call that b allowed with ticket, and
 // asks for a refresh of the slot map when the call failed.
 func (c *Client) done(b *Breaker, ticket BreakerTicket, err error) {

@@ -59,21 +59,9 @@ func (s *Store) Leave(ctx context.Context, id string) error {
 // registry runs the heartbeat script with args (op, id, …) and returns
 // its integer reply, through the breaker of the registry's key.
 func (s *Store) registry(ctx context.Context, args ...string) (int64, error) {
-	rkey := s.prefix + daemonsKey
-	b := s.c.g.breaker(rkey)
-	ticket, err := b.Pass()
+	r, err := s.c.exec(ctx, heartbeatScript, s.prefix+daemonsKey, args)
 	if err != nil {
-		s.c.g.refreshSoon()
 		return 0, err
 	}
-	rc, err := s.c.client()
-	if err != nil {
-		s.c.done(b, ticket, err)
-		return 0, err
-	}
-	cctx, cancel := s.c.callCtx(ctx)
-	defer cancel()
-	n, err := heartbeatScript.Exec(cctx, rc, []string{rkey}, args).AsInt64()
-	s.c.done(b, ticket, err)
-	return n, err
+	return r.AsInt64()
 }

@@ -100,39 +100,6 @@ func (s *Store) Take(ctx context.Context, key []byte, p algo.Params, cost int64,
 	return result(p, v, v[0] == 1), nil
 }
 
-// TakeBatch takes costs[0], costs[1], … from key's limit in that order,
-// in one call, admitting the longest prefix that fits: it returns how
-// many were admitted and the Result after them (Allowed when all were;
-// RetryAfter, when not, is for the first one refused). Costs of 0 or less
-// count as 1. It is the call a coalesced batch of checks makes.
-func (s *Store) TakeBatch(ctx context.Context, key []byte, p algo.Params, costs []int64) (int, algo.Result, error) {
-	if len(costs) == 0 {
-		return 0, algo.Result{Allowed: true, Limit: p.Capacity()}, nil
-	}
-	for i, c := range costs {
-		if c < 1 {
-			costs = clampCosts(costs[:i:i], costs[i:])
-			break
-		}
-	}
-	v, err := s.call(ctx, opBatch, key, p, time.Time{}, costs...)
-	if err != nil {
-		return 0, algo.Result{}, err
-	}
-	n := int(v[0])
-	return n, result(p, v, n == len(costs)), nil
-}
-
-// clampCosts returns a new slice: head, then tail with each cost below 1
-// raised to 1.
-func clampCosts(head, tail []int64) []int64 {
-	out := append(make([]int64, 0, len(head)+len(tail)), head...)
-	for _, c := range tail {
-		out = append(out, max(c, 1))
-	}
-	return out
-}
-
 // Lease reserves up to want units of key's limit, exactly as if that
 // many units had been admitted, and returns how many were granted (0 to
 // want) with the Result after them. Unused units go back with Refund.
@@ -144,14 +111,18 @@ func (s *Store) Lease(ctx context.Context, key []byte, p algo.Params, want int64
 	return v[0], result(p, v, v[0] > 0), nil
 }
 
-// TakeLease takes costs[0], costs[1], … from key's limit as TakeBatch
-// does and, when every cost was admitted and want > 0, then leases up to
+// TakeLease takes costs[0], costs[1], … from key's limit in that order,
+// admitting the longest prefix that fits (algo.Batch) and, when every
+// cost was admitted and want > 0, then leases up to
 // want units as Lease does, in the same call (the scripts' takelease op,
 // algo.TakeLease): a coalesced batch of checks that also refills the
 // cache's lease costs one round trip. It returns how many costs were
 // admitted, how many units were leased (0 when a cost was denied, want is
 // 0 or less, or nothing more fits) and the Result: the lease's when units
-// were leased, else TakeBatch's. Costs of 0 or less count as 1.
+// were leased, else the batch's: Allowed when all were admitted, and the
+// RetryAfter of the first one refused when not. Costs of 0 or less count
+// as 1. With want 0 it is the call a coalesced batch of strict checks
+// makes.
 //
 // With no costs, TakeLease is Lease when want > 0 (its Result is then a
 // denial, with the RetryAfter of a take of 1, when nothing was granted),
@@ -205,19 +176,6 @@ func (s *Store) script(ctx context.Context, o op, name, sop string, n int, key [
 		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
 	}
 	start := time.Now()
-	b := s.c.g.breaker(rkey)
-	ticket, err := b.Pass()
-	if err != nil {
-		o.record(start, err)
-		s.c.g.refreshSoon()
-		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
-	}
-	rc, err := s.c.client()
-	if err != nil {
-		s.c.done(b, ticket, err)
-		o.record(start, err)
-		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)
-	}
 	clock := "0" // the script reads Redis TIME
 	if s.callerClock && !now.IsZero() {
 		clock = strconv.FormatInt(now.UnixMicro(), 10)
@@ -227,14 +185,14 @@ func (s *Store) script(ctx context.Context, o op, name, sop string, n int, key [
 	for _, a := range opArgs {
 		args = append(args, strconv.FormatInt(a, 10))
 	}
-
-	cctx, cancel := s.c.callCtx(ctx)
-	v, err := scripts[p.Kind].Exec(cctx, rc, []string{rkey}, args).AsIntSlice()
-	cancel()
+	r, err := s.c.exec(ctx, scripts[p.Kind], rkey, args)
+	var v []int64
+	if err == nil {
+		v, err = r.AsIntSlice()
+	}
 	if err == nil && len(v) != n {
 		err = fmt.Errorf("script replied %d integers, want %d", len(v), n)
 	}
-	s.c.done(b, ticket, err)
 	o.record(start, err)
 	if err != nil {
 		return nil, fmt.Errorf("redisx: %s %q: %w", name, rkey, err)

@@ -165,7 +165,10 @@ func TestStoreRedisClock(t *testing.T) {
 	}
 }
 
-func TestTakeBatchAndLease(t *testing.T) {
+// TestBatchAndLease: TakeLease with want 0 takes a batch of costs in
+// order, admitting the longest prefix that fits; Lease leases what is
+// left, and Refund gives unused units back.
+func TestBatchAndLease(t *testing.T) {
 	srv := redistest.Standalone(t)
 	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
 	ctx := context.Background()
@@ -173,8 +176,9 @@ func TestTakeBatchAndLease(t *testing.T) {
 		t.Run(k.String(), func(t *testing.T) {
 			p := algo.Params{Kind: k, Limit: 10, Period: time.Hour}
 			key := []byte("batch\x00\x01" + k.String())
-			n, r, err := rs.TakeBatch(ctx, key, p, []int64{3, 0, 3, 3, 1})
+			n, leased, r, err := rs.TakeLease(ctx, key, p, []int64{3, 0, 3, 3, 1}, 0)
 			require.NoError(t, err)
+			assert.Zero(t, leased)
 			assert.Equal(t, 4, n, "3+1+3+3 fit, the last 1 does not")
 			assert.False(t, r.Allowed)
 			assert.Equal(t, int64(0), r.Remaining)
