@@ -8,7 +8,7 @@
 // # Operations
 //
 // Every store speaks one vocabulary: an Op (take, peek, lease, take-lease,
-// refund) on one key, and Apply, which runs it on an algorithm's State and
+// refund, reset, grant) on one key, and Apply, which runs it on an algorithm's State and
 // is its specification. memstore decides with the same functions, the Redis
 // scripts implement each OpKind as their ARGV[1] op (the lua package's
 // differential tests hold them to Apply), the Redis store (redisx) takes a
@@ -21,8 +21,9 @@
 //     from the algorithm functions; a test in op_test.go.
 //  2. lua/*.lua: the op in each algorithm's script, and a timeline of it
 //     in lua/lua_test.go (the runner applies it with Apply and in Redis).
-//  3. redisx/multi.go: whether a batch may carry it (batchable), the
-//     metrics op it counts as (opKindMetric), and its reply in fill.
+//  3. redisx/multi.go: the metrics op it counts as (opKindMetric), its
+//     arguments in command and its reply in fill (a batch carries every
+//     kind).
 //  4. The callers: memstore (in-process, with Apply or the functions it
 //     uses), shardcache when the cache sends it, policy for a decision
 //     step that needs it, and the daemon's faces (socket, HTTP, admin).

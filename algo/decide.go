@@ -71,6 +71,53 @@ func Refund(p Params, s *State, now, takenAt, cost int64) {
 	}
 }
 
+// Reset makes s a fresh key's state, one that has admitted nothing. A
+// SlidingLog's Log keeps its storage.
+func Reset(s *State) {
+	*s = State{Log: s.Log[:0]}
+}
+
+// Grant adds n units to the quota s has left at now, as if n units
+// admitted earlier had not been, and no more than a fresh key has:
+//
+//   - TokenBucket: the level rises by n tokens, up to the capacity (a
+//     fresh bucket is full already).
+//   - GCRA: the theoretical arrival time moves back by n emission
+//     intervals, but not before now.
+//   - FixedWindow: the current window's count drops by n, not below 0.
+//   - SlidingCounter: the current window's count drops by n, not below
+//     0; the previous window's weight is left alone, so a grant right
+//     after a window change may add less than n.
+//   - SlidingLog: the live admissions lose n units, oldest first; an
+//     entry left with none goes.
+//
+// It is Refund of units taken at now for every algorithm but SlidingLog.
+// An n below 1 counts as 1. p must be valid.
+func Grant(p Params, s *State, now, n int64) {
+	if n < 1 {
+		n = 1
+	}
+	n = min(n, p.Capacity())
+	if p.Kind != SlidingLog {
+		Refund(p, s, now, now, n)
+		return
+	}
+	first := 0
+	for first < len(s.Log) && s.Log[first].At <= now-p.PeriodMicros() {
+		first++
+	}
+	i := first
+	for ; i < len(s.Log) && n > 0; i++ {
+		k := min(n, s.Log[i].Cost)
+		n -= k
+		if s.Log[i].Cost -= k; s.Log[i].Cost > 0 {
+			break
+		}
+	}
+	// Entries first … i−1 are spent; the dead ones before first go too.
+	s.Log = s.Log[:copy(s.Log, s.Log[i:])]
+}
+
 // Idle reports whether s is, at now, equivalent to a fresh key's state, so
 // that a store may delete it: a full token bucket, a GCRA arrival time not
 // after now, a fixed window that is over or empty, a sliding counter whose

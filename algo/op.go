@@ -9,8 +9,8 @@ import "strconv"
 // hot-key cache and the test stores pass batches of them.
 type OpKind uint8
 
-// The kinds of Op. Room is left for those to come (reset, set, grant,
-// acquire, release, settle): a new kind is added here, to Apply, to the
+// The kinds of Op. Room is left for those to come (set, acquire,
+// release, settle): a new kind is added here, to Apply, to the
 // scripts, and to the Redis store's script table.
 const (
 	// OpTake decides a cost of N (at least 1) and consumes it when it
@@ -30,6 +30,14 @@ const (
 	// Allowed false and RetryAfter 0. A lease's unused units go back
 	// this way.
 	OpRefund
+	// OpReset clears the key's state: it is a fresh key again (see
+	// Reset). Its Result is that of a peek of cost 1 after it, with
+	// Allowed false and RetryAfter 0. N is not read.
+	OpReset
+	// OpGrant adds N units (at least 1) to the key's current quota,
+	// capped as the algorithm defines: see Grant. Its Result is that of
+	// a peek of cost 1 after it, with Allowed false and RetryAfter 0.
+	OpGrant
 	// NumOpKinds is the number of kinds: tables indexed by OpKind are
 	// this long.
 	NumOpKinds
@@ -37,6 +45,7 @@ const (
 
 var opKindNames = [NumOpKinds]string{
 	OpTake: "take", OpPeek: "peek", OpLease: "lease", OpTakeLease: "takelease", OpRefund: "refund",
+	OpReset: "reset", OpGrant: "grant",
 }
 
 // String returns the op's name, as the scripts' ARGV[1] spells it.
@@ -58,7 +67,8 @@ type Op struct {
 	// Params is the limit of the key.
 	Params Params
 	// N is the cost of an OpTake or OpPeek, the units wanted by an
-	// OpLease or OpTakeLease, or the units an OpRefund gives back.
+	// OpLease or OpTakeLease, the units an OpRefund gives back or the
+	// units an OpGrant adds.
 	N int64
 	// Costs are the costs of an OpTakeLease, in arrival order.
 	Costs []int64
@@ -92,9 +102,22 @@ func Apply(op *Op, s *State, now int64) {
 		op.Admitted, op.Granted, op.Result = TakeLease(p, s, now, op.Costs, op.N)
 	case OpRefund:
 		Refund(p, s, now, op.TakenAt, op.N)
-		DecideTo(p, s, now, 1, true, &op.Result)
-		op.Result.Allowed, op.Result.RetryAfter = false, 0
+		after(op, s, now)
+	case OpReset:
+		Reset(s)
+		after(op, s, now)
+	case OpGrant:
+		Grant(p, s, now, op.N)
+		after(op, s, now)
 	default:
 		panic("BUG: algo.Apply: unknown " + op.Kind.String())
 	}
+}
+
+// after sets op's Result to that of a peek of cost 1 on s at now, with
+// Allowed false and RetryAfter 0: the reply of the ops that change a
+// key's state without deciding anything (refund, reset, grant).
+func after(op *Op, s *State, now int64) {
+	DecideTo(op.Params, s, now, 1, true, &op.Result)
+	op.Result.Allowed, op.Result.RetryAfter = false, 0
 }

@@ -8,7 +8,8 @@
 //
 //	KEYS[1]  the counter's key; the script touches no other key, so it is
 //	         Cluster-safe. All state of a counter lives in that key.
-//	ARGV[1]  op: "take", "takelease", "peek", "lease" or "refund"
+//	ARGV[1]  op: "take", "takelease", "peek", "lease", "refund", "reset"
+//	         or "grant"
 //	ARGV[2]  limit L (>= 1)
 //	ARGV[3]  period P in µs (>= 1)
 //	ARGV[4]  burst: the capacity of token_bucket and gcra; "0" means L.
@@ -32,6 +33,11 @@
 //	         (algo.Lease).
 //	refund   ARGV[6] = cost, ARGV[7] = takenAt µs (the now_us of the take):
 //	         algo.Refund.
+//	reset    ARGV[6] is not read: the key is deleted, a fresh key
+//	         (algo.Reset).
+//	grant    ARGV[6] = n: n units more of the current quota, capped at a
+//	         fresh key's (algo.Grant: a refund of n units taken now, or
+//	         for sliding_log the oldest live admissions go first).
 //
 // A cost, or the want of lease, below 1 counts as 1; the want of
 // takelease must be >= 0, and 0 asks for no lease. Every op but takelease
@@ -53,8 +59,9 @@
 //	lease    admitted = units granted; remaining and reset_us after the
 //	         grant; retry_after_us 0 if any unit was granted, else the
 //	         retry-after of a take of cost 1.
-//	refund   admitted 0; remaining and reset_us of a peek of cost 1 after
-//	         the refund; retry_after_us 0.
+//	refund, reset, grant
+//	         admitted 0; remaining and reset_us of a peek of cost 1 after
+//	         the op; retry_after_us 0.
 //	now_us   the time the script used.
 //
 // Every write sets the key's TTL to 2 × max(P, time until the state is

@@ -98,6 +98,9 @@ end
 --   alg.save(p, st, now)               writes st after admissions
 --   alg.refund(p, st, now, taken_at, cost) -> wrote
 --                                      algo.Refund, written and applied to st
+--   alg.grant(p, st, now, n) -> wrote
+--                                      optional: algo.Grant, when it is not
+--                                      alg.refund of n units taken at now
 --   alg.idle(p, st, now) -> µs         an upper bound of the time until st
 --                                      is idle, for the TTL
 local function run(alg)
@@ -157,6 +160,13 @@ local function run(alg)
     return {admitted, remaining, reset, retry, now}
   end
 
+  if op == 'reset' then
+    -- A fresh key is a missing one.
+    redis.call('DEL', key)
+    local _, rem, rst = alg.decide(p, alg.load(p, now), now, 1, true)
+    return {0, rem, rst, 0, now}
+  end
+
   local x = arg(6)
   if not x then
     return redis.error_reply('ERR rld: bad or missing ARGV[6]')
@@ -184,6 +194,20 @@ local function run(alg)
     end
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, 0, now}
+  elseif op == 'grant' then
+    -- algo.Grant: a refund of units taken now, unless the algorithm
+    -- defines its own.
+    local wrote
+    if alg.grant then
+      wrote = alg.grant(p, st, now, math.min(x, p.cap))
+    else
+      wrote = alg.refund(p, st, now, now, math.min(x, p.cap))
+    end
+    if wrote then
+      expire(p, alg.idle(p, st, now))
+    end
+    local _, rem, rst = alg.decide(p, st, now, 1, true)
+    return {0, rem, rst, 0, now}
   end
-  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease or refund)')
+  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset or grant)')
 end

@@ -61,6 +61,8 @@ const (
 	lease     = algo.OpLease
 	refund    = algo.OpRefund
 	takelease = algo.OpTakeLease
+	reset     = algo.OpReset
+	grant     = algo.OpGrant
 )
 
 // step is one call of a timeline, at start+at µs: a take of the batch
@@ -81,6 +83,8 @@ func ls(at, want int64) step           { return step{at: at, op: lease, costs: [
 func rf(at, cost, takenAt int64) step {
 	return step{at: at, op: refund, costs: []int64{cost}, takenAt: takenAt}
 }
+func rs(at int64) step    { return step{at: at, op: reset, costs: []int64{1}} }
+func gr(at, n int64) step { return step{at: at, op: grant, costs: []int64{n}} }
 func tl(at, want int64, costs ...int64) step {
 	return step{at: at, op: takelease, costs: append([]int64{want}, costs...)}
 }
@@ -148,7 +152,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		want = reply(ao.Granted, ao.Result, now)
 	case takelease:
 		want = append(reply(int64(ao.Admitted), ao.Result, now), ao.Granted)
-	case refund:
+	case refund, reset, grant:
 		want = reply(0, ao.Result, now)
 	}
 
@@ -199,8 +203,10 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		t.Errorf("%s: a peek wrote (PTTL %d)", what, pttl)
 	case (o == take || o == lease || o == takelease) && wrote != (got[0] > 0):
 		t.Errorf("%s: admitted %d, yet wrote=%v (PTTL %d)", what, got[0], wrote, pttl)
-	case o == refund && !equal(before, r.s) && pttl == -1:
-		t.Errorf("%s: a refund changed the state but set no TTL", what)
+	case (o == refund || o == grant) && !equal(before, r.s) && pttl == -1:
+		t.Errorf("%s: a %s changed the state but set no TTL", what, o)
+	case o == reset && pttl != -2:
+		t.Errorf("%s: a reset left the key (PTTL %d)", what, pttl)
 	case wrote:
 		per := p.PeriodMicros()
 		ttl := (2*max(per, idleMicros(p, r.s, now)) + 999) / 1000
@@ -566,12 +572,27 @@ func scaledTimeline(p algo.Params) []step {
 		tl(20*P, C, 1),
 		rf(20*P, C, 20*P),
 		tl(21*P, C+5, 1, 1),
+		gr(21*P, 1),
+		gr(21*P, C+3),
+		tk(21*P, C),
+		gr(21*P+1, 2),
+		tk(21*P+2, 1, 1, 1),
+		rs(21*P + 2),
+		pk(21*P+2, C),
+		tk(21*P+2, C),
+		rs(21*P + 3),
+		rs(21*P + 3),
+		gr(21*P+3, 1),
+		tk(22*P-1, fill),
+		tk(22*P+P/2, 1),
+		gr(22*P+P/2, C),
 	}
 }
 
 // TestRandomDifferential runs seeded random timelines: random parameters
 // (some with L×P or C×P near 2^53), time steps (some backwards), batches,
-// peeks, leases, batches with a lease (takelease) and refunds.
+// peeks, leases, batches with a lease (takelease), refunds, resets and
+// grants.
 func TestRandomDifferential(t *testing.T) {
 	e := newEnv(t)
 	seeds, ops := 20, 100
@@ -652,7 +673,11 @@ func randomTimeline(r *runner, rng *rand.Rand, ops int) {
 		case 13:
 			now = max(now-rng.Int64N(per/2+1), 1) // the clock steps back
 		}
-		switch rng.IntN(12) {
+		switch rng.IntN(15) {
+		case 12:
+			r.apply(reset, now, []int64{1}, 0)
+		case 13, 14:
+			r.apply(grant, now, []int64{cost()}, 0)
 		case 10, 11:
 			costs := make([]int64, 2+rng.IntN(3))
 			costs[0] = rng.Int64N(capacity + 2) // want

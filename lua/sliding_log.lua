@@ -100,6 +100,32 @@ function alg.refund(p, st, now, taken_at, cost)
   return true
 end
 
+-- grant removes n units from the live admissions, oldest first (algo.Grant);
+-- the dead ones go too.
+function alg.grant(p, st, now, n)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - p.per))
+  local log, i = st.log, 1
+  while i <= #log and n > 0 do
+    local en = log[i]
+    local k = math.min(n, en.cost)
+    n = n - k
+    redis.call('ZREM', key, en.m)
+    if en.cost > k then
+      en.cost = en.cost - k
+      en.m = member(en.at, en.cost)
+      redis.call('ZADD', key, int(en.at), en.m)
+      break
+    end
+    i = i + 1
+  end
+  local rest = {}
+  for j = i, #log do
+    if log[j].cost > 0 then rest[#rest + 1] = log[j] end
+  end
+  st.log = rest
+  return true
+end
+
 function alg.idle(p, st, now)
   local n = #st.log
   if n == 0 then return 0 end

@@ -18,13 +18,15 @@ const (
 	opBatch
 	opLease
 	opRefund
+	opReset
+	opGrant
 	numOps
 )
 
-var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund"}
+var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant"}
 
 // scriptOp is the op argument (ARGV[1]) of the scripts.
-var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund"}
+var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant"}
 
 func (o op) String() string { return opNames[o] }
 

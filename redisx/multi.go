@@ -17,23 +17,23 @@ import (
 	"github.com/rld/rld/lua"
 )
 
-// The ops Store.Do runs are algo.Ops: OpTake, OpPeek, OpLease and
-// OpRefund (an OpTakeLease, whose reply differs, goes by Store.TakeLease).
-// Do sets Granted (OpLease), Result and Err. N below 1 counts as 1 for
-// OpTake, OpPeek and OpLease; an OpRefund of less than 1 is invalid (not
-// sent, Err set), since giving back a unit that was never taken would
-// over-admit. Key is the counter key, as given to Store.Take: Do applies
-// AppendKey with the Store's prefix and Params.Kind. An OpRefund's
-// TakenAt is on Redis's clock (the Result.At of the lease). An op whose
-// Err is a timeout may still have been applied.
+// The ops Store.Do runs are algo.Ops, of every kind. Do sets Admitted
+// (OpTakeLease), Granted (OpLease, OpTakeLease), Result and Err. N below
+// 1 counts as 1 for OpTake, OpPeek, OpLease and OpGrant; an OpRefund of
+// less than 1 is invalid (not sent, Err set), since giving back a unit
+// that was never taken would over-admit, and so is an OpTakeLease with
+// no Costs or an N below 0. Key is the counter key, as given to
+// Store.Take: Do applies AppendKey with the Store's prefix and
+// Params.Kind. An OpRefund's TakenAt is on Redis's clock (the Result.At
+// of the lease). An op whose Err is a timeout may still have been
+// applied.
 
 // opKindMetric maps an op kind to the op its calls are counted under in
-// metrics (with the duration of the whole Do), and batchable says which
-// kinds Do sends.
-var (
-	opKindMetric = [algo.NumOpKinds]op{algo.OpTake: opTake, algo.OpPeek: opPeek, algo.OpLease: opLease, algo.OpTakeLease: opBatch, algo.OpRefund: opRefund}
-	batchable    = [algo.NumOpKinds]bool{algo.OpTake: true, algo.OpPeek: true, algo.OpLease: true, algo.OpRefund: true}
-)
+// metrics (with the duration of the whole Do).
+var opKindMetric = [algo.NumOpKinds]op{
+	algo.OpTake: opTake, algo.OpPeek: opPeek, algo.OpLease: opLease, algo.OpTakeLease: opBatch,
+	algo.OpRefund: opRefund, algo.OpReset: opReset, algo.OpGrant: opGrant,
+}
 
 // DefaultSyncTimeout bounds a Sync whose context has no deadline: a sync
 // carries an op per hot key, which Redis runs at some µs each, so it
@@ -315,14 +315,17 @@ var errInvalidOp = errors.New("invalid op")
 
 // checkOp rejects an Op that cannot be sent.
 func checkOp(o *algo.Op) error {
-	if o.Kind >= algo.NumOpKinds || !batchable[o.Kind] {
-		return fmt.Errorf("%w: kind %s not in a batch", errInvalidOp, o.Kind)
+	if o.Kind >= algo.NumOpKinds {
+		return fmt.Errorf("%w: unknown %s", errInvalidOp, o.Kind)
 	}
 	if err := checkParams(o.Params); err != nil {
 		return fmt.Errorf("%w: %w", errInvalidOp, err)
 	}
 	if o.Kind == algo.OpRefund && o.N < 1 {
 		return fmt.Errorf("%w: return of %d units", errInvalidOp, o.N)
+	}
+	if o.Kind == algo.OpTakeLease && (len(o.Costs) == 0 || o.N < 0) {
+		return fmt.Errorf("%w: takelease of %d costs, want %d", errInvalidOp, len(o.Costs), o.N)
 	}
 	return nil
 }
@@ -331,9 +334,18 @@ func checkOp(o *algo.Op) error {
 // script's text when eval is set.
 func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool) rueidis.Completed {
 	pa := b.paramArgs(o.Params)
-	b.args = append(b.args[:0], o.Kind.String(), pa[0], pa[1], pa[2], "0", strconv.FormatInt(max(o.N, 1), 10))
-	if o.Kind == algo.OpRefund {
-		b.args = append(b.args, strconv.FormatInt(o.TakenAt, 10))
+	b.args = append(b.args[:0], o.Kind.String(), pa[0], pa[1], pa[2], "0")
+	switch o.Kind {
+	case algo.OpTakeLease:
+		// ARGV[6] is the lease wanted, the costs follow.
+		b.args = append(b.args, strconv.FormatInt(o.N, 10))
+		for _, c := range o.Costs {
+			b.args = append(b.args, strconv.FormatInt(max(c, 1), 10))
+		}
+	case algo.OpRefund:
+		b.args = append(b.args, strconv.FormatInt(o.N, 10), strconv.FormatInt(o.TakenAt, 10))
+	default:
+		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10))
 	}
 	k := o.Params.Kind
 	if eval {
@@ -345,8 +357,12 @@ func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool
 
 // fill sets o's outcome from the script's reply r.
 func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
-	var buf [5]int64
-	v, err := replyInts(r, buf[:0])
+	var buf [6]int64
+	n := 5
+	if o.Kind == algo.OpTakeLease {
+		n = 6 // and the units leased
+	}
+	v, err := replyInts(r, buf[:0], n)
 	if err != nil {
 		o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, err)
 		return
@@ -357,20 +373,23 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 	case algo.OpLease:
 		o.Granted = v[0]
 		o.Result = result(o.Params, v, v[0] > 0)
-	case algo.OpRefund:
+	case algo.OpTakeLease:
+		o.Admitted, o.Granted = int(v[0]), v[5]
+		o.Result = result(o.Params, v, v[5] > 0 || int(v[0]) == len(o.Costs))
+	case algo.OpRefund, algo.OpReset, algo.OpGrant:
 		o.Result = result(o.Params, v, false)
 	}
 }
 
-// replyInts appends to v the five integers of the script reply r,
-// without allocating.
-func replyInts(r rueidis.RedisResult, v []int64) ([]int64, error) {
+// replyInts appends to v the n integers of the script reply r, without
+// allocating.
+func replyInts(r rueidis.RedisResult, v []int64, n int) ([]int64, error) {
 	arr, err := r.ToArray()
 	if err != nil {
 		return nil, err
 	}
-	if len(arr) != 5 {
-		return nil, fmt.Errorf("script replied %d values, want 5 integers", len(arr))
+	if len(arr) != n {
+		return nil, fmt.Errorf("script replied %d values, want %d integers", len(arr), n)
 	}
 	for i := range arr {
 		n, err := arr[i].AsInt64()

@@ -393,26 +393,51 @@ func BenchmarkDo(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/float64(len(ops)), "µs/op-in-batch")
 }
 
-// TestDoTake: a batch takes as Store.Take does; an OpTakeLease, whose
-// reply differs, goes by Store.TakeLease and is refused in a batch.
+// TestDoTake: a batch takes as Store.Take does, and carries every op
+// kind: an OpTakeLease (whose reply has the units leased too), OpGrant
+// and OpReset, with the outcomes algo.Apply gives.
 func TestDoTake(t *testing.T) {
 	srv := redistest.Standalone(t)
 	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 10, Period: time.Hour}
+	key := []byte("take")
 	ops := []algo.Op{
-		{Kind: algo.OpTake, Key: []byte("take"), Params: p, N: 3},
-		{Kind: algo.OpTake, Key: []byte("take"), Params: p, N: 8},
-		{Kind: algo.OpTakeLease, Key: []byte("take"), Params: p, N: 1, Costs: []int64{1}},
+		{Kind: algo.OpTake, Key: key, Params: p, N: 3},
+		{Kind: algo.OpTake, Key: key, Params: p, N: 8},
+		{Kind: algo.OpTakeLease, Key: key, Params: p, N: 2, Costs: []int64{1, 1}},
+		{Kind: algo.OpGrant, Key: key, Params: p, N: 4},
+		{Kind: algo.OpTakeLease, Key: key, Params: p, N: 0, Costs: []int64{4, 5}},
+	}
+	require.NoError(t, rs.Do(context.Background(), ops))
+	for i := range ops {
+		require.NoError(t, ops[i].Err, i)
+	}
+	assert.True(t, ops[0].Result.Allowed)
+	assert.Equal(t, int64(7), ops[0].Result.Remaining)
+	assert.False(t, ops[1].Result.Allowed, "8 of 7 left")
+	assert.Equal(t, 2, ops[2].Admitted)
+	assert.Equal(t, int64(2), ops[2].Granted)
+	assert.True(t, ops[2].Result.Allowed)
+	assert.Equal(t, int64(3), ops[2].Result.Remaining)
+	assert.Equal(t, int64(6), ops[3].Result.Remaining, "7 left after the grant, less the peek's unit")
+	assert.Equal(t, 1, ops[4].Admitted, "4 of 7, then 5 of 3")
+	assert.Zero(t, ops[4].Granted)
+	assert.False(t, ops[4].Result.Allowed)
+	r, err := rs.Take(context.Background(), key, p, 1, time.Now(), true)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), r.Remaining, "3 left")
+
+	ops = []algo.Op{
+		{Kind: algo.OpReset, Key: key, Params: p},
+		{Kind: algo.OpTakeLease, Key: key, Params: p, N: 1},
+		{Kind: algo.OpRefund, Key: key, Params: p, N: 0, TakenAt: 1},
 	}
 	require.NoError(t, rs.Do(context.Background(), ops))
 	require.NoError(t, ops[0].Err)
-	assert.True(t, ops[0].Result.Allowed)
-	assert.Equal(t, int64(7), ops[0].Result.Remaining)
-	require.NoError(t, ops[1].Err)
-	assert.False(t, ops[1].Result.Allowed, "8 of 7 left")
-	require.Error(t, ops[2].Err)
-	assert.Contains(t, ops[2].Err.Error(), "takelease not in a batch")
-	r, err := rs.Take(context.Background(), []byte("take"), p, 1, time.Now(), true)
+	assert.Equal(t, int64(9), ops[0].Result.Remaining, "fresh")
+	require.ErrorContains(t, ops[1].Err, "takelease of 0 costs")
+	require.ErrorContains(t, ops[2].Err, "return of 0 units")
+	r, err = rs.Take(context.Background(), key, p, 10, time.Now(), true)
 	require.NoError(t, err)
-	assert.Equal(t, int64(6), r.Remaining, "the batch took 3")
+	assert.True(t, r.Allowed, "a fresh key admits its whole limit")
 }
