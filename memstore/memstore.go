@@ -76,7 +76,10 @@ type shard struct {
 	m   map[uint64]*entry
 	n   int // entries held
 	lru list
-	_   [64]byte // keeps the next shard's mu off this shard's cache lines
+	// op is the Op of Take, which sets its Kind, Params and N (the only
+	// fields algo.Apply reads for a take or a peek).
+	op algo.Op
+	_  [64]byte // keeps the next shard's mu off this shard's cache lines
 }
 
 // entry is one key's state, linked into its shard's LRU list.
@@ -146,35 +149,105 @@ func (s *Store) Take(_ context.Context, key []byte, p algo.Params, cost int64, n
 	if err := checkParams(p); err != nil {
 		return algo.Result{}, err
 	}
-	if cost <= 0 {
-		cost = 1
+	kind := algo.OpTake
+	if peek {
+		kind = algo.OpPeek
 	}
 	us := now.UnixMicro()
 	sh, h := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	// The shard's op: building a whole Op on the stack for each check
+	// costs more than the decision.
+	op := &sh.op
+	op.Kind, op.Params, op.N = kind, p, max(cost, 1)
+	s.applyLocked(sh, key, h, op, us)
+	return op.Result, nil
+}
 
-	// The algorithms write r in place: a Result returned through them
-	// would be copied through memory at every level.
-	var r algo.Result
-	e := sh.get(key, h)
-	if e == nil || (e.kind != p.Kind && peek) {
-		var st algo.State
-		algo.DecideTo(p, &st, us, cost, peek, &r)
-		if r.Allowed && !peek {
-			s.insert(sh, key, h, p.Kind, st, us+r.Reset.Microseconds(), us)
+// Do runs each op on its key at now with algo.Apply, as Take and Refund
+// do, setting each op's outcomes: Admitted, Granted, Result, and Err for
+// an op whose Params are invalid or whose kind is unknown (it changes
+// nothing). An OpReset drops the key, an OpGrant of a key the Store does
+// not hold (or holds for another algorithm) finds a fresh key's quota
+// and changes nothing. Do does not block; ctx is not consulted. It
+// returns nil: the errors are the ops'.
+func (s *Store) Do(_ context.Context, ops []algo.Op, now time.Time) error {
+	us := now.UnixMicro()
+	for i := range ops {
+		op := &ops[i]
+		op.Admitted, op.Granted, op.Result, op.Err = 0, 0, algo.Result{}, nil
+		if err := checkParams(op.Params); err != nil {
+			op.Err = fmt.Errorf("memstore: %s %q: %w", op.Kind, op.Key, err)
+			continue
 		}
-		return r, nil
+		if op.Kind >= algo.NumOpKinds || op.Kind == algo.OpTakeLease && len(op.Costs) == 0 {
+			op.Err = fmt.Errorf("memstore: %s %q: invalid op", op.Kind, op.Key)
+			continue
+		}
+		s.apply(op.Key, op, us)
+	}
+	return nil
+}
+
+// apply runs op on key's state at us with algo.Apply, the one
+// implementation of every op: a key the Store does not hold is a fresh
+// one, and is inserted only when the op consumed some of it; a key held
+// for another algorithm is fresh too, and is replaced only when the op
+// writes (a take, a lease). op.Params must be valid.
+func (s *Store) apply(key []byte, op *algo.Op, us int64) {
+	sh, h := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s.applyLocked(sh, key, h, op, us)
+}
+
+// applyLocked is apply with sh, key's shard (h: key's hash), locked.
+func (s *Store) applyLocked(sh *shard, key []byte, h uint64, op *algo.Op, us int64) {
+	e := sh.get(key, h)
+	if op.Kind == algo.OpReset && e != nil {
+		sh.remove(e)
+		s.keys.Add(-1)
+		liveKeys.Add(-1)
+		e = nil
+	}
+	if e != nil && e.kind != op.Params.Kind && !consumes(op.Kind) {
+		e = nil
+	}
+	if e == nil {
+		var st algo.State
+		algo.Apply(op, &st, us)
+		if consumed(op) {
+			s.insert(sh, key, h, op.Params.Kind, st, us+op.Result.Reset.Microseconds(), us)
+		}
+		return
 	}
 	sh.lru.moveToFront(e)
-	if e.kind != p.Kind {
-		e.kind, e.st, e.idleAt = p.Kind, algo.State{}, us
+	if e.kind != op.Params.Kind {
+		e.kind, e.st, e.idleAt = op.Params.Kind, algo.State{}, us
 	}
-	algo.DecideTo(p, &e.st, us, cost, peek, &r)
-	if r.Allowed && !peek {
-		e.idleAt = us + r.Reset.Microseconds()
+	algo.Apply(op, &e.st, us)
+	if consumed(op) {
+		// Refunds and grants only make a state idle sooner.
+		e.idleAt = us + op.Result.Reset.Microseconds()
 	}
-	return r, nil
+}
+
+// consumes reports whether ops of kind k may admit units, and so write a
+// key's state.
+func consumes(k algo.OpKind) bool {
+	return k == algo.OpTake || k == algo.OpLease || k == algo.OpTakeLease
+}
+
+// consumed reports whether op, which Apply ran, admitted any unit.
+func consumed(op *algo.Op) bool {
+	switch op.Kind {
+	case algo.OpTake:
+		return op.Result.Allowed
+	case algo.OpLease, algo.OpTakeLease:
+		return op.Admitted > 0 || op.Granted > 0
+	}
+	return false
 }
 
 // checkParams rejects the Params that would make the algorithms divide by
@@ -196,16 +269,8 @@ func (s *Store) Refund(_ context.Context, key []byte, p algo.Params, cost int64,
 	if err := checkParams(p); err != nil {
 		return err
 	}
-	if cost <= 0 {
-		cost = 1
-	}
-	sh, h := s.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e := sh.get(key, h); e != nil && e.kind == p.Kind {
-		sh.lru.moveToFront(e)
-		algo.Refund(p, &e.st, now.UnixMicro(), takenAt.UnixMicro(), cost)
-	}
+	op := algo.Op{Kind: algo.OpRefund, Params: p, N: max(cost, 1), TakenAt: takenAt.UnixMicro()}
+	s.apply(key, &op, now.UnixMicro())
 	return nil
 }
 

@@ -550,3 +550,64 @@ func TestEvictionWithinChain(t *testing.T) {
 	sh.mu.Unlock()
 	checkInvariants(t, s)
 }
+
+// TestDoMatchesApply: Do runs every op kind as algo.Apply does on the
+// key's state, on every algorithm; a reset drops the key, a grant or a
+// refund of a key the store does not hold creates nothing, and a bad op
+// changes nothing.
+func TestDoMatchesApply(t *testing.T) {
+	for _, k := range kinds {
+		p := algo.Params{Kind: k, Limit: 10, Period: time.Minute, Burst: 12}
+		s := New(Options{})
+		key := []byte("k")
+		var ref algo.State
+		steps := []algo.Op{
+			{Kind: algo.OpGrant, N: 3},
+			{Kind: algo.OpTake, N: 4},
+			{Kind: algo.OpPeek, N: 9},
+			{Kind: algo.OpTakeLease, N: 2, Costs: []int64{1, 2}},
+			{Kind: algo.OpLease, N: 20},
+			{Kind: algo.OpGrant, N: 3},
+			{Kind: algo.OpTake, N: 4},
+			{Kind: algo.OpRefund, N: 1},
+			{Kind: algo.OpReset},
+			{Kind: algo.OpTake, N: 5},
+		}
+		for i, st := range steps {
+			now := t0.Add(time.Duration(i) * time.Millisecond)
+			st.Key, st.Params, st.TakenAt = key, p, now.Add(-time.Millisecond).UnixMicro()
+			want := st
+			algo.Apply(&want, &ref, now.UnixMicro())
+			ops := []algo.Op{st}
+			if err := s.Do(ctx, ops, now); err != nil {
+				t.Fatal(err)
+			}
+			if ops[0].Err != nil || ops[0].Result != want.Result || ops[0].Granted != want.Granted || ops[0].Admitted != want.Admitted {
+				t.Errorf("%v step %d %s: got %+v, want %+v", k, i, st.Kind, ops[0], want)
+			}
+			if i == 0 && s.Has(key) {
+				t.Errorf("%v: a grant of a missing key created it", k)
+			}
+			if st.Kind == algo.OpReset && s.Has(key) {
+				t.Errorf("%v: a reset kept the key", k)
+			}
+		}
+		bad := []algo.Op{
+			{Kind: algo.NumOpKinds, Key: key, Params: p},
+			{Kind: algo.OpTake, Key: key, Params: algo.Params{Kind: k}},
+			{Kind: algo.OpTakeLease, Key: key, Params: p, N: 1},
+		}
+		before := take(t, s, "k", p, 1, t0.Add(time.Second), true)
+		if err := s.Do(ctx, bad, t0.Add(time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range bad {
+			if bad[i].Err == nil {
+				t.Errorf("%v: bad op %d: no error", k, i)
+			}
+		}
+		if after := take(t, s, "k", p, 1, t0.Add(time.Second), true); after != before {
+			t.Errorf("%v: bad ops changed the key: %+v → %+v", k, before, after)
+		}
+	}
+}
