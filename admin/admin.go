@@ -247,9 +247,8 @@ type Op struct {
 }
 
 // ops is the table of admin operations, in the order `rld admin` lists
-// them. The operations that change counting — reset, grant, override,
-// block/unblock — join it as entries with Changes set, once the Policy can
-// be rebuilt from a configuration plus run-time changes.
+// them. The operations that change counting join it as entries with
+// Changes set, each group from its own file (state.go: reset, grant).
 var ops = []Op{
 	{Name: "explain", Help: "the rules that match descriptors, their keys, limits and remaining, consuming nothing",
 		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {
@@ -364,7 +363,7 @@ func (s *Server) Serve(ctx context.Context, who Caller, body []byte) Response {
 func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 	op, ok := Lookup(req.Op)
 	if !ok {
-		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (try explain, top or config)", req.Op))
+		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (try explain, top, config, reset or grant)", req.Op))
 	}
 	v, err := op.call(ctx, s.Service, req.Args)
 	var res Response

@@ -40,7 +40,7 @@ func TestServe(t *testing.T) {
 		{`not json`, "bad_request", "request is not"},
 		{`{"op":"explain"} trailing`, "bad_request", "trailing"},
 		{`{"op":"explain","argz":{}}`, "bad_request", "unknown field"},
-		{`{"op":"reset"}`, "unknown_op", `no admin op \"reset\"`},
+		{`{"op":"frobnicate"}`, "unknown_op", `no admin op \"frobnicate\"`},
 		{`{"op":"explain","args":{"descriptors":[]}}`, "bad_request", "at least one"},
 		{`{"op":"explain","args":{"descriptors":[{"name":"ip","value":"1"}],"cost":-1}}`, "bad_request", "cost = -1"},
 		{`{"op":"explain","args":{"descriptors":[{"name":"","value":"1"}]}}`, "bad_request", "empty"},

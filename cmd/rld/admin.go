@@ -89,6 +89,10 @@ func adminUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "  explain [-cost N] name=value...   the rules that match, their keys, limits and remaining (consumes nothing)")
 	fmt.Fprintln(w, "  top [-rule NAME] [-n N]            the most denied keys of each rule")
 	fmt.Fprintln(w, "  config                             the configuration in force: hash, path, load time, rules")
+	fmt.Fprintln(w, "  reset [-rule NAME] [-key KEY] [name=value...]")
+	fmt.Fprintln(w, "                                     clear counters: every rule's that matches the descriptors, or one rule's")
+	fmt.Fprintln(w, "  grant -n N [-rule NAME] [-key KEY] [name=value...]")
+	fmt.Fprintln(w, "                                     add N units to counters' current quota")
 	fmt.Fprintln(w, "\nexit status: 0 ok, 1 refused or not found, 2 error\n\nflags:")
 	fs.SetOutput(w)
 	fs.PrintDefaults()
@@ -112,6 +116,12 @@ func adminRequest(op string, args []string) (admin.Request, error) {
 				return admin.Request{}, fmt.Errorf("explain: descriptor %q is not name=value", kv)
 			}
 			a.Descriptors = append(a.Descriptors, admin.Descriptor{Name: name, Value: value})
+		}
+		v = a
+	case "reset", "grant":
+		a, err := stateArgs(op, fs, args)
+		if err != nil {
+			return admin.Request{}, err
 		}
 		v = a
 	case "top":
@@ -187,6 +197,8 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 				fmt.Fprintf(w, " remaining=%d limited retry_after=%dms\n", m.Remaining, m.RetryAfterMs)
 			}
 		}
+	case "reset", "grant":
+		return printState(w, result)
 	case "top":
 		var r admin.TopResult
 		if err := json.Unmarshal(result, &r); err != nil {

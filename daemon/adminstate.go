@@ -1,0 +1,50 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/rld/rld/admin"
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/policy"
+	"github.com/rld/rld/wire"
+)
+
+// Reset implements admin.StateService.
+func (s adminService) Reset(ctx context.Context, a admin.ResetArgs) (admin.StateResult, error) {
+	return s.operate(ctx, algo.OpReset, 0, a.Target)
+}
+
+// Grant implements admin.StateService.
+func (s adminService) Grant(ctx context.Context, a admin.GrantArgs) (admin.StateResult, error) {
+	return s.operate(ctx, algo.OpGrant, a.N, a.Target)
+}
+
+// operate runs kind (n units of a grant) on the counters t names.
+func (s adminService) operate(ctx context.Context, kind algo.OpKind, n int64, t admin.Target) (admin.StateResult, error) {
+	pt := policy.Target{Rule: t.Rule, Key: t.Key}
+	for _, d := range t.Descriptors {
+		pt.Descriptors = append(pt.Descriptors, wire.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)})
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	applied, err := s.d.policy.Load().Operate(ctx, time.Now(), kind, n, pt)
+	if errors.Is(err, policy.ErrNoMatch) {
+		return admin.StateResult{}, admin.Errorf(admin.CodeNotFound, "%v", err)
+	}
+	if err != nil {
+		return admin.StateResult{}, err
+	}
+	res := admin.StateResult{Counters: make([]admin.Counter, 0, len(applied))}
+	for _, a := range applied {
+		c := admin.Counter{Rule: a.Rule, Key: a.Key, Tier: a.Tier, Algorithm: a.Params.Kind.String(), Mode: string(a.Mode)}
+		if a.Err != nil {
+			c.Error = a.Err.Error()
+		} else {
+			c.Remaining, c.ResetMs = a.Result.Remaining, a.Result.Reset.Milliseconds()
+		}
+		res.Counters = append(res.Counters, c)
+	}
+	return res, nil
+}

@@ -1,0 +1,144 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/wire"
+)
+
+// Operator is implemented by the stores that run the ops an operator
+// sends to a counter key (algo.OpReset, algo.OpGrant): the embedded
+// store, and the hot-key cache and its strict face, which drop what they
+// hold of the key and send the op to the shared store. Do sets each op's
+// Result and Err; its error is set when nothing could be run.
+type Operator interface {
+	Do(ctx context.Context, ops []algo.Op, now time.Time) error
+}
+
+// Target names the counters an operator's op acts on: one rule's (Rule
+// set) or every rule's that matches Descriptors; or, with Key, the
+// counter of Rule whose key text (as Explain lists it: the rule's by
+// descriptors as name=value joined by ",") is Key.
+type Target struct {
+	Rule        string
+	Key         string
+	Descriptors []wire.Descriptor
+}
+
+// Applied is the outcome of an op on one rule's counter.
+type Applied struct {
+	Rule   string
+	Key    string // the key text
+	Tier   string
+	Params algo.Params
+	Mode   config.Mode
+	// Result is the counter's state after the op: a peek of cost 1.
+	Result algo.Result
+	// Err is the store's error; the op may or may not have been applied
+	// when it is a timeout.
+	Err error
+}
+
+// ErrNoMatch is the error of an op whose target names no counter: an
+// unknown rule, a key that does not fit the rule's by descriptors, or
+// descriptors that no rule counts.
+var ErrNoMatch = errors.New("no counter")
+
+// Operate runs the op kind (algo.OpReset, or algo.OpGrant of n units) on
+// the counters of t, at now, and returns one Applied per counter. It
+// fails with an error wrapping ErrNoMatch, having changed nothing, when
+// t names no counter.
+func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n int64, t Target) ([]Applied, error) {
+	if kind != algo.OpReset && kind != algo.OpGrant {
+		return nil, fmt.Errorf("policy: operate: %s is not an operator's op", kind)
+	}
+	descs := t.Descriptors
+	if t.Key != "" {
+		if t.Rule == "" {
+			return nil, fmt.Errorf("policy: a key needs its rule: %w", ErrNoMatch)
+		}
+		var err error
+		if descs, err = parseKeyText(t.Key); err != nil {
+			return nil, err
+		}
+	}
+	type target struct {
+		r   *rule
+		app Applied
+		key []byte
+	}
+	var targets []target
+	found := false
+	for i := range p.rules {
+		r := &p.rules[i]
+		if t.Rule != "" && r.name != t.Rule {
+			continue
+		}
+		found = true
+		// A key names its counter whatever the rule's match says.
+		if t.Key == "" && !r.applies(descs) {
+			continue
+		}
+		key, ok := r.appendKey(nil, descs)
+		if !ok {
+			continue
+		}
+		text, _ := r.appendKeyText(nil, descs)
+		ti := r.tier(descs)
+		a := Applied{Rule: r.name, Key: string(text), Params: *r.paramsAt(ti), Mode: r.mode}
+		if ti >= 0 {
+			a.Tier = r.tiers[ti].name
+		}
+		if t.Key != "" && a.Key != t.Key {
+			continue // the key names descriptors the rule does not count by
+		}
+		targets = append(targets, target{r: r, app: a, key: key})
+	}
+	switch {
+	case t.Rule != "" && !found:
+		return nil, fmt.Errorf("policy: unknown rule %q: %w", t.Rule, ErrNoMatch)
+	case len(targets) == 0 && t.Key != "":
+		return nil, fmt.Errorf("policy: key %q is not a key of rule %q (its by descriptors as name=value, joined by \",\"): %w", t.Key, t.Rule, ErrNoMatch)
+	case len(targets) == 0:
+		return nil, fmt.Errorf("policy: no rule counts these descriptors: %w", ErrNoMatch)
+	}
+	// Every store is checked before any op runs: an op runs everywhere
+	// or nowhere it can be known to fail.
+	for _, tg := range targets {
+		if _, ok := tg.r.store.(Operator); !ok {
+			return nil, fmt.Errorf("policy: rule %q: its store (%T) runs no %s", tg.r.name, tg.r.store, kind)
+		}
+	}
+	out := make([]Applied, len(targets))
+	for i, tg := range targets {
+		ops := []algo.Op{{Kind: kind, Key: tg.key, Params: tg.app.Params, N: n}}
+		err := tg.r.store.(Operator).Do(ctx, ops, now)
+		if err == nil {
+			err = ops[0].Err
+		}
+		tg.app.Result, tg.app.Err = ops[0].Result, err
+		out[i] = tg.app
+	}
+	return out, nil
+}
+
+// parseKeyText reads a key text, name=value pairs joined by ",", into
+// descriptors. A value may not hold a ",": such a key is named by its
+// descriptors instead.
+func parseKeyText(s string) ([]wire.Descriptor, error) {
+	var descs []wire.Descriptor
+	for _, kv := range strings.Split(s, ",") {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("policy: key %q: %q is not name=value: %w", s, kv, ErrNoMatch)
+		}
+		descs = append(descs, wire.Descriptor{Name: []byte(name), Value: []byte(value)})
+	}
+	return descs, nil
+}

@@ -1,0 +1,64 @@
+package shardcache
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/rld/rld/algo"
+)
+
+// Do runs an operator's ops (algo.OpReset, algo.OpGrant) at the store,
+// after dropping what the cache holds of each op's key, so that the
+// daemon's next check of the key asks the store: the cache's answer and
+// denial were the old state's. Of the lease the entry held, a reset
+// gives nothing back (those units belong to the state the reset
+// cleared: returned, they would be counted against the fresh one) and a
+// grant gives it back at the next sync. Do fills each op's Result and
+// Err as Backend.Sync does (which bounds its own time when ctx has no
+// deadline); now is not read (the store's clock decides). It implements
+// policy.Operator.
+func (c *Cache) Do(ctx context.Context, ops []algo.Op, _ time.Time) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	for i := range ops {
+		if k := ops[i].Kind; k != algo.OpReset && k != algo.OpGrant {
+			return fmt.Errorf("shardcache: do: %s is not an operator's op", k)
+		}
+	}
+	for i := range ops {
+		c.forget(ops[i].Key, ops[i].Kind == algo.OpReset)
+	}
+	if err := c.b.Sync(ctx, ops); err != nil {
+		return fmt.Errorf("shardcache: %w", err)
+	}
+	return nil
+}
+
+// forget drops the entry of key; its lease goes back at the next sync,
+// unless discard is set, when it is counted as lost.
+func (c *Cache) forget(key []byte, discard bool) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(key)]
+	if e == nil {
+		return
+	}
+	if discard {
+		leasesLost.Add(int(e.lease))
+		e.lease = 0
+	} else {
+		c.orphan(string(key), e)
+	}
+	delete(sh.m, string(key))
+	c.entries.Add(-1)
+	liveEntries.Add(-1)
+}
+
+// Do runs an operator's ops as Cache.Do does. It implements
+// policy.Operator.
+func (s *Strict) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
+	return s.c.Do(ctx, ops, now)
+}
