@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/wire"
 )
 
 // TestAdminThroughBinary runs `rld admin` of the built binary against a
@@ -110,6 +111,49 @@ period = "1m"
 	_, errOut, code = rld("admin", "-http", "http://"+adminAddr, "config")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut, "unauthorized")
+
+	// reset over the socket, grant over HTTP, of a key used up.
+	c := client.New(sock)
+	defer c.Close()
+	ip := []client.Descriptor{{Name: "ip", Value: "192.0.2.9"}}
+	useUp := func() {
+		t.Helper()
+		for {
+			res, err := c.Check(context.Background(), ip, 1)
+			require.NoError(t, err)
+			if res.Status != wire.StatusAllowed {
+				return
+			}
+		}
+	}
+	allowed := func() int {
+		t.Helper()
+		n := 0
+		for range 10 {
+			res, err := c.Check(context.Background(), ip, 1)
+			require.NoError(t, err)
+			if res.Status == wire.StatusAllowed {
+				n++
+			}
+		}
+		return n
+	}
+	useUp()
+	out, errOut, code = rld("admin", "-socket", sock, "reset", "-rule", "per-ip", "-key", "ip=192.0.2.9")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "per-ip: key ip=192.0.2.9 token_bucket cached remaining=4")
+	assert.Equal(t, 5, allowed(), "a fresh key: its whole limit")
+	out, errOut, code = rld("admin", "-http", "http://"+adminAddr, "-token-file", token, "grant", "-n", "2", "ip=192.0.2.9")
+	require.Equal(t, 0, code, errOut)
+	assert.Contains(t, out, "per-ip: key ip=192.0.2.9 token_bucket cached remaining=1")
+	assert.Equal(t, 2, allowed(), "a grant of 2")
+	_, errOut, code = rld("admin", "-socket", sock, "grant", "-n", "0", "ip=192.0.2.9")
+	assert.Equal(t, 2, code, "bad request")
+	assert.Contains(t, errOut, "n = 0")
+	_, errOut, code = rld("admin", "-socket", sock, "reset", "-rule", "nope", "-key", "ip=1")
+	assert.Equal(t, 1, code, "not found")
+	assert.Contains(t, errOut, `unknown rule "nope"`)
+	assert.Zero(t, allowed(), "the refused requests changed nothing")
 
 	// A daemon that does not list this uid refuses: exit 1.
 	other := serve(os.Getuid()+1, "off")
