@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -156,7 +157,8 @@ func checkResetGrant(t *testing.T, socks []string, cs []*client.Client, mode str
 // TestResetGrantEmbedded: reset and grant on the embedded store, every
 // algorithm, through the admin socket; bad requests change nothing.
 func TestResetGrantEmbedded(t *testing.T) {
-	s := start(t, stateConfig("", "cached"))
+	decisions := filepath.Join(t.TempDir(), "decisions.log")
+	s := start(t, fmt.Sprintf("[log]\ndecisions = %q\n", decisions)+stateConfig("", "cached"))
 	c := client.New(s.Socket)
 	defer c.Close()
 	checkResetGrant(t, []string{s.Socket}, []*client.Client{c}, "embedded")
@@ -197,4 +199,27 @@ func TestResetGrantEmbedded(t *testing.T) {
 	r, err = c.Check(context.Background(), descs, 1)
 	require.NoError(t, err)
 	assert.Equal(t, wire.StatusAllowed, r.Status)
+
+	// Every change is in the decision log with its caller, refused or not.
+	b, err := os.ReadFile(decisions)
+	require.NoError(t, err)
+	who := fmt.Sprintf(`"who":"uid=%d"`, os.Getuid())
+	var resets, grants, refused int
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if !strings.Contains(line, `"kind":"admin"`) {
+			continue
+		}
+		assert.Contains(t, line, who)
+		switch {
+		case strings.Contains(line, `"ok":false`):
+			refused++
+		case strings.Contains(line, `"op":"reset"`):
+			resets++
+		case strings.Contains(line, `"op":"grant"`):
+			grants++
+		}
+	}
+	assert.Equal(t, len(fleetKinds)+1, resets)
+	assert.Equal(t, len(fleetKinds), grants)
+	assert.Equal(t, 8, refused)
 }
