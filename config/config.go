@@ -19,6 +19,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/shardcache"
@@ -47,9 +48,9 @@ const (
 	DefaultRedisTimeout = redisx.DefaultTimeout
 	DefaultSyncInterval = shardcache.DefaultSyncInterval
 
-	DefaultBreakerFailures = redisx.DefaultBreakerFailures
-	DefaultBreakerWindow   = redisx.DefaultBreakerWindow
-	DefaultBreakerCooldown = redisx.DefaultBreakerCooldown
+	DefaultBreakerFailures = breaker.DefaultFailures
+	DefaultBreakerWindow   = breaker.DefaultWindow
+	DefaultBreakerCooldown = breaker.DefaultCooldown
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.

@@ -9,10 +9,10 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
-	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/wire"
 )
 
@@ -126,7 +126,7 @@ func (d *Daemon) health() []byte {
 		rh := &RedisHealth{Daemons: f.Peers(), Fallback: f.fallback.Active(), Breakers: []BreakerHealth{}}
 		for _, b := range f.c.Breakers() {
 			bh := BreakerHealth{Node: b.Node, State: b.State.String()}
-			if b.State != redisx.BreakerClosed {
+			if b.State != breaker.Closed {
 				h.Status = "degraded"
 				at := b.RetryAt
 				bh.RetryAt = &at

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
@@ -55,7 +56,7 @@ func redisOptions(sc *config.Store, password string) redisx.Options {
 		Password:  password,
 		KeyPrefix: sc.KeyPrefix,
 		Timeout:   time.Duration(sc.Timeout),
-		Breaker: redisx.BreakerOptions{
+		Breaker: breaker.Options{
 			Failures: sc.BreakerFailures,
 			Window:   time.Duration(sc.BreakerWindow),
 			Cooldown: time.Duration(sc.BreakerCooldown),
@@ -167,7 +168,7 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 func (f *fleet) openBreakers() []string {
 	var out []string
 	for _, b := range f.c.Breakers() {
-		if b.State != redisx.BreakerClosed {
+		if b.State != breaker.Closed {
 			out = append(out, b.Node+" "+b.State.String())
 		}
 	}

@@ -251,7 +251,7 @@ func (f *Fallback) refund(key []byte, p *algo.Params, cost int64, takenAt, now t
 }
 
 // nextTrier is implemented by store errors that say when the store may
-// next be tried: redisx's *BreakerOpenError.
+// next be tried: a *breaker.OpenError, which redisx returns.
 type nextTrier interface{ NextTry() time.Time }
 
 // retryAfter returns the retry-after of a fail-closed denial at now for a

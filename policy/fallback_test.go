@@ -26,7 +26,7 @@ func (h fakeHealth) Peers() int         { return h.peers }
 func (h fakeHealth) RetryAt() time.Time { return h.retryAt }
 
 // openErr is a store error that says when to retry, as redisx's
-// *BreakerOpenError does.
+// *breaker.OpenError does.
 type openErr struct{ at time.Time }
 
 func (e *openErr) Error() string      { return "breaker open" }

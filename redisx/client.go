@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/rld/rld/breaker"
 )
 
 // Mode says how Redis is deployed.
@@ -95,7 +97,7 @@ type Options struct {
 	// one for the deployment in Standalone and Sentinel mode, one per
 	// primary in Cluster mode (see Client). Its zero fields mean their
 	// defaults.
-	Breaker BreakerOptions
+	Breaker breaker.Options
 }
 
 func (o Options) withDefaults() (Options, error) {
@@ -136,7 +138,7 @@ func (o Options) withDefaults() (Options, error) {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = DefaultWriteTimeout
 	}
-	o.Breaker = o.Breaker.withDefaults()
+	o.Breaker = o.Breaker.WithDefaults()
 	o.Addrs = append([]string(nil), o.Addrs...)
 	return o, nil
 }
@@ -188,14 +190,14 @@ const clusterScanEvery = 200 * time.Millisecond
 // Client is a connection to one Redis deployment. It is safe for
 // concurrent use. Create it with New; Close it when done.
 //
-// Every call of the Store goes through a circuit breaker (see Breaker):
+// Every call of the Store goes through a circuit breaker (package breaker):
 // in Standalone and Sentinel mode one breaker guards the deployment (the
 // server, or the primary the sentinels name); in Cluster mode each
 // primary has its own, picked by the key's slot in a slot map that the
 // Client refreshes every second and soon after a call fails, and the
 // slots no known primary serves share one more. While a key's breaker is
 // open its calls are not sent: they fail at once with a
-// *BreakerOpenError (wrapping ErrBreakerOpen) that says when the next
+// *breaker.OpenError (wrapping breaker.ErrOpen) that says when the next
 // probe may go. Probes are PINGs that the Client sends in the background
 // once a breaker's cool-down has passed, never calls of the Store: no
 // check waits on a node that may still be down. Breakers and Degraded
@@ -324,6 +326,17 @@ func (c *Client) callCtx(ctx context.Context) (context.Context, context.CancelFu
 		ctx = context.WithoutCancel(ctx)
 	}
 	return context.WithDeadline(ctx, dl)
+}
+
+// batchCtx returns the context of one batch (Store.Do): ctx's values,
+// and ctx's deadline when it has one, else the Timeout. The cancellation
+// of ctx is not followed, as in callCtx: ops that are read are answered.
+func (c *Client) batchCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return c.callCtx(ctx)
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), dl)
 }
 
 // Ping sends PING (to one node in Cluster mode) under the call deadline.

@@ -9,12 +9,35 @@
 //
 // A Store implements policy.Store on a Client: every algorithm of package
 // algo, decided atomically in Redis on Redis's clock, with the same answers
-// as the embedded store.
+// as the embedded store. Its Do (Sync) runs a batch of algo.Ops and makes
+// it the hot-key cache's backend as it is.
 //
-// Every call of a Store goes through a circuit breaker (Breaker) of the
-// node it is for: one for a standalone server or a Sentinel primary, one
-// per primary in a Cluster (picked by the key's slot; see Client). While a
-// breaker is open its calls fail at once with a *BreakerOpenError; the
-// Client probes the node in the background and closes the breaker when it
-// answers again.
+// # One way to Redis
+//
+// Every call reaches Redis by one function, Client.call: the circuit
+// breaker of the node (package breaker), then rueidis under the call's
+// deadline, then the result, which the breaker counts (isFailure says
+// which errors mean the node is unhealthy). A single call (a check, a
+// lease, a refund, a heartbeat: Client.exec, one script on one key) is one
+// call through it; a batch (Store.Do) groups its ops by node, and each
+// node's share is one call through it, the nodes' calls concurrent. One
+// breaker guards a standalone server or a Sentinel primary; in a Cluster,
+// one guards each primary, and one more the slots no known primary serves.
+// While a breaker is open its calls fail at once with a
+// *breaker.OpenError; the Client probes the node in the background (PING,
+// the only call that takes the breaker's probe tickets) and the breaker
+// closes when the node answers again.
+//
+// # Why a slot map of its own
+//
+// In a Cluster, a call's breaker must be picked before the call, by the
+// node that serves its key's slot. rueidis (v1.0.79) routes by slot but
+// does not say to whom: its slot table is private, Client.Nodes returns
+// only the address of each node (a new map at every call), and its
+// topology hooks (ReadNodeSelector, ReplicaSelector) see only reads sent
+// to replicas. So the Client keeps its own slot map (slots.go), refreshed
+// from CLUSTER SHARDS every second and soon after a call fails, beside
+// rueidis's. The map only picks breakers: rueidis still routes every call
+// (following MOVED), so a stale map can at worst count a call against
+// the wrong node's breaker until the next refresh.
 package redisx

@@ -11,6 +11,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/redis/rueidis"
 
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/redisx/keyslot"
 )
 
@@ -24,6 +25,16 @@ const (
 	slotRefreshTimeout = 250 * time.Millisecond
 )
 
+// breakerMetric starts the names of the breakers' metrics:
+// rld_redis_breaker_state{node} and
+// rld_redis_breaker_transitions_total{node,to}.
+const breakerMetric = "rld_redis_breaker"
+
+// newBreaker returns a closed breaker for the node name, with its metrics.
+func newBreaker(name string, o breaker.Options) *breaker.Breaker {
+	return breaker.New(breakerMetric, name, o)
+}
+
 // unmappedBreaker names the breaker of the Cluster slots that no known
 // primary serves (before the first refresh, or while a shard has none).
 const unmappedBreaker = "cluster:unmapped-slots"
@@ -33,16 +44,16 @@ const unmappedBreaker = "cluster:unmapped-slots"
 // primary, picked by the slot map, and one for the slots the map does not
 // place.
 type guard struct {
-	o    BreakerOptions
+	o    breaker.Options
 	mode Mode
 	// one is the only breaker (Standalone, Sentinel) or that of the
 	// unmapped slots (Cluster).
-	one *Breaker
+	one *breaker.Breaker
 
 	slots slotMap // Cluster only
 
-	mu    sync.Mutex                          // serialises changes of nodes
-	nodes atomic.Pointer[map[string]*Breaker] // Cluster: by primary address, copy-on-write
+	mu    sync.Mutex                                  // serialises changes of nodes
+	nodes atomic.Pointer[map[string]*breaker.Breaker] // Cluster: by primary address, copy-on-write
 
 	kick     chan struct{} // Cluster: asks the topology loop to refresh now
 	lastKick atomic.Int64  // unix ns of the last kick sent
@@ -55,12 +66,12 @@ func newGuard(o Options) *guard {
 	g := &guard{o: o.Breaker, mode: o.Mode, kick: make(chan struct{}, 1), opened: make(chan struct{}, 1)}
 	switch o.Mode {
 	case Standalone:
-		g.one = NewBreaker(o.Addrs[0], o.Breaker)
+		g.one = newBreaker(o.Addrs[0], o.Breaker)
 	case Sentinel:
-		g.one = NewBreaker("sentinel:"+o.MasterSet, o.Breaker)
+		g.one = newBreaker("sentinel:"+o.MasterSet, o.Breaker)
 	case Cluster:
-		g.one = NewBreaker(unmappedBreaker, o.Breaker)
-		empty := map[string]*Breaker{}
+		g.one = newBreaker(unmappedBreaker, o.Breaker)
+		empty := map[string]*breaker.Breaker{}
 		g.nodes.Store(&empty)
 		g.slots.attach = g.attach
 	}
@@ -68,7 +79,7 @@ func newGuard(o Options) *guard {
 }
 
 // breaker returns the breaker of the call on the Redis key rkey.
-func (g *guard) breaker(rkey string) *Breaker {
+func (g *guard) breaker(rkey string) *breaker.Breaker {
 	if g.mode == Cluster {
 		if b := g.slots.breaker(keyslot.Of(rkey)); b != nil {
 			return b
@@ -84,19 +95,19 @@ func (g *guard) attach(t *slotTable) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	old := *g.nodes.Load()
-	next := make(map[string]*Breaker, len(t.addrs))
-	t.brk = make([]*Breaker, len(t.addrs))
+	next := make(map[string]*breaker.Breaker, len(t.addrs))
+	t.brk = make([]*breaker.Breaker, len(t.addrs))
 	for i, addr := range t.addrs {
 		b := old[addr]
 		if b == nil {
-			b = NewBreaker(addr, g.o)
+			b = newBreaker(addr, g.o)
 		}
 		next[addr] = b
 		t.brk[i] = b
 	}
 	for addr, b := range old {
 		if next[addr] == nil {
-			metrics.UnregisterMetric(b.stateGaugeName())
+			metrics.UnregisterMetric(b.StateGauge())
 		}
 	}
 	g.nodes.Store(&next)
@@ -121,43 +132,58 @@ func (g *guard) refreshSoon() {
 	}
 }
 
-// exec runs script on rkey with args, as one call: through rkey's circuit
-// breaker (refused at once while it is not closed), on the rueidis
-// client, within the call timeout; the breaker then counts the reply's
-// error. It is the one way a single call reaches Redis (the checks',
-// leases' and heartbeats' scripts); a batch goes by Store.Do, which takes
-// one breaker ticket per node for all its ops there.
-func (c *Client) exec(ctx context.Context, script *rueidis.Lua, rkey string, args []string) (rueidis.RedisResult, error) {
-	b := c.g.breaker(rkey)
+// call is the one way a call reaches Redis: through the circuit breaker
+// b (the node's; refused at once while it is not closed, with its
+// *breaker.OpenError), on the rueidis client, within the call's deadline
+// (callCtx, or batchCtx when batch is set), send makes the call; b then
+// counts send's error (see isFailure), and a failure asks for a fresh
+// slot map. It returns send's error, or the refusal, or the error of a
+// Client that has no connection (send is then not called). Single calls
+// (exec) and each node's share of a batch (Store.Do) go through it.
+func (c *Client) call(ctx context.Context, b *breaker.Breaker, batch bool, send func(ctx context.Context, rc rueidis.Client) error) error {
 	ticket, err := b.Pass()
 	if err != nil {
 		c.g.refreshSoon()
-		return rueidis.RedisResult{}, err
+		return err
 	}
 	rc, err := c.client()
-	if err != nil {
-		c.done(b, ticket, err)
-		return rueidis.RedisResult{}, err
+	if err == nil {
+		var cctx context.Context
+		var cancel context.CancelFunc
+		if batch {
+			cctx, cancel = c.batchCtx(ctx)
+		} else {
+			cctx, cancel = c.callCtx(ctx)
+		}
+		err = send(cctx, rc)
+		cancel()
 	}
-	cctx, cancel := c.callCtx(ctx)
-	r := script.Exec(cctx, rc, []string{rkey}, args)
-	cancel()
-	err = r.Error()
 	c.done(b, ticket, err)
+	return err
+}
+
+// exec runs script on rkey with args as one call (see call), through the
+// breaker of rkey's node: the checks', leases' and heartbeats' scripts,
+// and any other single call.
+func (c *Client) exec(ctx context.Context, script *rueidis.Lua, rkey string, args []string) (r rueidis.RedisResult, err error) {
+	err = c.call(ctx, c.g.breaker(rkey), false, func(ctx context.Context, rc rueidis.Client) error {
+		r = script.Exec(ctx, rc, []string{rkey}, args)
+		return r.Error()
+	})
 	return r, err
 }
 
 // done records the outcome err of a call that b allowed with ticket, and
 // asks for a refresh of the slot map when the call failed.
-func (c *Client) done(b *Breaker, ticket BreakerTicket, err error) {
-	if err == nil && BreakerState(ticket.word&stateMask) == BreakerClosed {
-		b.Done(ticket, time.Time{}, nil) // nothing to record: no clock read
-		return
+func (c *Client) done(b *breaker.Breaker, ticket breaker.Ticket, err error) {
+	if err == nil && ticket.Closed() {
+		return // nothing to record: no clock read
 	}
-	b.Done(ticket, time.Now(), err)
-	if err != nil && isFailure(err) {
+	failed := isFailure(err)
+	b.Done(ticket, time.Now(), failed)
+	if failed {
 		c.g.refreshSoon()
-		if b.State() != BreakerClosed {
+		if b.State() != breaker.Closed {
 			select { // the prober's next probe is due at a new time
 			case c.g.opened <- struct{}{}:
 			default:
@@ -207,7 +233,7 @@ func (c *Client) probeLoop() {
 func (c *Client) probeDue(now time.Time) time.Time {
 	var wg sync.WaitGroup
 	for _, b := range c.g.all() {
-		if b.State() != BreakerClosed && !now.Before(b.RetryAt()) {
+		if b.State() != breaker.Closed && !now.Before(b.RetryAt()) {
 			wg.Go(func() { c.probe(b) })
 		}
 	}
@@ -223,15 +249,15 @@ func (c *Client) probeDue(now time.Time) time.Time {
 
 // probe sends PINGs to b's node, each allowed by b as a probe, until b
 // closes or opens again (or refuses: a probe is in flight).
-func (c *Client) probe(b *Breaker) {
+func (c *Client) probe(b *breaker.Breaker) {
 	for range 2*c.o.Breaker.Successes + 2 {
 		ticket, err := b.Allow(time.Now())
 		if err != nil {
 			return
 		}
 		err = c.ping(b)
-		b.Done(ticket, time.Now(), err)
-		if err != nil || b.State() != BreakerHalfOpen {
+		b.Done(ticket, time.Now(), isFailure(err))
+		if err != nil || b.State() != breaker.HalfOpen {
 			return
 		}
 	}
@@ -240,7 +266,7 @@ func (c *Client) probe(b *Breaker) {
 // ping sends PING to the node b guards: in Cluster mode the primary b
 // is named after (any node for the unmapped slots' breaker), else the
 // server or primary.
-func (c *Client) ping(b *Breaker) error {
+func (c *Client) ping(b *breaker.Breaker) error {
 	rc, err := c.client()
 	if err != nil {
 		return err
@@ -258,12 +284,12 @@ func (c *Client) ping(b *Breaker) error {
 }
 
 // all returns every breaker of g.
-func (g *guard) all() []*Breaker {
+func (g *guard) all() []*breaker.Breaker {
 	if g.mode != Cluster {
-		return []*Breaker{g.one}
+		return []*breaker.Breaker{g.one}
 	}
 	nodes := *g.nodes.Load()
-	out := make([]*Breaker, 0, 1+len(nodes))
+	out := make([]*breaker.Breaker, 0, 1+len(nodes))
 	out = append(out, g.one)
 	for _, b := range nodes {
 		out = append(out, b)
@@ -317,7 +343,7 @@ type BreakerStatus struct {
 	// serves.
 	Node string
 	// State is the breaker's state.
-	State BreakerState
+	State breaker.State
 	// RetryAt is when the next probe may go (the zero time while
 	// closed).
 	RetryAt time.Time
@@ -347,7 +373,7 @@ func (c *Client) Breakers() []BreakerStatus {
 // calls are refused or only probing.
 func (c *Client) Degraded() bool {
 	for _, b := range c.g.all() {
-		if b.State() != BreakerClosed {
+		if b.State() != breaker.Closed {
 			return true
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/redistest"
 	"github.com/rld/rld/redisx"
 )
@@ -37,14 +38,14 @@ func metricValue(t *testing.T, name string) float64 {
 // TestBreakerGuardsCalls: with Redis blackholed, the first calls time
 // out, the breaker opens, and from then on every call of the Store
 // (take, batch of ops, heartbeat) is refused at once with a
-// *BreakerOpenError, without waiting on Redis; the breaker's probes
+// *breaker.OpenError, without waiting on Redis; the breaker's probes
 // close it within about its cool-down once Redis answers again.
 func TestBreakerGuardsCalls(t *testing.T) {
 	srv := redistest.Standalone(t)
 	proxy := redistest.StartProxy(t, srv.Addr)
 	const timeout, cooldown = 50 * time.Millisecond, 100 * time.Millisecond
 	c := newClient(t, redisx.Options{Addrs: []string{proxy.Addr()}, Timeout: timeout,
-		Breaker: redisx.BreakerOptions{Failures: 3, Window: time.Second, Cooldown: cooldown}})
+		Breaker: breaker.Options{Failures: 3, Window: time.Second, Cooldown: cooldown}})
 	rs := redisx.NewStore(c)
 	ctx := context.Background()
 	p := algo.Params{Limit: 1000, Period: time.Hour}
@@ -53,7 +54,7 @@ func TestBreakerGuardsCalls(t *testing.T) {
 		return err
 	}
 	require.NoError(t, take())
-	assert.Equal(t, []redisx.BreakerStatus{{Node: proxy.Addr(), State: redisx.BreakerClosed}}, c.Breakers())
+	assert.Equal(t, []redisx.BreakerStatus{{Node: proxy.Addr(), State: breaker.Closed}}, c.Breakers())
 	assert.False(t, c.Degraded())
 	assert.True(t, c.RetryAt().IsZero())
 
@@ -61,36 +62,36 @@ func TestBreakerGuardsCalls(t *testing.T) {
 	proxy.Blackhole()
 	timeouts := 0
 	var err error
-	for err = take(); !errors.Is(err, redisx.ErrBreakerOpen); err = take() {
+	for err = take(); !errors.Is(err, breaker.ErrOpen); err = take() {
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		timeouts++
 	}
 	assert.Equal(t, 3, timeouts, "the breaker opens after Failures timeouts")
-	var oe *redisx.BreakerOpenError
+	var oe *breaker.OpenError
 	require.ErrorAs(t, err, &oe)
 	assert.Equal(t, proxy.Addr(), oe.Name)
 	assert.WithinDuration(t, time.Now().Add(cooldown), oe.RetryAt, cooldown)
 	assert.Equal(t, oe.RetryAt, oe.NextTry())
 	assert.True(t, c.Degraded())
-	assert.Equal(t, redisx.BreakerOpen, c.Breakers()[0].State)
+	assert.Equal(t, breaker.Open, c.Breakers()[0].State)
 	assert.False(t, c.RetryAt().IsZero())
 
 	// Refused calls do not wait on Redis.
 	start := time.Now()
 	for range 100 {
-		require.ErrorIs(t, take(), redisx.ErrBreakerOpen)
+		require.ErrorIs(t, take(), breaker.ErrOpen)
 	}
 	assert.Less(t, time.Since(start), timeout, "100 refused calls take less than one timeout")
 	assert.GreaterOrEqual(t, metricValue(t, `rld_redis_calls_total{op="take",result="breaker_open"}`)-refusedBefore, float64(101))
 
 	ops := []algo.Op{{Kind: algo.OpLease, Key: []byte("a"), Params: p, N: 5}, {Kind: algo.OpPeek, Key: []byte("b"), Params: p, N: 1}}
 	err = rs.Do(ctx, ops)
-	assert.ErrorIs(t, err, redisx.ErrBreakerOpen, "nothing sent")
+	assert.ErrorIs(t, err, breaker.ErrOpen, "nothing sent")
 	for _, o := range ops {
-		assert.ErrorIs(t, o.Err, redisx.ErrBreakerOpen)
+		assert.ErrorIs(t, o.Err, breaker.ErrOpen)
 	}
 	_, err = rs.Heartbeat(ctx, "d", time.Second)
-	assert.ErrorIs(t, err, redisx.ErrBreakerOpen)
+	assert.ErrorIs(t, err, breaker.ErrOpen)
 
 	// Probes go in the background while the proxy holds them; healed,
 	// the breaker closes at its next probe.
@@ -134,7 +135,7 @@ func TestBreakerPerClusterNode(t *testing.T) {
 	killedAt := time.Now()
 	for {
 		_, err := rs.Take(ctx, keys[killed.Addr], p, 1, time.Now(), false)
-		if errors.Is(err, redisx.ErrBreakerOpen) {
+		if errors.Is(err, breaker.ErrOpen) {
 			break
 		}
 		require.Error(t, err)
@@ -143,9 +144,9 @@ func TestBreakerPerClusterNode(t *testing.T) {
 	t.Logf("the killed primary's breaker opened %v after the kill", time.Since(killedAt).Round(time.Millisecond))
 	for _, b := range c.Breakers() {
 		if b.Node == killed.Addr {
-			assert.Contains(t, []redisx.BreakerState{redisx.BreakerOpen, redisx.BreakerHalfOpen}, b.State, b.Node)
+			assert.Contains(t, []breaker.State{breaker.Open, breaker.HalfOpen}, b.State, b.Node)
 		} else {
-			assert.Equal(t, redisx.BreakerClosed, b.State, b.Node)
+			assert.Equal(t, breaker.Closed, b.State, b.Node)
 		}
 	}
 	for _, other := range primaries[1:] {
@@ -173,6 +174,6 @@ func TestBreakerPerClusterNode(t *testing.T) {
 	// no primary; its probes close it.
 	redistest.WaitFor(t, "every breaker to close", func() bool { return !c.Degraded() })
 	for _, b := range c.Breakers() {
-		assert.Equal(t, redisx.BreakerClosed, b.State, b.Node)
+		assert.Equal(t, breaker.Closed, b.State, b.Node)
 	}
 }

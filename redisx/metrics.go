@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/rld/rld/breaker"
 )
 
 // op names a kind of Redis call, for metrics and errors.
@@ -67,7 +69,7 @@ var (
 // breaker refused (not sent, not timed).
 func (o op) record(start time.Time, err error) {
 	m := &callMetrics[o]
-	if err != nil && errors.Is(err, ErrBreakerOpen) {
+	if err != nil && errors.Is(err, breaker.ErrOpen) {
 		m.refused.Inc()
 		return
 	}

@@ -1,6 +1,7 @@
 package redisx
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/lua"
 )
 
@@ -73,13 +75,14 @@ const multiChunk = 1000
 // maxParamCache bounds the formatted Params a multiBuf keeps.
 const maxParamCache = 1024
 
-// multiBuf holds what one Do needs beyond the ops, reused across calls.
+// multiBuf holds what one Do, or one node's share of it, needs beyond
+// the ops, reused across calls.
 type multiBuf struct {
 	keys    []string // the Redis key of each op
 	pending []int    // the ops still to send
-	sent    []int    // the ops the breakers let go
-	grantOf []int    // by op: its index in grants (pending ops only)
-	grants  []breakerGrant
+	nodeOf  []int    // by op: its node's index in nodes (pending ops only)
+	nodes   []*breaker.Breaker
+	errs    []error // by node: the error when its ops were not sent
 	cmds    []rueidis.Completed
 	res     []rueidis.RedisResult
 	args    []string
@@ -100,9 +103,10 @@ func (b *multiBuf) put() {
 	clear(b.cmds)
 	clear(b.res)
 	clear(b.args)
-	clear(b.grants)
+	clear(b.nodes)
+	clear(b.errs)
 	b.keys, b.pending, b.cmds, b.res, b.args = b.keys[:0], b.pending[:0], b.cmds[:0], b.res[:0], b.args[:0]
-	b.grants, b.grantOf, b.sent = b.grants[:0], b.grantOf[:0], b.sent[:0]
+	b.nodes, b.nodeOf, b.errs = b.nodes[:0], b.nodeOf[:0], b.errs[:0]
 	if len(b.params) > maxParamCache {
 		clear(b.params)
 	}
@@ -123,10 +127,12 @@ func (b *multiBuf) paramArgs(p algo.Params) [3]string {
 	return a
 }
 
-// Do runs every op in one pipelined round trip per Redis node: rueidis
-// DoMulti, which in Cluster mode splits the commands by slot and sends
-// each node its share concurrently (batches above 1000 ops go in chunks
-// of 1000, one round trip each). It is what the cache's sync loop calls
+// Do runs every op in one pipelined round trip per Redis node: the ops
+// are grouped by the node of their key (the breaker the Client picks for
+// it), and each node's share is one call through the Client's one call
+// path (breaker, rueidis DoMulti, result; see Client), the nodes' calls
+// concurrent (batches above 1000 ops go in chunks of 1000, one round
+// trip each). It is what the cache's sync loop calls
 // to return, renew and refresh many keys at once. Each op is atomic; the
 // ops are not a transaction, but the ops of one key run in the order
 // given (except that an op sent again after NOSCRIPT may run after a
@@ -146,7 +152,7 @@ func (b *multiBuf) paramArgs(p algo.Params) [3]string {
 // batch of thousands needs more than the 5 ms default. Per-op
 // outcomes go to each Op's Granted, Result and Err. The ops of a node
 // whose circuit breaker is open are not sent: their Err wraps
-// ErrBreakerOpen (a *BreakerOpenError); the ops of each node that are
+// breaker.ErrOpen (a *breaker.OpenError); the ops of each node that are
 // sent count as one call for its breaker, a failed one when any of them
 // fails. The returned error is set only when nothing could be sent (no
 // connection to Redis, a closed Client, every breaker concerned open);
@@ -176,106 +182,106 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 		b.pending = append(b.pending, i)
 	}
 
-	// Each node's ops go only when its breaker allows them, on one ticket.
 	start := time.Now()
-	var refusal error
-	b.grantOf = slices.Grow(b.grantOf[:0], len(ops))[:len(ops)]
-	sendable := b.pending[:0] // filtered in place
+	// Each node's ops are one call through its breaker (Client.call),
+	// the nodes' calls concurrent.
+	b.nodeOf = slices.Grow(b.nodeOf[:0], len(ops))[:len(ops)]
 	for _, i := range b.pending {
-		gi := b.grant(s.c.g.breaker(b.keys[i]))
-		b.grantOf[i] = gi
-		if err := b.grants[gi].err; err != nil {
-			ops[i].Err = fmt.Errorf("redisx: %s %q: %w", ops[i].Kind, b.keys[i], err)
-			refusal = ops[i].Err
-			continue
+		b.nodeOf[i] = b.node(s.c.g.breaker(b.keys[i]))
+	}
+	b.errs = slices.Grow(b.errs[:0], len(b.nodes))[:len(b.nodes)]
+	switch len(b.nodes) {
+	case 0: // no valid op
+	case 1:
+		b.errs[0] = s.sendNode(ctx, ops, b.keys, b.nodes[0], b)
+	default:
+		// Stable: the ops of one key, all of one node, keep their order.
+		slices.SortStableFunc(b.pending, func(x, y int) int { return b.nodeOf[x] - b.nodeOf[y] })
+		var wg sync.WaitGroup
+		for n, rest := 0, b.pending; n < len(b.nodes); n++ {
+			k := 0
+			for k < len(rest) && b.nodeOf[rest[k]] == n {
+				k++
+			}
+			share := rest[:k]
+			rest = rest[k:]
+			wg.Go(func() {
+				nb := multiBufs.Get().(*multiBuf)
+				defer nb.put()
+				nb.pending = append(nb.pending, share...)
+				b.errs[n] = s.sendNode(ctx, ops, b.keys, b.nodes[n], nb)
+			})
 		}
-		sendable = append(sendable, i)
-	}
-	b.pending = sendable
-	b.sent = append(b.sent[:0], sendable...) // send filters pending in place
-	if refusal != nil {
-		s.c.g.refreshSoon()
-	}
-
-	var sendErr error
-	if len(b.pending) > 0 {
-		sendErr = s.send(ctx, ops, b)
-	}
-	// Every allowed ticket is done: failed when an op of its node met a
-	// failure (see isFailure).
-	for _, i := range b.sent {
-		if g := &b.grants[b.grantOf[i]]; g.fail == nil && ops[i].Err != nil && isFailure(ops[i].Err) {
-			g.fail = ops[i].Err
-		}
-	}
-	for gi := range b.grants {
-		if g := &b.grants[gi]; g.err == nil {
-			s.c.done(g.b, g.t, g.fail)
-		}
+		wg.Wait()
 	}
 	for i := range ops {
 		if o := &ops[i]; !errors.Is(o.Err, errInvalidOp) && o.Kind < algo.NumOpKinds {
 			opKindMetric[o.Kind].record(start, o.Err)
 		}
 	}
-	switch {
-	case sendErr != nil:
-		return sendErr
-	case len(b.sent) == 0 && refusal != nil:
-		return fmt.Errorf("redisx: %d ops: none sent: %w", len(ops), refusal)
+	var unsent error
+	for _, err := range b.errs {
+		if err == nil {
+			return nil // a node's ops were sent
+		}
+		unsent = cmp.Or(unsent, err)
+	}
+	if unsent != nil {
+		return fmt.Errorf("redisx: %d ops: none sent: %w", len(ops), unsent)
 	}
 	return nil
 }
 
-// grant returns the index in b.grants of br's ticket for this Do, asking
-// br (Pass: a Do is never a probe) when the Do has none yet.
-func (b *multiBuf) grant(br *Breaker) int {
-	for gi := range b.grants {
-		if b.grants[gi].b == br {
-			return gi
-		}
+// node returns the index in b.nodes of br, adding it when it is not
+// there yet.
+func (b *multiBuf) node(br *breaker.Breaker) int {
+	if n := slices.Index(b.nodes, br); n >= 0 {
+		return n
 	}
-	t, err := br.Pass()
-	b.grants = append(b.grants, breakerGrant{b: br, t: t, err: err})
-	return len(b.grants) - 1
+	b.nodes = append(b.nodes, br)
+	return len(b.nodes) - 1
 }
 
-// breakerGrant is a breaker's answer to one Do: a ticket, or the refusal.
-type breakerGrant struct {
-	b    *Breaker
-	t    BreakerTicket
-	err  error // the refusal; nil when allowed
-	fail error // the first failure among the ops sent on t
+// sendNode sends the ops nb.pending of ops, whose Redis keys are in keys,
+// all on the node that br guards, as one call through the call path
+// (Client.call, as a batch), and fills each op's outcome. It returns nil
+// when the ops were sent, else the error (br's refusal, no connection),
+// which each op's Err then wraps too.
+func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *breaker.Breaker, nb *multiBuf) error {
+	sent := false
+	err := s.c.call(ctx, br, true, func(ctx context.Context, rc rueidis.Client) error {
+		sent = true
+		return nb.send(ctx, rc, ops, keys)
+	})
+	if sent {
+		return nil
+	}
+	for _, i := range nb.pending {
+		ops[i].Err = fmt.Errorf("redisx: %s %q: %w", ops[i].Kind, keys[i], err)
+	}
+	return err
 }
 
-// send runs the ops b.pending of ops (which hold their Redis keys in
-// b.keys), filling each op's outcome. It returns an error, also set in
-// every pending op's Err, when nothing could be sent.
-func (s *Store) send(ctx context.Context, ops []algo.Op, b *multiBuf) error {
-	rc, err := s.c.client()
-	if err != nil {
-		err = fmt.Errorf("redisx: %d ops: %w", len(ops), err)
-		for _, i := range b.pending {
-			ops[i].Err = err
-		}
-		return err
-	}
-	cctx, cancel := s.multiCtx(ctx)
-	defer cancel()
+// send runs the ops b.pending of ops (whose Redis keys are in keys) on
+// rc within ctx, filling each op's outcome, and returns the first error
+// among them that counts as a failure for the node's breaker (see
+// isFailure), nil when none does.
+func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, ops []algo.Op, keys []string) error {
 	const (
 		evalsha = iota // the first pass
 		reload         // after SCRIPT LOAD on every node
 		eval           // the last resort: the script's text
 	)
+	var failure error
 	for pass := evalsha; pass <= eval && len(b.pending) > 0; pass++ {
 		if pass == reload {
-			loadScripts(cctx, rc, ops, b.pending)
+			loadScripts(ctx, rc, ops, b.pending)
 		}
 		b.cmds = b.cmds[:0]
 		for _, i := range b.pending {
-			b.cmds = append(b.cmds, b.command(rc, &ops[i], b.keys[i], pass == eval))
+			b.cmds = append(b.cmds, b.command(rc, &ops[i], keys[i], pass == eval))
 		}
-		b.res = doMulti(cctx, rc, b.cmds, b.res)
+		b.res = doMulti(ctx, rc, b.cmds, b.res)
 		for _, r := range b.res {
 			if r.NonRedisError() != nil {
 				// rueidis may still hold the commands of a call that
@@ -292,22 +298,14 @@ func (s *Store) send(ctx context.Context, ops []algo.Op, b *multiBuf) error {
 				again = append(again, i)
 				continue
 			}
-			fill(&ops[i], r, b.keys[i])
+			fill(&ops[i], r, keys[i])
+			if failure == nil && isFailure(ops[i].Err) {
+				failure = ops[i].Err
+			}
 		}
 		b.pending = again
 	}
-	return nil
-}
-
-// multiCtx returns the context of one Do: ctx's values, and ctx's deadline
-// when it has one, else the Client's Timeout. The cancellation of ctx is
-// not followed, as in Client.callCtx: ops that are read are answered.
-func (s *Store) multiCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return s.c.callCtx(ctx)
-	}
-	return context.WithDeadline(context.WithoutCancel(ctx), dl)
+	return failure
 }
 
 // errInvalidOp marks the ops Do did not send.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/redisx/keyslot"
 )
 
@@ -32,7 +33,7 @@ type slotMap struct {
 type slotTable struct {
 	owner [keyslot.Count]uint16
 	addrs []string
-	brk   []*Breaker // by index in addrs, when attach set them
+	brk   []*breaker.Breaker // by index in addrs, when attach set them
 }
 
 // node returns the address of the primary that serves slot, or "" when
@@ -50,7 +51,7 @@ func (m *slotMap) node(slot uint16) string {
 
 // breaker returns the breaker of the primary that serves slot, or nil
 // when the slot is unknown or no breaker was attached.
-func (m *slotMap) breaker(slot uint16) *Breaker {
+func (m *slotMap) breaker(slot uint16) *breaker.Breaker {
 	t := m.t.Load()
 	if t == nil || slot >= keyslot.Count {
 		return nil

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redistest"
@@ -373,7 +374,7 @@ func TestPausedRedisFailsFast(t *testing.T) {
 			wg.Go(func() {
 				start := time.Now()
 				err := take()
-				if !errors.Is(err, redisx.ErrBreakerOpen) {
+				if !errors.Is(err, breaker.ErrOpen) {
 					assert.ErrorIs(t, err, context.DeadlineExceeded)
 				}
 				// Slack for -race on a loaded machine; the point is

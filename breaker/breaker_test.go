@@ -1,0 +1,342 @@
+package breaker
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var (
+	t0 = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+)
+
+// metric starts the names of the test breakers' metrics: rld's own, so
+// that the tests check the names the dashboards and alerts use.
+const metric = "rld_redis_breaker"
+
+// breakerName returns a name no other test uses, so that its metrics are
+// its own.
+func breakerName(t *testing.T) string {
+	return fmt.Sprintf("%s-%d", t.Name(), rand.Uint64())
+}
+
+// allow calls b.Allow and requires it to allow.
+func allow(t *testing.T, b *Breaker, now time.Time) Ticket {
+	t.Helper()
+	tk, err := b.Allow(now)
+	require.NoError(t, err, "Allow at %s", now.Sub(t0))
+	return tk
+}
+
+// refused calls b.Allow and requires a refusal with retryAt.
+func refused(t *testing.T, b *Breaker, now, retryAt time.Time) {
+	t.Helper()
+	_, err := b.Allow(now)
+	require.ErrorIs(t, err, ErrOpen, "Allow at %s", now.Sub(t0))
+	var oe *OpenError
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, b.Name(), oe.Name)
+	assert.Equal(t, retryAt, oe.RetryAt, "RetryAt in the error, at %s", now.Sub(t0))
+	assert.Contains(t, err.Error(), b.Name())
+}
+
+// fail records n failed calls at now.
+func fail(t *testing.T, b *Breaker, now time.Time, n int) {
+	t.Helper()
+	for range n {
+		b.Done(allow(t, b, now), now, true)
+	}
+}
+
+func TestBreakerTransitions(t *testing.T) {
+	o := Options{Failures: 3, Window: time.Second, Cooldown: 250 * time.Millisecond, Probes: 1, Successes: 2}
+	b := New(metric, breakerName(t), o)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	assert.Equal(t, Closed, b.State())
+	assert.True(t, b.RetryAt().IsZero())
+
+	// Closed: successes and non-failures in between do not erase
+	// failures; 3 within 1 s open it.
+	fail(t, b, ms(0), 1)
+	b.Done(allow(t, b, ms(10)), ms(10), false)
+	b.Done(allow(t, b, ms(20)), ms(20), false)
+	fail(t, b, ms(100), 1)
+	b.Done(allow(t, b, ms(200)), ms(200), false)
+	assert.Equal(t, Closed, b.State(), "2 failures")
+	inFlight := allow(t, b, ms(900)) // a call that ends after the opening
+	fail(t, b, ms(999), 1)
+	assert.Equal(t, Open, b.State(), "3 failures within 1 s")
+	retryAt := ms(999 + 250)
+	assert.Equal(t, retryAt, b.RetryAt())
+
+	// Open: nothing goes until the cool-down has passed; the result of a
+	// call allowed before the opening changes nothing.
+	b.Done(inFlight, ms(1000), true)
+	refused(t, b, ms(1000), retryAt)
+	refused(t, b, retryAt.Add(-time.Nanosecond), retryAt)
+	assert.Equal(t, Open, b.State())
+
+	// Half-open: one probe at a time; a failed probe opens it again.
+	probe := allow(t, b, retryAt)
+	assert.Equal(t, HalfOpen, b.State())
+	refused(t, b, retryAt, retryAt) // the probe limit
+	b.Done(probe, ms(1300), true)
+	assert.Equal(t, Open, b.State(), "a failed probe")
+	retryAt = ms(1300 + 250)
+	assert.Equal(t, retryAt, b.RetryAt())
+	refused(t, b, ms(1400), retryAt)
+
+	// Two successful probes in a row close it; a call the node answered
+	// with an error of the caller's making is a success.
+	probe = allow(t, b, ms(1600))
+	b.Done(probe, ms(1601), false)
+	assert.Equal(t, HalfOpen, b.State(), "1 success of 2")
+	assert.Equal(t, retryAt, b.RetryAt(), "in the past while half-open")
+	b.Done(probe, ms(1601), false) // a second Done of one ticket is a caller bug; it must not count
+	assert.Equal(t, HalfOpen, b.State())
+	probe = allow(t, b, ms(1602))
+	b.Done(probe, ms(1603), false) // an error of the caller's making: a success
+	assert.Equal(t, Closed, b.State(), "2 successes")
+	assert.True(t, b.RetryAt().IsZero())
+
+	// Closed again, with a clean slate: the failures before the opening do
+	// not count, nor does a late probe result or the zero ticket.
+	b.Done(probe, ms(1604), true)
+	b.Done(Ticket{}, ms(1604), true)
+	fail(t, b, ms(1605), 2)
+	assert.Equal(t, Closed, b.State())
+	fail(t, b, ms(1606), 1)
+	assert.Equal(t, Open, b.State())
+}
+
+// TestBreakerWindow: the window slides over the failures' times, so 3
+// failures spread over more than 1 s never open it, however many.
+func TestBreakerWindow(t *testing.T) {
+	b := New(metric, breakerName(t), Options{Failures: 3, Window: time.Second})
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	for i := range 20 { // one failure every 501 ms: at most 2 in any 1 s
+		fail(t, b, at(time.Duration(i)*501*time.Millisecond), 1)
+		require.Equal(t, Closed, b.State(), "failure %d", i)
+	}
+	// The failures at 9018 and 9519 ms and one more at 10000 ms are 3
+	// within 1 s (982 ms).
+	fail(t, b, at(10*time.Second), 1)
+	assert.Equal(t, Open, b.State())
+
+	// A failure exactly Window after the first of them is outside.
+	b = New(metric, breakerName(t), Options{Failures: 2, Window: time.Second})
+	fail(t, b, at(0), 1)
+	fail(t, b, at(time.Second), 1)
+	assert.Equal(t, Closed, b.State(), "2 failures exactly 1 s apart")
+	fail(t, b, at(time.Second+time.Millisecond), 1)
+	assert.Equal(t, Open, b.State())
+}
+
+func TestBreakerDefaults(t *testing.T) {
+	b := New(metric, breakerName(t), Options{})
+	assert.Equal(t, Options{Failures: 5, Window: time.Second, Cooldown: 250 * time.Millisecond, Probes: 1, Successes: 2}, b.o)
+	fail(t, b, t0, 4)
+	assert.Equal(t, Closed, b.State())
+	fail(t, b, t0.Add(999*time.Millisecond), 1)
+	assert.Equal(t, Open, b.State())
+	assert.Equal(t, t0.Add(999*time.Millisecond+250*time.Millisecond), b.RetryAt())
+
+	assert.Equal(t, "closed", Closed.String())
+	assert.Equal(t, "open", Open.String())
+	assert.Equal(t, "half-open", HalfOpen.String())
+	assert.Equal(t, "State(7)", State(7).String())
+}
+
+// TestBreakerProbeLimit: while half-open, exactly Probes calls are in
+// flight at most, also when many goroutines ask at once; an ended probe
+// frees its place.
+func TestBreakerProbeLimit(t *testing.T) {
+	const probes = 3
+	b := New(metric, breakerName(t), Options{Failures: 1, Cooldown: time.Second, Probes: probes, Successes: 5})
+	fail(t, b, t0, 1)
+	half := t0.Add(time.Second)
+
+	var allowed atomic.Int32
+	tickets := make(chan Ticket, 64)
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			if tk, err := b.Allow(half); err == nil {
+				allowed.Add(1)
+				tickets <- tk
+			} else {
+				assert.ErrorIs(t, err, ErrOpen)
+			}
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, probes, allowed.Load())
+	assert.Equal(t, HalfOpen, b.State())
+
+	b.Done(<-tickets, half, false)
+	tk := allow(t, b, half) // the freed place
+	refused(t, b, half, half)
+	for _, tk := range []Ticket{tk, <-tickets, <-tickets} {
+		b.Done(tk, half, false)
+	}
+	assert.Equal(t, HalfOpen, b.State(), "4 successes of 5")
+	b.Done(allow(t, b, half), half, false)
+	assert.Equal(t, Closed, b.State())
+}
+
+// TestBreakerConcurrent hammers one breaker from many goroutines with a
+// shared clock and random failures, and checks the invariants: never more
+// than Probes probes of one half-open state in flight (a late probe of an
+// earlier one is not counted by the breaker), every refusal wraps ErrOpen with a
+// RetryAt, and the transitions counted add up to the final state.
+func TestBreakerConcurrent(t *testing.T) {
+	const probes = 2
+	name := breakerName(t)
+	b := New(metric, name, Options{Failures: 3, Window: 10 * time.Millisecond,
+		Cooldown: time.Millisecond, Probes: probes, Successes: 2})
+	var clock atomic.Int64 // ns since t0
+	var calls, refusals atomic.Int64
+	var mu sync.Mutex
+	inFlight := map[uint64]int{} // probes in flight by half-open state
+	maxInFlight := 0
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 5000 {
+				now := t0.Add(time.Duration(clock.Add(int64(r.IntN(20_000)))))
+				tk, err := b.Allow(now)
+				if err != nil {
+					refusals.Add(1)
+					var oe *OpenError
+					if !errors.As(err, &oe) || oe.RetryAt.IsZero() {
+						t.Errorf("refusal %v", err)
+						return
+					}
+					continue
+				}
+				calls.Add(1)
+				probe := State(tk.word&stateMask) == HalfOpen
+				if probe {
+					mu.Lock()
+					inFlight[tk.word]++
+					maxInFlight = max(maxInFlight, inFlight[tk.word])
+					mu.Unlock()
+				}
+				failed := r.IntN(8) == 0
+				if probe {
+					runtime.Gosched() // let others ask while the probe is out
+					mu.Lock()
+					inFlight[tk.word]--
+					mu.Unlock()
+				}
+				b.Done(tk, t0.Add(time.Duration(clock.Load())), failed)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d calls, %d refused, at most %d probes in flight; ended %s", calls.Load(), refusals.Load(), maxInFlight, b.State())
+	assert.LessOrEqual(t, maxInFlight, probes)
+	assert.Positive(t, refusals.Load())
+
+	// Every opening is followed by one half-open state, but the last
+	// opening when the breaker ends open.
+	toOpen, toHalf := counterValue(t, name, "open"), counterValue(t, name, "half_open")
+	if b.State() == Open {
+		toHalf++
+	}
+	assert.Equal(t, toOpen, toHalf)
+	assert.Positive(t, counterValue(t, name, "closed"), "it closed again at least once")
+	assert.Equal(t, float64(b.State()), metrics.GetOrCreateGauge(`rld_redis_breaker_state{node="`+name+`"}`, nil).Get())
+}
+
+// counterValue returns rld_redis_breaker_transitions_total of breaker
+// name to state to.
+func counterValue(t *testing.T, name, to string) uint64 {
+	t.Helper()
+	return metrics.GetOrCreateCounter(`rld_redis_breaker_transitions_total{node="` + name + `",to="` + to + `"}`).Get()
+}
+
+func TestBreakerMetrics(t *testing.T) {
+	name := breakerName(t) + `-"quoted"`
+	b := New(metric, name, Options{Failures: 1, Cooldown: time.Second, Successes: 1})
+	esc := strings.ReplaceAll(name, `"`, `\"`)
+	expose := func() string {
+		var buf bytes.Buffer
+		metrics.WritePrometheus(&buf, false)
+		return buf.String()
+	}
+	check := func(state State, open, half, closed int) {
+		t.Helper()
+		out := expose()
+		assert.Contains(t, out, fmt.Sprintf(`rld_redis_breaker_state{node="%s"} %d`+"\n", esc, state))
+		for to, n := range map[string]int{"open": open, "half_open": half, "closed": closed} {
+			assert.Contains(t, out, fmt.Sprintf(`rld_redis_breaker_transitions_total{node="%s",to="%s"} %d`+"\n", esc, to, n))
+		}
+	}
+	check(Closed, 0, 0, 0)
+	fail(t, b, t0, 1)
+	check(Open, 1, 0, 0)
+	probe := allow(t, b, t0.Add(time.Second))
+	check(HalfOpen, 1, 1, 0)
+	b.Done(probe, t0.Add(time.Second), false)
+	check(Closed, 1, 1, 1)
+}
+
+// BenchmarkBreaker measures Allow plus Done of a successful call on a
+// closed breaker (the hot path), from one goroutine and from all, and
+// Allow on an open one (every check while Redis is down).
+func BenchmarkBreaker(b *testing.B) {
+	b.Run("closed", func(b *testing.B) {
+		br := New(metric, "bench-closed", Options{})
+		b.ReportAllocs()
+		for b.Loop() {
+			tk, err := br.Allow(t0)
+			br.Done(tk, t0, err != nil)
+		}
+	})
+	b.Run("closed-parallel", func(b *testing.B) {
+		br := New(metric, "bench-closed-parallel", Options{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				tk, err := br.Allow(t0)
+				br.Done(tk, t0, err != nil)
+			}
+		})
+	})
+	b.Run("closed-failing", func(b *testing.B) { // failures spread too thin to open it
+		br := New(metric, "bench-closed-failing", Options{Failures: 2, Window: time.Nanosecond})
+		b.ReportAllocs()
+		now := t0
+		for b.Loop() {
+			now = now.Add(time.Microsecond)
+			tk, _ := br.Allow(now)
+			br.Done(tk, now, true)
+		}
+	})
+	b.Run("open-parallel", func(b *testing.B) {
+		br := New(metric, "bench-open", Options{Failures: 1, Cooldown: time.Hour})
+		tk, _ := br.Allow(t0)
+		br.Done(tk, t0, true)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := br.Allow(t0); err == nil {
+					panic("allowed")
+				}
+			}
+		})
+	})
+}
