@@ -25,19 +25,24 @@ func Next(p Params, r *Result) time.Duration {
 	var next time.Duration
 	switch p.Kind {
 	case TokenBucket, GCRA:
-		per := p.PeriodMicros()
-		// The unit interval: Period/Limit for the bucket, GCRA's
-		// emission interval e (an integer number of µs).
-		unit := func(k int64) int64 { return k * per / p.Limit }
-		if p.Kind == GCRA {
-			e := emission(p)
-			unit = func(k int64) int64 { return k * e }
-		}
 		k := r.Limit - r.Remaining - 1 // units between this one and a full bucket
+		n := k
 		if k < 0 {
-			next = micros(unit(1) + 1) // full: one interval, rounded up
+			n = 1
+		}
+		// n unit intervals: Period/Limit for the bucket, GCRA's emission
+		// interval e (an integer number of µs). Computed inline, not by
+		// a closure: Next is on the hot path of every answer.
+		var u int64
+		if p.Kind == GCRA {
+			u = n * emission(p)
 		} else {
-			next = max(r.Reset-micros(unit(k)), 0)
+			u = n * p.PeriodMicros() / p.Limit
+		}
+		if k < 0 {
+			next = micros(u + 1) // full: one interval, rounded up
+		} else {
+			next = max(r.Reset-micros(u), 0)
 		}
 	case FixedWindow:
 		next = r.Reset

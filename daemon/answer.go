@@ -14,18 +14,27 @@ import (
 // and the socket sends them in the response frame (fillResponse), from
 // which a client renders the same fields.
 func answerOf(dec *policy.Decision) header.Answer {
+	var a header.Answer
+	setAnswer(&a, dec)
+	return a
+}
+
+// setAnswer sets a to answerOf(dec). It sets each field in place: a
+// composite literal returned by value is built in a temporary and copied,
+// twice, and the copies' wide loads of its narrow stores stall the
+// processor on the hot path (fillResponse).
+func setAnswer(a *header.Answer, dec *policy.Decision) {
 	q, w := algo.Sustained(dec.Params)
-	a := header.Answer{
-		Rule:      dec.Rule,
-		Limit:     uint64(max(dec.Result.Limit, 0)),
-		Quota:     uint64(max(q, 0)),
-		Remaining: uint64(max(dec.Result.Remaining, 0)),
-		Window:    dec.Period,
-		Reset:     dec.Result.Reset,
-		Next:      algo.Next(dec.Params, &dec.Result),
-		// The quota a client pacing itself evenly can sustain.
-		QuotaWindow: w,
-	}
+	a.Rule = dec.Rule
+	a.Limit = uint64(max(dec.Result.Limit, 0))
+	a.Quota = uint64(max(q, 0))
+	// The quota a client pacing itself evenly can sustain.
+	a.QuotaWindow = w
+	a.Remaining = uint64(max(dec.Result.Remaining, 0))
+	a.Window = dec.Period
+	a.Reset = dec.Result.Reset
+	a.Retry = 0
+	a.Next = algo.Next(dec.Params, &dec.Result)
 	if dec.Status == policy.StatusLimited {
 		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
 	}
@@ -37,7 +46,6 @@ func answerOf(dec *policy.Decision) header.Answer {
 			a.Next = a.Retry
 		}
 	}
-	return a
 }
 
 // fillResponse copies a policy decision into a wire response, reusing the
@@ -53,7 +61,8 @@ func fillResponse(res *wire.Response, dec *policy.Decision) {
 	res.Code = wire.CodeNone
 	res.Message = res.Message[:0]
 	res.Status = wireStatus[dec.Status]
-	a := answerOf(dec)
+	var a header.Answer
+	setAnswer(&a, dec)
 	header.SetResponse(res, &a)
 	if dec.Status == policy.StatusError {
 		res.Code = wireCode[dec.Code]
