@@ -140,7 +140,7 @@ func (b *multiBuf) paramArgs(p algo.Params) [3]string {
 //
 // Ops go as EVALSHA. Ops that Redis answers NOSCRIPT (a restart, SCRIPT
 // FLUSH or failover lost the script; such an op did not run) are sent
-// again after SCRIPT LOAD on every node, and as EVAL if they still meet
+// again after SCRIPT LOAD on their node, and as EVAL if they still meet
 // NOSCRIPT: two or three more round trips, only after the loss.
 //
 // Do lasts until ctx's deadline when ctx has one, else at most the
@@ -251,7 +251,7 @@ func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *
 	sent := false
 	err := s.c.call(ctx, br, true, func(ctx context.Context, rc rueidis.Client) error {
 		sent = true
-		return nb.send(ctx, rc, ops, keys)
+		return nb.send(ctx, rc, br.Name(), ops, keys)
 	})
 	if sent {
 		return nil
@@ -263,10 +263,11 @@ func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *
 }
 
 // send runs the ops b.pending of ops (whose Redis keys are in keys) on
-// rc within ctx, filling each op's outcome, and returns the first error
+// rc within ctx, filling each op's outcome (node names the breaker they
+// went through: where a lost script is loaded again, see loadScripts), and returns the first error
 // among them that counts as a failure for the node's breaker (see
 // isFailure), nil when none does.
-func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, ops []algo.Op, keys []string) error {
+func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops []algo.Op, keys []string) error {
 	const (
 		evalsha = iota // the first pass
 		reload         // after SCRIPT LOAD on every node
@@ -275,7 +276,7 @@ func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, ops []algo.Op, k
 	var failure error
 	for pass := evalsha; pass <= eval && len(b.pending) > 0; pass++ {
 		if pass == reload {
-			loadScripts(ctx, rc, ops, b.pending)
+			loadScripts(ctx, rc, node, ops, b.pending)
 		}
 		b.cmds = b.cmds[:0]
 		for _, i := range b.pending {
@@ -411,16 +412,23 @@ func doMulti(ctx context.Context, rc rueidis.Client, cmds []rueidis.Completed, r
 }
 
 // loadScripts sends SCRIPT LOAD of the scripts that the pending ops use
-// to every node rc knows, concurrently, one pipeline per node. Errors are
-// ignored: an op whose node still lacks its script meets NOSCRIPT again
-// and goes as EVAL.
-func loadScripts(ctx context.Context, rc rueidis.Client, ops []algo.Op, pending []int) {
+// to node (a Cluster primary's address, as rueidis names it) when rc
+// knows it, else to every node rc knows, concurrently, one pipeline per
+// node: a batch's share for one primary loads its scripts there only, so
+// the shares of the other primaries, sent concurrently, meet their own
+// nodes as they are. Errors are ignored: an op whose node still lacks its
+// script meets NOSCRIPT again and goes as EVAL.
+func loadScripts(ctx context.Context, rc rueidis.Client, node string, ops []algo.Op, pending []int) {
 	var need [algo.FixedWindow + 1]bool
 	for _, i := range pending {
 		need[ops[i].Params.Kind] = true
 	}
+	nodes := rc.Nodes()
+	if n, ok := nodes[node]; ok {
+		nodes = map[string]rueidis.Client{node: n}
+	}
 	var wg sync.WaitGroup
-	for _, n := range rc.Nodes() {
+	for _, n := range nodes {
 		wg.Go(func() {
 			cmds := make(rueidis.Commands, 0, len(need))
 			for k, ok := range need {
