@@ -109,7 +109,7 @@ func TestBreakerGuardsCalls(t *testing.T) {
 
 // TestBreakerPerClusterNode: in a Cluster, a killed primary's breaker
 // opens and refuses the calls for its slots, while the keys of the other
-// primaries are decided as before; after the failover the slot map names
+// primaries are decided as before, alone or in a batch with its keys; after the failover the slot map names
 // the promoted replica, whose breaker is closed, and the killed node's
 // breaker is gone.
 func TestBreakerPerClusterNode(t *testing.T) {
@@ -154,6 +154,21 @@ func TestBreakerPerClusterNode(t *testing.T) {
 			_, err := rs.Take(ctx, keys[other.Addr], p, 1, time.Now(), false)
 			require.NoError(t, err, "a key of %s while %s is down", other.Addr, killed.Addr)
 		}
+	}
+	// A batch with a key on each primary: the killed one's share is
+	// refused by its breaker, the others' are sent and decided.
+	ops := make([]algo.Op, 0, len(primaries))
+	for _, pr := range primaries {
+		ops = append(ops, algo.Op{Kind: algo.OpTake, Key: keys[pr.Addr], Params: p, N: 1})
+	}
+	require.NoError(t, rs.Do(ctx, ops), "some ops were sent")
+	for i, pr := range primaries {
+		if pr == killed {
+			assert.ErrorIs(t, ops[i].Err, breaker.ErrOpen, "the killed primary's op")
+			continue
+		}
+		assert.NoError(t, ops[i].Err, "op of %s", pr.Addr)
+		assert.True(t, ops[i].Result.Allowed, "op of %s", pr.Addr)
 	}
 
 	promoted := cl.WaitFailover(t, killed)
