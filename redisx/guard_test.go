@@ -75,6 +75,10 @@ func TestBreakerGuardsCalls(t *testing.T) {
 	assert.True(t, c.Degraded())
 	assert.Equal(t, breaker.Open, c.Breakers()[0].State)
 	assert.False(t, c.RetryAt().IsZero())
+	// The breaker's metrics keep the names the dashboards and alerts use.
+	node := `node="` + proxy.Addr() + `"`
+	assert.Equal(t, float64(breaker.Open), metricValue(t, `rld_redis_breaker_state{`+node+`}`))
+	assert.Positive(t, metricValue(t, `rld_redis_breaker_transitions_total{`+node+`,to="open"}`))
 
 	// Refused calls do not wait on Redis.
 	start := time.Now()
