@@ -227,7 +227,10 @@ func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
-func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
+// setDecisionHeaders sets the rate-limit header fields of dec, as
+// /v1/check and /v1/auth both send them, and returns the answer they
+// were rendered from.
+func setDecisionHeaders(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) header.Answer {
 	a := answerOf(dec)
 	s.fields, s.vals = header.AppendFields(s.fields[:0], s.vals[:0], a, now)
 	for _, f := range s.fields {
@@ -238,6 +241,11 @@ func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now tim
 		// Decided by the rule's fail mode: the shared store failed.
 		ctx.Response.Header.Set("X-RateLimit-Policy", "degraded")
 	}
+	return a
+}
+
+func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
+	a := setDecisionHeaders(ctx, s, now, dec)
 	switch dec.Status {
 	case policy.StatusAllowed, policy.StatusAllowedDegraded:
 		ctx.SetStatusCode(fasthttp.StatusOK)

@@ -12,7 +12,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
 )
@@ -206,15 +205,7 @@ func (d *Daemon) forwardedFor(list string) (netip.Addr, error) {
 // (allowed, allowed-degraded, limited, blocked or error) saying which.
 // The body is empty: nginx discards a subrequest's body.
 func (d *Daemon) writeAuth(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
-	a := answerOf(dec)
-	s.fields, s.vals = header.AppendFields(s.fields[:0], s.vals[:0], a, now)
-	for _, f := range s.fields {
-		ctx.Response.Header.SetBytesV(f.Name, f.Value)
-	}
-	ctx.Response.Header.Set("X-RateLimit-Decision", dec.Status.String())
-	if dec.Degraded {
-		ctx.Response.Header.Set("X-RateLimit-Policy", "degraded")
-	}
+	setDecisionHeaders(ctx, s, now, dec)
 	switch dec.Status {
 	case policy.StatusAllowed, policy.StatusAllowedDegraded:
 		ctx.SetStatusCode(fasthttp.StatusOK)
