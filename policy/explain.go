@@ -40,6 +40,9 @@ type Match struct {
 	Result algo.Result
 	// Err is the store's error, if the peek failed.
 	Err error
+	// Overridden is set when an override sets Params; Blocked when a
+	// block of the key is in force.
+	Overridden, Blocked bool
 }
 
 // Explain lists every rule whose match holds for descs, with the limit in
@@ -56,6 +59,9 @@ func (p *Policy) Explain(ctx context.Context, now time.Time, descs []wire.Descri
 			e.List = RuleDeny
 			break
 		}
+	}
+	if e.List == "" && p.blocked(descs, now.UnixNano()) {
+		e.List = RuleDeny
 	}
 	if e.List == "" {
 		for i := range p.allow {
@@ -89,6 +95,11 @@ func (p *Policy) Explain(ctx context.Context, now time.Time, descs []wire.Descri
 			var ok bool
 			key, ok = r.appendKey(key[:0], descs)
 			if ok {
+				if r.keyBlocked(key, now.UnixNano()) {
+					m.Blocked = true
+				}
+				pi := r.limitIndex(ti, key, descs, now.UnixNano())
+				m.Params, m.Overridden = *r.paramsAt(pi), r.overridden(pi)
 				m.Result, m.Err = r.store.Take(ctx, key, m.Params, cost, now, true)
 			}
 		}

@@ -40,6 +40,8 @@ type Policy struct {
 	rules    []rule
 	infos    []RuleInfo
 	changes  Changes // the run-time changes compiled in
+	blocks   []globBlock
+	orphans  []Orphan
 
 	denyM, allowM, noneM *counters
 }
@@ -79,6 +81,14 @@ type rule struct {
 	store  Store      // where the rule's counters live: by its mode
 	local  LocalTaker // store, when it can answer on the host; else nil
 	m      *counters
+
+	// The run-time changes of the rule (see Changes); changed is set
+	// when it has any.
+	changed  bool
+	ovParams []algo.Params // the overrides' limits, len(tiers)+1 each
+	keyOv    map[string]ovEntry
+	globOv   []globOverride
+	keyBlock map[string]int64 // counter key → expiry, Unix nanoseconds
 }
 
 type tier struct {
@@ -200,14 +210,6 @@ type Stores struct {
 	Fallback *Fallback
 }
 
-// Changes are the run-time changes in force over a configuration: the
-// overrides, blocks and resets that admin operations make. A Policy is
-// compiled from a configuration plus its Changes (Compile); a change
-// compiles a new Policy and swaps it in atomically, as a reload does, and
-// a reload keeps the Changes in force. There are none yet: the type is
-// where they go.
-type Changes struct{}
-
 // Compile compiles cfg, which Load or Parse has validated, with the
 // run-time changes ch in force (nil: none), into a Policy that keeps each
 // rule's counters in the store of its mode. Nothing is read from a file.
@@ -217,7 +219,7 @@ func Compile(cfg *config.Config, ch *Changes, st Stores) (*Policy, error) {
 		return nil, err
 	}
 	if ch != nil {
-		p.changes = *ch
+		p.compileChanges(ch)
 	}
 	return p, nil
 }
@@ -225,8 +227,7 @@ func Compile(cfg *config.Config, ch *Changes, st Stores) (*Policy, error) {
 // Changes returns the run-time changes p was compiled with, for the
 // Policy that replaces it.
 func (p *Policy) Changes() *Changes {
-	ch := p.changes
-	return &ch
+	return p.changes.Clone()
 }
 
 // New compiles cfg, which Load or Parse has validated, into a Policy that
@@ -393,6 +394,11 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 			return true
 		}
 	}
+	if len(p.blocks) > 0 && p.blocked(descs, now.UnixNano()) {
+		sc.count(p.denyM, decBlocked)
+		*d = Decision{Status: StatusBlocked, Rule: RuleDeny}
+		return true
+	}
 	for i := range p.allow {
 		if p.allow[i].matches(descs) {
 			sc.count(p.allowM, decAllowed)
@@ -493,9 +499,19 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		sc.keys = sc.keys[:start]
 		return pass // a by descriptor is missing: the rule does not count it
 	}
-	ti := r.tier(c.descs)
-	params := r.paramsAt(ti)
 	key := sc.keys[start:]
+	ti := r.tier(c.descs)
+	if r.changed {
+		now := c.now.UnixNano()
+		if r.keyBlocked(key, now) {
+			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+			sc.count(p.denyM, decBlocked)
+			*d = Decision{Status: StatusBlocked, Rule: r.name}
+			return decided
+		}
+		ti = r.limitIndex(ti, key, c.descs, now)
+	}
+	params := r.paramsAt(ti)
 	var res algo.Result
 	var err error
 	switch {
@@ -598,7 +614,7 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 			sc.keys = sc.keys[:start]
 			continue
 		}
-		op := o.paramsAt(o.tier(descs))
+		op := o.paramsAt(o.limitIndex(o.tier(descs), sc.keys[start:], descs, now.UnixNano()))
 		var ores algo.Result
 		var err error
 		if local {
@@ -733,10 +749,14 @@ func (r *rule) tier(descs []wire.Descriptor) int {
 	return -1
 }
 
-// paramsAt returns the limit of tier index i (-1: the base limit).
+// paramsAt returns the limit of params index i: -1 the base limit, from
+// 0 a tier's, from len(r.tiers) an override's (see limitIndex).
 func (r *rule) paramsAt(i int) *algo.Params {
-	if i < 0 {
+	switch {
+	case i < 0:
 		return &r.base
+	case i < len(r.tiers):
+		return &r.tiers[i].params
 	}
-	return &r.tiers[i].params
+	return &r.ovParams[i-len(r.tiers)]
 }

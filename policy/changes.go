@@ -1,0 +1,393 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/wire"
+)
+
+// Changes are the run-time changes in force over a configuration: the
+// overrides and blocks that admin operations make. A Policy is compiled
+// from a configuration plus its Changes (Compile); a change compiles a new
+// Policy and swaps it in atomically, as a reload does, and a reload keeps
+// the Changes in force. Entries are kept as given: an override whose rule
+// the configuration no longer has stays, reported by Orphans, and applies
+// again if the rule comes back.
+type Changes struct {
+	Overrides []Override `json:"overrides"`
+	Blocks    []Block    `json:"blocks"`
+}
+
+// Clone returns a deep enough copy of ch to change its lists.
+func (ch *Changes) Clone() *Changes {
+	if ch == nil {
+		return &Changes{}
+	}
+	return &Changes{Overrides: slices.Clone(ch.Overrides), Blocks: slices.Clone(ch.Blocks)}
+}
+
+// Override changes the limit of one rule for one counter key, or for the
+// requests whose descriptors match globs. Precedence within a rule: a key
+// override, then the first glob override that matches (in the order of
+// Changes.Overrides), then the tier or the rule's limit.
+type Override struct {
+	// ID names the override for delete.
+	ID string `json:"id"`
+	// Rule is the rule's name.
+	Rule string `json:"rule"`
+	// Key, for a key override: the value of each of the rule's by
+	// descriptors, by name. Exactly one of Key and Match is set.
+	Key map[string]string `json:"key,omitempty"`
+	// Match, for a glob override: descriptor name → glob, with the
+	// syntax of a rule's match; all must hold (as well as the rule's
+	// own match).
+	Match map[string]string `json:"match,omitempty"`
+	// Limit, for an absolute override: the limit per Period (the rule's
+	// period when Period is 0). Burst 0 keeps the rule's ratio of burst
+	// to limit, if it has a burst.
+	Limit  int64         `json:"limit,omitempty"`
+	Period time.Duration `json:"period,omitempty"`
+	Burst  int64         `json:"burst,omitempty"`
+	// Multiplier, for a relative override: the limit and burst in force
+	// (the tier's or the rule's) times Multiplier, rounded, at least 1.
+	// Exactly one of Limit and Multiplier is set.
+	Multiplier float64 `json:"multiplier,omitempty"`
+	// Expires is when the override stops applying.
+	Expires time.Time `json:"expires"`
+	Reason  string    `json:"reason,omitempty"`
+	Author  string    `json:"author,omitempty"`
+	Created time.Time `json:"created"`
+}
+
+// Block refuses, with StatusBlocked as the deny list does, the requests
+// whose descriptors match globs, or one counter key of one rule.
+type Block struct {
+	ID string `json:"id"`
+	// Match: descriptor name → glob, all must hold. Or Rule and Key,
+	// as in Override. Exactly one of Match and Rule is set.
+	Match   map[string]string `json:"match,omitempty"`
+	Rule    string            `json:"rule,omitempty"`
+	Key     map[string]string `json:"key,omitempty"`
+	Expires time.Time         `json:"expires"`
+	Reason  string            `json:"reason,omitempty"`
+	Author  string            `json:"author,omitempty"`
+	Created time.Time         `json:"created"`
+}
+
+// ErrUnknownRule is wrapped by the error of a change that names a rule the
+// configuration does not have.
+var ErrUnknownRule = errors.New("no such rule")
+
+// ValidateOverride reports what is wrong with o against p's rules at now:
+// an unknown rule (wrapping ErrUnknownRule), a key that does not name each
+// of the rule's by descriptors, a bad glob, an expiry not after now, a
+// limit or multiplier that is not positive, a limit the rule's algorithm
+// cannot enforce.
+func (p *Policy) ValidateOverride(o *Override, now time.Time) error {
+	r := p.ruleNamed(o.Rule)
+	if r == nil {
+		return fmt.Errorf("rule %q: %w", o.Rule, ErrUnknownRule)
+	}
+	if err := checkTarget(r, o.Key, o.Match); err != nil {
+		return err
+	}
+	switch {
+	case o.Limit != 0 && o.Multiplier != 0:
+		return errors.New("give a limit or a multiplier, not both")
+	case o.Limit == 0 && o.Multiplier == 0:
+		return errors.New("give a limit (absolute) or a multiplier (relative)")
+	case o.Limit < 0:
+		return fmt.Errorf("limit = %d: must be positive", o.Limit)
+	case o.Multiplier < 0 || math.IsNaN(o.Multiplier) || math.IsInf(o.Multiplier, 0):
+		return fmt.Errorf("multiplier = %v: must be positive", o.Multiplier)
+	case o.Multiplier != 0 && (o.Period != 0 || o.Burst != 0):
+		return errors.New("a multiplier scales limit and burst: period and burst go with an absolute limit")
+	case o.Period < 0 || o.Burst < 0:
+		return errors.New("period and burst must not be negative")
+	}
+	if !o.Expires.After(now) {
+		return fmt.Errorf("expires %s is not in the future", o.Expires.UTC().Format(time.RFC3339Nano))
+	}
+	for ti := -1; ti < len(r.tiers); ti++ {
+		pp := o.params(*r.paramsAt(ti))
+		if err := pp.Validate(); err != nil {
+			return fmt.Errorf("the overridden limit: %w", err)
+		}
+	}
+	return nil
+}
+
+// ValidateBlock reports what is wrong with b against p's rules at now.
+func (p *Policy) ValidateBlock(b *Block, now time.Time) error {
+	switch {
+	case b.Rule == "" && len(b.Match) == 0:
+		return errors.New("give match globs, or a rule and its key")
+	case b.Rule == "" && len(b.Key) > 0:
+		return errors.New("a key needs its rule")
+	case b.Rule == "":
+		if err := checkGlobs(b.Match); err != nil {
+			return err
+		}
+	default:
+		r := p.ruleNamed(b.Rule)
+		if r == nil {
+			return fmt.Errorf("rule %q: %w", b.Rule, ErrUnknownRule)
+		}
+		if len(b.Match) > 0 || len(b.Key) == 0 {
+			return errors.New("a rule's block takes its key (each by descriptor's value), not globs")
+		}
+		if err := checkTarget(r, b.Key, nil); err != nil {
+			return err
+		}
+	}
+	if !b.Expires.After(now) {
+		return fmt.Errorf("expires %s is not in the future", b.Expires.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+func checkTarget(r *rule, key, match map[string]string) error {
+	switch {
+	case len(key) > 0 && len(match) > 0:
+		return errors.New("give a key or match globs, not both")
+	case len(key) == 0 && len(match) == 0:
+		return fmt.Errorf("give a key (%v = value each) or match globs", r.by)
+	case len(match) > 0:
+		return checkGlobs(match)
+	}
+	if len(key) != len(r.by) {
+		return fmt.Errorf("key: rule %q counts by %v: give exactly those descriptors", r.name, r.by)
+	}
+	for _, name := range r.by {
+		if _, ok := key[name]; !ok {
+			return fmt.Errorf("key: rule %q counts by %v: %s is missing", r.name, r.by, name)
+		}
+	}
+	return nil
+}
+
+func checkGlobs(match map[string]string) error {
+	for name, g := range match {
+		if name == "" {
+			return errors.New("match: empty descriptor name")
+		}
+		if err := config.CheckGlob(g); err != nil {
+			return fmt.Errorf("match.%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// params returns the limit o makes of the limit in force in.
+func (o *Override) params(in algo.Params) algo.Params {
+	out := in
+	if o.Multiplier != 0 {
+		out.Limit = scale(in.Limit, o.Multiplier)
+		if in.Burst > 0 {
+			out.Burst = scale(in.Burst, o.Multiplier)
+		}
+		return out
+	}
+	out.Limit = o.Limit
+	if o.Period > 0 {
+		out.Period = o.Period
+	}
+	switch {
+	case o.Burst > 0:
+		out.Burst = o.Burst
+	case in.Burst > 0:
+		out.Burst = max(1, int64(math.Round(float64(in.Burst)*float64(o.Limit)/float64(in.Limit))))
+	}
+	return out
+}
+
+func scale(n int64, f float64) int64 {
+	v := math.Round(float64(n) * f)
+	if v >= math.MaxInt64/2 {
+		return math.MaxInt64 / 2
+	}
+	return max(1, int64(v))
+}
+
+// Orphan is a change that names a rule the configuration in force does not
+// have: it applies to nothing until the rule comes back.
+type Orphan struct {
+	ID   string
+	Rule string
+}
+
+// Orphans returns the changes p was compiled with whose rule it lacks.
+func (p *Policy) Orphans() []Orphan { return slices.Clone(p.orphans) }
+
+// ruleNamed returns p's rule called name, or nil.
+func (p *Policy) ruleNamed(name string) *rule {
+	for i := range p.rules {
+		if p.rules[i].name == name {
+			return &p.rules[i]
+		}
+	}
+	return nil
+}
+
+// ovEntry is one compiled override of a rule: its limit for tier index ti
+// is rule.ovParams[first+ti+1], until exp (Unix nanoseconds).
+type ovEntry struct {
+	exp   int64
+	first int
+}
+
+// globOverride is a compiled glob override.
+type globOverride struct {
+	match []selector
+	ovEntry
+}
+
+// globBlock is a compiled glob block.
+type globBlock struct {
+	match []selector
+	exp   int64
+}
+
+// compileChanges compiles ch into p, whose rules are compiled.
+func (p *Policy) compileChanges(ch *Changes) {
+	p.changes = *ch.Clone()
+	for i := range ch.Overrides {
+		o := &ch.Overrides[i]
+		r := p.ruleNamed(o.Rule)
+		if r == nil {
+			p.orphans = append(p.orphans, Orphan{ID: o.ID, Rule: o.Rule})
+			continue
+		}
+		e := ovEntry{exp: o.Expires.UnixNano(), first: len(r.ovParams)}
+		for ti := -1; ti < len(r.tiers); ti++ {
+			r.ovParams = append(r.ovParams, o.params(*r.paramsAt(ti)))
+		}
+		r.changed = true
+		if len(o.Key) > 0 {
+			key, ok := r.keyOf(o.Key)
+			if !ok {
+				p.orphans = append(p.orphans, Orphan{ID: o.ID, Rule: o.Rule})
+				continue
+			}
+			if r.keyOv == nil {
+				r.keyOv = map[string]ovEntry{}
+			}
+			if _, dup := r.keyOv[key]; !dup { // the first one set wins
+				r.keyOv[key] = e
+			}
+			continue
+		}
+		r.globOv = append(r.globOv, globOverride{match: selectors(o.Match), ovEntry: e})
+	}
+	for i := range ch.Blocks {
+		b := &ch.Blocks[i]
+		exp := b.Expires.UnixNano()
+		if b.Rule == "" {
+			p.blocks = append(p.blocks, globBlock{match: selectors(b.Match), exp: exp})
+			continue
+		}
+		r := p.ruleNamed(b.Rule)
+		var key string
+		ok := r != nil
+		if ok {
+			key, ok = r.keyOf(b.Key)
+		}
+		if !ok {
+			p.orphans = append(p.orphans, Orphan{ID: b.ID, Rule: b.Rule})
+			continue
+		}
+		if r.keyBlock == nil {
+			r.keyBlock = map[string]int64{}
+		}
+		r.keyBlock[key] = max(r.keyBlock[key], exp)
+		r.changed = true
+	}
+}
+
+// keyOf returns r's counter key for the by values in key.
+func (r *rule) keyOf(key map[string]string) (string, bool) {
+	descs := make([]wire.Descriptor, 0, len(key))
+	for name, v := range key {
+		descs = append(descs, wire.Descriptor{Name: []byte(name), Value: []byte(v)})
+	}
+	k, ok := r.appendKey(nil, descs)
+	return string(k), ok
+}
+
+// selectors compiles name → glob, sorted by name.
+func selectors(m map[string]string) []selector {
+	names := make([]string, 0, len(m))
+	for name := range m {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	out := make([]selector, len(names))
+	for i, name := range names {
+		out[i] = selector{name: name, glob: compileGlob(m[name])}
+	}
+	return out
+}
+
+// blocked reports whether a glob block in force at now (Unix nanoseconds)
+// matches descs.
+func (p *Policy) blocked(descs []wire.Descriptor, now int64) bool {
+	for i := range p.blocks {
+		b := &p.blocks[i]
+		if now >= b.exp {
+			continue
+		}
+		if allMatch(b.match, descs) {
+			return true
+		}
+	}
+	return false
+}
+
+func allMatch(sels []selector, descs []wire.Descriptor) bool {
+	for i := range sels {
+		if !sels[i].matches(descs) {
+			return false
+		}
+	}
+	return true
+}
+
+// keyBlocked reports whether a block of r's key is in force at now.
+func (r *rule) keyBlocked(key []byte, now int64) bool {
+	if len(r.keyBlock) == 0 {
+		return false
+	}
+	exp, ok := r.keyBlock[string(key)]
+	return ok && now < exp
+}
+
+// limitIndex returns the params index (see paramsAt) of the limit in force
+// for a request of tier index ti whose counter key is key: a key
+// override's, else the first matching glob override's, else ti's own.
+func (r *rule) limitIndex(ti int, key []byte, descs []wire.Descriptor, now int64) int {
+	if !r.changed {
+		return ti
+	}
+	if len(r.keyOv) > 0 {
+		if e, ok := r.keyOv[string(key)]; ok && now < e.exp {
+			return len(r.tiers) + e.first + ti + 1
+		}
+	}
+	for i := range r.globOv {
+		g := &r.globOv[i]
+		if now < g.exp && allMatch(g.match, descs) {
+			return len(r.tiers) + g.first + ti + 1
+		}
+	}
+	return ti
+}
+
+// overridden reports whether params index pi is an override's limit.
+func (r *rule) overridden(pi int) bool { return pi >= len(r.tiers) }

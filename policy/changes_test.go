@@ -1,0 +1,174 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/config"
+)
+
+const changesTOML = `
+[[rule]]
+name = "api"
+by = ["api_key"]
+limit = 10
+period = "1m"
+tiers = { gold = 20 }
+[[rule]]
+name = "ip"
+by = ["ip"]
+limit = 1000
+period = "1m"
+`
+
+func compileChanges(t *testing.T, toml string, ch *Changes, st Store) *Policy {
+	t.Helper()
+	cfg, err := config.Parse([]byte(toml), t.Name()+".toml")
+	require.NoError(t, err)
+	p, err := Compile(cfg, ch, Stores{Cached: st})
+	require.NoError(t, err)
+	return p
+}
+
+// admitted counts how many of n checks of descs at now p admits.
+func admitted(p *Policy, now time.Time, n int, pairs ...string) int {
+	ok := 0
+	for range n {
+		if p.Check(context.Background(), now, descs(pairs...), 1, false, nil).Status == StatusAllowed {
+			ok++
+		}
+	}
+	return ok
+}
+
+// TestOverridePrecedence: a key override wins over a glob override, which
+// wins over the tier and the rule's limit; an override may raise a limit
+// above the rule's; a multiplier scales the tier's limit.
+func TestOverridePrecedence(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	ch := &Changes{Overrides: []Override{
+		{ID: "g", Rule: "api", Match: map[string]string{"api_key": "team-*"}, Limit: 50, Expires: exp},
+		{ID: "k", Rule: "api", Key: map[string]string{"api_key": "team-a"}, Limit: 100, Expires: exp},
+		{ID: "m", Rule: "api", Match: map[string]string{"api_key": "x*"}, Multiplier: 0.5, Expires: exp},
+	}}
+	p := compileChanges(t, changesTOML, ch, newFakeStore())
+	assert.Equal(t, 100, admitted(p, t0, 150, "api_key=team-a"), "key override")
+	assert.Equal(t, 50, admitted(p, t0, 150, "api_key=team-b"), "glob override")
+	assert.Equal(t, 10, admitted(p, t0, 150, "api_key=other"), "the rule's limit")
+	assert.Equal(t, 10, admitted(p, t0, 150, "api_key=xa", "tier=gold"), "multiplier 0.5 of the gold tier's 20")
+	assert.Empty(t, p.Orphans())
+
+	d := p.Check(context.Background(), t0, descs("api_key=team-a"), 1, true, nil)
+	assert.Equal(t, int64(100), d.Params.Limit, "the decision carries the limit in force")
+	e := p.Explain(context.Background(), t0, descs("api_key=team-b"), 1)
+	require.NotEmpty(t, e.Rules)
+	assert.True(t, e.Rules[0].Overridden)
+	assert.Equal(t, int64(50), e.Rules[0].Params.Limit)
+}
+
+// TestOverrideExpiry: an override stops applying at its expiry, by the
+// check's now.
+func TestOverrideExpiry(t *testing.T) {
+	exp := t0.Add(30 * time.Second)
+	ch := &Changes{Overrides: []Override{{ID: "k", Rule: "api", Key: map[string]string{"api_key": "a"}, Limit: 1, Expires: exp}}}
+	p := compileChanges(t, changesTOML, ch, newFakeStore())
+	assert.Equal(t, 1, admitted(p, exp.Add(-time.Nanosecond), 5, "api_key=a"))
+	// The fake store's window is the minute: 1 already taken in it.
+	assert.Equal(t, 9, admitted(p, exp, 20, "api_key=a"), "the rule's limit at the expiry")
+}
+
+// TestBlocks: a glob block and a key block answer blocked until their
+// expiry; what the rules before took is refunded.
+func TestBlocks(t *testing.T) {
+	exp := t0.Add(time.Minute)
+	ch := &Changes{Blocks: []Block{
+		{ID: "b1", Match: map[string]string{"ip": "10.0.0.*"}, Expires: exp},
+		{ID: "b2", Rule: "ip", Key: map[string]string{"ip": "192.0.2.1"}, Expires: exp},
+	}}
+	st := newFakeStore()
+	p := compileChanges(t, changesTOML, ch, st)
+	d := p.Check(context.Background(), t0, descs("ip=10.0.0.7"), 1, false, nil)
+	assert.Equal(t, StatusBlocked, d.Status)
+	assert.Equal(t, RuleDeny, d.Rule)
+	d = p.Check(context.Background(), t0, descs("api_key=k", "ip=192.0.2.1"), 1, false, nil)
+	assert.Equal(t, StatusBlocked, d.Status)
+	assert.Equal(t, "ip", d.Rule)
+	assert.Equal(t, []string{"api\x00\x01k"}, st.refunds, "the api rule's take is refunded")
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), t0, descs("ip=192.0.2.2"), 1, false, nil).Status)
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), exp, descs("ip=10.0.0.7"), 1, false, nil).Status, "expired")
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), exp, descs("ip=192.0.2.1"), 1, false, nil).Status, "expired")
+}
+
+// TestChangesSurviveReload: a recompile with the Changes of the Policy in
+// force keeps them; one whose rule is gone is reported, kept, and applies
+// again when the rule returns.
+func TestChangesSurviveReload(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	ch := &Changes{Overrides: []Override{{ID: "k", Rule: "api", Key: map[string]string{"api_key": "a"}, Limit: 2, Expires: exp}}}
+	st := newFakeStore()
+	p := compileChanges(t, changesTOML, ch, st)
+	p2 := compileChanges(t, "[[rule]]\nname = \"ip\"\nby = [\"ip\"]\nlimit = 5\nperiod = \"1m\"\n", p.Changes(), st)
+	assert.Equal(t, []Orphan{{ID: "k", Rule: "api"}}, p2.Orphans())
+	p3 := compileChanges(t, changesTOML, p2.Changes(), st)
+	assert.Empty(t, p3.Orphans())
+	assert.Equal(t, 2, admitted(p3, t0, 5, "api_key=a"))
+}
+
+// TestValidateChanges: bad changes are refused with a clear error.
+func TestValidateChanges(t *testing.T) {
+	p := compileChanges(t, changesTOML, nil, newFakeStore())
+	exp := t0.Add(time.Hour)
+	ok := Override{Rule: "api", Key: map[string]string{"api_key": "a"}, Limit: 5, Expires: exp}
+	require.NoError(t, p.ValidateOverride(&ok, t0))
+	bad := map[string]Override{
+		"unknown rule":   {Rule: "nope", Key: map[string]string{"api_key": "a"}, Limit: 5, Expires: exp},
+		"wrong key":      {Rule: "api", Key: map[string]string{"ip": "a"}, Limit: 5, Expires: exp},
+		"bad glob":       {Rule: "api", Match: map[string]string{"api_key": ""}, Limit: 5, Expires: exp},
+		"past expiry":    {Rule: "api", Key: map[string]string{"api_key": "a"}, Limit: 5, Expires: t0},
+		"zero limit":     {Rule: "api", Key: map[string]string{"api_key": "a"}, Expires: exp},
+		"negative limit": {Rule: "api", Key: map[string]string{"api_key": "a"}, Limit: -1, Expires: exp},
+		"bad multiplier": {Rule: "api", Key: map[string]string{"api_key": "a"}, Multiplier: -2, Expires: exp},
+		"both":           {Rule: "api", Key: map[string]string{"api_key": "a"}, Limit: 1, Multiplier: 2, Expires: exp},
+		"no target":      {Rule: "api", Limit: 5, Expires: exp},
+	}
+	for name, o := range bad {
+		err := p.ValidateOverride(&o, t0)
+		assert.Error(t, err, name)
+		if name == "unknown rule" {
+			assert.True(t, errors.Is(err, ErrUnknownRule))
+		}
+	}
+	require.NoError(t, p.ValidateBlock(&Block{Match: map[string]string{"ip": "10.*"}, Expires: exp}, t0))
+	require.NoError(t, p.ValidateBlock(&Block{Rule: "ip", Key: map[string]string{"ip": "1"}, Expires: exp}, t0))
+	assert.Error(t, p.ValidateBlock(&Block{Expires: exp}, t0))
+	assert.Error(t, p.ValidateBlock(&Block{Match: map[string]string{"ip": "10.*"}, Expires: t0}, t0))
+	assert.ErrorIs(t, p.ValidateBlock(&Block{Rule: "x", Key: map[string]string{"ip": "1"}, Expires: exp}, t0), ErrUnknownRule)
+}
+
+// TestChangesCheckAllocs: a check under overrides and blocks allocates
+// nothing once warm.
+func TestChangesCheckAllocs(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	ch := &Changes{
+		Overrides: []Override{
+			{ID: "g", Rule: "api", Match: map[string]string{"api_key": "team-*"}, Limit: 1 << 40, Expires: exp},
+			{ID: "k", Rule: "api", Key: map[string]string{"api_key": "team-a"}, Limit: 1 << 40, Expires: exp},
+		},
+		Blocks: []Block{{ID: "b", Match: map[string]string{"ip": "10.*"}, Expires: exp},
+			{ID: "c", Rule: "ip", Key: map[string]string{"ip": "10.1.1.1"}, Expires: exp}},
+	}
+	p := compileChanges(t, changesTOML, ch, newFakeStore())
+	var sc Scratch
+	ctx := context.Background()
+	for _, req := range [][]string{{"api_key=team-a", "ip=1"}, {"api_key=team-b", "ip=2"}} {
+		r := descs(req...)
+		p.Check(ctx, t0, r, 1, false, &sc)
+		allocs := testing.AllocsPerRun(1000, func() { p.Check(ctx, t0, r, 1, false, &sc) })
+		assert.Zero(t, allocs, req)
+	}
+}
