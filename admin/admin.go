@@ -365,7 +365,7 @@ func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 	if !ok {
 		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (try explain, top, config, reset or grant)", req.Op))
 	}
-	v, err := op.call(ctx, s.Service, req.Args)
+	v, err := op.call(withCaller(ctx, who), s.Service, req.Args)
 	var res Response
 	if err == nil {
 		b, merr := json.Marshal(v)

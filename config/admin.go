@@ -40,6 +40,20 @@ type Admin struct {
 	// SocketUIDs lists the peer uids allowed to send admin frames on the
 	// socket; an empty list allows none.
 	SocketUIDs []int `toml:"socket_uids"`
+	// StateFile is where the embedded store keeps the overrides and
+	// blocks in force, so that a restart keeps them; "" means the
+	// socket's path with ".changes.json" appended. Unused with Redis,
+	// where they live in Redis.
+	StateFile string `toml:"state_file"`
+}
+
+// ChangesFile returns where the embedded store keeps the run-time
+// changes: StateFile, or next to socket.
+func (a *Admin) ChangesFile(socket string) string {
+	if a.StateFile != "" {
+		return a.StateFile
+	}
+	return socket + ".changes.json"
 }
 
 // Token returns the content of TokenFile without its trailing newline,

@@ -56,8 +56,9 @@ type Daemon struct {
 	conf   atomic.Pointer[config.Config]
 	policy atomic.Pointer[policy.Policy]
 
-	reloadMu   sync.Mutex // serialises reloads; guards lastConfig
+	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig
 	lastConfig []byte
+	chStore    changeStore // the overrides and blocks (changes.go)
 
 	draining atomic.Bool
 	ready    chan struct{}
@@ -114,6 +115,7 @@ func New(opts Options) (*Daemon, error) {
 	}
 	d.conf.Store(cfg)
 	d.policy.Store(p)
+	d.openChanges(cfg)
 	if err := d.initOps(cfg, data); err != nil {
 		d.closeStore()
 		return nil, err
@@ -277,6 +279,7 @@ func (d *Daemon) Reload() error {
 	keepOpsSettings(d.log, old, cfg)
 	d.conf.Store(cfg)
 	d.policy.Store(p)
+	d.reportChanges(p)
 	d.lastConfig = data
 	d.setLoaded(data)
 	reloadsOK.Inc()

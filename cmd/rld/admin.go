@@ -93,6 +93,12 @@ func adminUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "                                     clear counters: every rule's that matches the descriptors, or one rule's")
 	fmt.Fprintln(w, "  grant -n N [-rule NAME] [-key KEY] [name=value...]")
 	fmt.Fprintln(w, "                                     add N units to counters' current quota")
+	fmt.Fprintln(w, "  override set -rule R (-key n=v... | -match n=glob...) (-limit N [-period P] [-burst B] | -multiplier F)")
+	fmt.Fprintln(w, "               (-ttl D | -expires T) [-reason TEXT] [-author WHO]   a limit for a key or glob, until an expiry")
+	fmt.Fprintln(w, "  override delete ID                 remove an override")
+	fmt.Fprintln(w, "  override list, list                the overrides and blocks in force")
+	fmt.Fprintln(w, "  block (-match n=glob... | -rule R -key n=v...) (-ttl D | -expires T) [-reason TEXT]   refuse (blocked) until an expiry")
+	fmt.Fprintln(w, "  unblock ID                         remove a block")
 	fmt.Fprintln(w, "\nexit status: 0 ok, 1 refused or not found, 2 error\n\nflags:")
 	fs.SetOutput(w)
 	fs.PrintDefaults()
@@ -100,6 +106,9 @@ func adminUsage(w io.Writer, fs *flag.FlagSet) {
 
 // adminRequest builds the request of op from its command-line arguments.
 func adminRequest(op string, args []string) (admin.Request, error) {
+	if req, ok, err := changeRequest(op, args); ok {
+		return req, err
+	}
 	fs := flag.NewFlagSet(op, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var v any
@@ -159,6 +168,9 @@ func adminRequest(op string, args []string) (admin.Request, error) {
 
 // printAdmin prints an op's result for a reader.
 func printAdmin(w io.Writer, op string, result json.RawMessage) error {
+	if ok, err := printChanges(w, op, result); ok {
+		return err
+	}
 	switch op {
 	case "explain":
 		var r admin.ExplainResult
