@@ -47,6 +47,8 @@ const (
 	DefaultKeyPrefix    = redisx.DefaultKeyPrefix
 	DefaultRedisTimeout = redisx.DefaultTimeout
 	DefaultSyncInterval = shardcache.DefaultSyncInterval
+	// DefaultChangesPoll is store.changes_poll's default.
+	DefaultChangesPoll = time.Second
 
 	DefaultBreakerFailures = breaker.DefaultFailures
 	DefaultBreakerWindow   = breaker.DefaultWindow
@@ -208,6 +210,10 @@ type Store struct {
 	// refreshes its leases (Redis only). A lease holds about one
 	// interval of a key's local traffic.
 	SyncInterval Duration `toml:"sync_interval"`
+	// ChangesPoll is how often a daemon on Redis reads the version of
+	// the overrides and blocks, to apply a change whose pub/sub
+	// announcement it missed.
+	ChangesPoll Duration `toml:"changes_poll"`
 	// BreakerFailures is how many failed Redis calls (timeouts,
 	// connection errors, CLUSTERDOWN and the like) within BreakerWindow
 	// open the circuit breaker of a Redis node.
@@ -300,6 +306,7 @@ func Default() *Config {
 			KeyPrefix:     DefaultKeyPrefix,
 			Timeout:       Duration(DefaultRedisTimeout),
 			SyncInterval:  Duration(DefaultSyncInterval),
+			ChangesPoll:   Duration(DefaultChangesPoll),
 
 			BreakerFailures: DefaultBreakerFailures,
 			BreakerWindow:   Duration(DefaultBreakerWindow),

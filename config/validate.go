@@ -146,6 +146,9 @@ func (s *Store) validate(p *problems) {
 	if len(s.KeyPrefix) > MaxKeyPrefix {
 		p.add("store.key_prefix = %q: longer than %d bytes", s.KeyPrefix, MaxKeyPrefix)
 	}
+	if s.ChangesPoll < Duration(10*time.Millisecond) || s.ChangesPoll > Duration(time.Minute) {
+		p.add("store.changes_poll = %q: want 10ms to 1m", s.ChangesPoll)
+	}
 	if s.SyncInterval < Duration(10*time.Millisecond) || s.SyncInterval > Duration(10*time.Second) {
 		p.add("store.sync_interval = %q: want 10ms to 10s", s.SyncInterval)
 	}

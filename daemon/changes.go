@@ -21,13 +21,22 @@ import (
 )
 
 // changeStore keeps the run-time changes (overrides and blocks) where
-// they outlive the process: a state file for the embedded store.
+// they outlive the process: a state file for the embedded store, Redis
+// for a fleet (changes_redis.go). The Daemon's reloadMu serialises its
+// writes.
 type changeStore interface {
-	// load returns the changes stored.
+	// load returns the changes stored, not expired.
 	load(ctx context.Context) (*policy.Changes, error)
-	// update applies fn to the changes stored, stores the result and
-	// returns it. fn's error changes nothing.
-	update(ctx context.Context, fn func(ch *policy.Changes) error) (*policy.Changes, error)
+	// addOverride stores o; when ttl > 0 its expiry is ttl from the
+	// store's now, and o.Expires is set to it.
+	addOverride(ctx context.Context, o *policy.Override, ttl time.Duration) error
+	// addBlock stores b as addOverride stores an override.
+	addBlock(ctx context.Context, b *policy.Block, ttl time.Duration) error
+	// remove removes the override (or the block) called id and reports
+	// whether there was one.
+	remove(ctx context.Context, override bool, id string) (bool, error)
+	// skew is the store's clock minus the local clock (0: the same).
+	skew() time.Duration
 }
 
 var (
@@ -39,7 +48,11 @@ var (
 // openChanges opens the store of run-time changes and compiles the ones
 // stored into the policy in force. New calls it once the policy is built.
 func (d *Daemon) openChanges(cfg *config.Config) {
-	d.chStore = &fileChanges{path: cfg.Admin.ChangesFile(cfg.Server.Socket), log: d.log}
+	if d.redis != nil {
+		d.chStore = newRedisChanges(d.redis)
+	} else {
+		d.chStore = &fileChanges{path: cfg.Admin.ChangesFile(cfg.Server.Socket), log: d.log}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ch, err := d.chStore.load(ctx)
@@ -77,17 +90,33 @@ func (d *Daemon) reportChanges(p *policy.Policy) {
 	}
 }
 
-// change applies fn to the stored changes, with the Policy in force to
-// validate against, and swaps in the Policy of the result. Expired
-// entries are dropped on the way.
-func (d *Daemon) change(ctx context.Context, fn func(p *policy.Policy, ch *policy.Changes) error) error {
+// change validates and stores a change with store under reloadMu, then
+// loads the changes stored and swaps in their Policy. validate gets the
+// Policy in force and now by the store's clock.
+func (d *Daemon) change(ctx context.Context, validate func(p *policy.Policy, now time.Time) error,
+	store func(ctx context.Context) error) error {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
-	p := d.policy.Load()
-	ch, err := d.chStore.update(ctx, func(ch *policy.Changes) error {
-		pruneExpired(ch, time.Now())
-		return fn(p, ch)
-	})
+	if validate != nil {
+		if err := validate(d.policy.Load(), time.Now().Add(d.chStore.skew())); err != nil {
+			return err
+		}
+	}
+	if err := store(ctx); err != nil {
+		return err
+	}
+	if err := d.reloadChangesLocked(ctx); err != nil {
+		// Stored: the announcement or the next poll applies it here
+		// as on the other daemons.
+		d.log.Warn("changes: stored, but not applied here yet", slog.Any("error", err))
+	}
+	return nil
+}
+
+// reloadChangesLocked loads the changes stored and swaps in their
+// Policy; the caller holds reloadMu.
+func (d *Daemon) reloadChangesLocked(ctx context.Context) error {
+	ch, err := d.chStore.load(ctx)
 	if err != nil {
 		return err
 	}
@@ -126,17 +155,29 @@ func refusal(err error) error {
 	return admin.Errorf(admin.CodeBadRequest, "%v", err)
 }
 
+// ttlOrExpiry reads a change's ttl or expires_at: one of the two is
+// returned, the other zero.
+func ttlOrExpiry(ttl string, at *time.Time) (time.Duration, time.Time, error) {
+	exp, err := admin.Expiry(ttl, at, time.Time{})
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	if at != nil {
+		return 0, exp, nil
+	}
+	return exp.Sub(time.Time{}), time.Time{}, nil
+}
+
 // SetOverride implements admin.ChangeService.
 func (s adminService) SetOverride(ctx context.Context, a admin.OverrideArgs) (admin.OverrideEntry, error) {
-	now := time.Now()
-	exp, err := admin.Expiry(a.TTL, a.ExpiresAt, now)
+	ttl, exp, err := ttlOrExpiry(a.TTL, a.ExpiresAt)
 	if err != nil {
 		return admin.OverrideEntry{}, err
 	}
 	o := policy.Override{
 		ID: newChangeID("o-"), Rule: a.Rule, Key: a.Key, Match: a.Match,
 		Limit: a.Limit, Burst: a.Burst, Multiplier: a.Multiplier,
-		Expires: exp, Reason: a.Reason, Author: author(ctx, a.Author), Created: now,
+		Expires: exp, Reason: a.Reason, Author: author(ctx, a.Author), Created: time.Now(),
 	}
 	if a.Period != "" {
 		p, err := time.ParseDuration(a.Period)
@@ -148,13 +189,16 @@ func (s adminService) SetOverride(ctx context.Context, a admin.OverrideArgs) (ad
 	if a.Limit < 0 || (a.Limit == 0 && a.Multiplier == 0) {
 		return admin.OverrideEntry{}, admin.Errorf(admin.CodeBadRequest, "limit = %d: give a positive limit, or a positive multiplier", a.Limit)
 	}
-	err = s.d.change(ctx, func(p *policy.Policy, ch *policy.Changes) error {
-		if err := p.ValidateOverride(&o, now); err != nil {
+	err = s.d.change(ctx, func(p *policy.Policy, now time.Time) error {
+		v := o
+		if ttl > 0 {
+			v.Expires = now.Add(ttl)
+		}
+		if err := p.ValidateOverride(&v, now); err != nil {
 			return refusal(err)
 		}
-		ch.Overrides = append(ch.Overrides, o)
 		return nil
-	})
+	}, func(ctx context.Context) error { return s.d.chStore.addOverride(ctx, &o, ttl) })
 	if err != nil {
 		return admin.OverrideEntry{}, err
 	}
@@ -163,35 +207,35 @@ func (s adminService) SetOverride(ctx context.Context, a admin.OverrideArgs) (ad
 
 // DeleteOverride implements admin.ChangeService.
 func (s adminService) DeleteOverride(ctx context.Context, a admin.IDArgs) (admin.Deleted, error) {
-	err := s.d.change(ctx, func(_ *policy.Policy, ch *policy.Changes) error {
-		n := len(ch.Overrides)
-		ch.Overrides = slices.DeleteFunc(ch.Overrides, func(o policy.Override) bool { return o.ID == a.ID })
-		if len(ch.Overrides) == n {
-			return admin.Errorf(admin.CodeNotFound, "no override %q (list shows them; an expired one is gone)", a.ID)
+	return admin.Deleted{ID: a.ID}, s.d.change(ctx, nil, func(ctx context.Context) error {
+		ok, err := s.d.chStore.remove(ctx, true, a.ID)
+		if err == nil && !ok {
+			err = admin.Errorf(admin.CodeNotFound, "no override %q (list shows them; an expired one is gone)", a.ID)
 		}
-		return nil
+		return err
 	})
-	return admin.Deleted{ID: a.ID}, err
 }
 
 // Block implements admin.ChangeService.
 func (s adminService) Block(ctx context.Context, a admin.BlockArgs) (admin.BlockEntry, error) {
-	now := time.Now()
-	exp, err := admin.Expiry(a.TTL, a.ExpiresAt, now)
+	ttl, exp, err := ttlOrExpiry(a.TTL, a.ExpiresAt)
 	if err != nil {
 		return admin.BlockEntry{}, err
 	}
 	b := policy.Block{
 		ID: newChangeID("b-"), Match: a.Match, Rule: a.Rule, Key: a.Key,
-		Expires: exp, Reason: a.Reason, Author: author(ctx, a.Author), Created: now,
+		Expires: exp, Reason: a.Reason, Author: author(ctx, a.Author), Created: time.Now(),
 	}
-	err = s.d.change(ctx, func(p *policy.Policy, ch *policy.Changes) error {
-		if err := p.ValidateBlock(&b, now); err != nil {
+	err = s.d.change(ctx, func(p *policy.Policy, now time.Time) error {
+		v := b
+		if ttl > 0 {
+			v.Expires = now.Add(ttl)
+		}
+		if err := p.ValidateBlock(&v, now); err != nil {
 			return refusal(err)
 		}
-		ch.Blocks = append(ch.Blocks, b)
 		return nil
-	})
+	}, func(ctx context.Context) error { return s.d.chStore.addBlock(ctx, &b, ttl) })
 	if err != nil {
 		return admin.BlockEntry{}, err
 	}
@@ -200,15 +244,13 @@ func (s adminService) Block(ctx context.Context, a admin.BlockArgs) (admin.Block
 
 // Unblock implements admin.ChangeService.
 func (s adminService) Unblock(ctx context.Context, a admin.IDArgs) (admin.Deleted, error) {
-	err := s.d.change(ctx, func(_ *policy.Policy, ch *policy.Changes) error {
-		n := len(ch.Blocks)
-		ch.Blocks = slices.DeleteFunc(ch.Blocks, func(b policy.Block) bool { return b.ID == a.ID })
-		if len(ch.Blocks) == n {
-			return admin.Errorf(admin.CodeNotFound, "no block %q (list shows them; an expired one is gone)", a.ID)
+	return admin.Deleted{ID: a.ID}, s.d.change(ctx, nil, func(ctx context.Context) error {
+		ok, err := s.d.chStore.remove(ctx, false, a.ID)
+		if err == nil && !ok {
+			err = admin.Errorf(admin.CodeNotFound, "no block %q (list shows them; an expired one is gone)", a.ID)
 		}
-		return nil
+		return err
 	})
-	return admin.Deleted{ID: a.ID}, err
 }
 
 // List implements admin.ChangeService.
@@ -219,7 +261,7 @@ func (s adminService) List(context.Context) (admin.ListResult, error) {
 		orphan[o.ID] = true
 	}
 	ch := p.Changes()
-	pruneExpired(ch, time.Now())
+	pruneExpired(ch, time.Now().Add(ch.Skew))
 	res := admin.ListResult{Overrides: []admin.OverrideEntry{}, Blocks: []admin.BlockEntry{}}
 	for i := range ch.Overrides {
 		res.Overrides = append(res.Overrides, overrideEntry(&ch.Overrides[i], orphan[ch.Overrides[i].ID]))
@@ -264,7 +306,14 @@ type stateFile struct {
 	policy.Changes
 }
 
+func (f *fileChanges) skew() time.Duration { return 0 }
+
 func (f *fileChanges) load(context.Context) (*policy.Changes, error) {
+	if f.cur != nil {
+		ch := f.cur.Clone()
+		pruneExpired(ch, time.Now())
+		return ch, nil
+	}
 	f.cur = &policy.Changes{}
 	b, err := os.ReadFile(f.path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -289,20 +338,60 @@ func (f *fileChanges) load(context.Context) (*policy.Changes, error) {
 	return f.cur.Clone(), nil
 }
 
-func (f *fileChanges) update(_ context.Context, fn func(ch *policy.Changes) error) (*policy.Changes, error) {
-	ch := f.cur.Clone()
+func (f *fileChanges) addOverride(ctx context.Context, o *policy.Override, ttl time.Duration) error {
+	if ttl > 0 {
+		o.Expires = time.Now().Add(ttl)
+	}
+	return f.update(ctx, func(ch *policy.Changes) error {
+		ch.Overrides = append(ch.Overrides, *o)
+		return nil
+	})
+}
+
+func (f *fileChanges) addBlock(ctx context.Context, b *policy.Block, ttl time.Duration) error {
+	if ttl > 0 {
+		b.Expires = time.Now().Add(ttl)
+	}
+	return f.update(ctx, func(ch *policy.Changes) error {
+		ch.Blocks = append(ch.Blocks, *b)
+		return nil
+	})
+}
+
+func (f *fileChanges) remove(ctx context.Context, override bool, id string) (bool, error) {
+	found := false
+	err := f.update(ctx, func(ch *policy.Changes) error {
+		n := len(ch.Overrides) + len(ch.Blocks)
+		if override {
+			ch.Overrides = slices.DeleteFunc(ch.Overrides, func(o policy.Override) bool { return o.ID == id })
+		} else {
+			ch.Blocks = slices.DeleteFunc(ch.Blocks, func(b policy.Block) bool { return b.ID == id })
+		}
+		found = len(ch.Overrides)+len(ch.Blocks) < n
+		return nil
+	})
+	return found, err
+}
+
+// update applies fn to the changes (expired ones dropped) and writes the
+// state file.
+func (f *fileChanges) update(ctx context.Context, fn func(ch *policy.Changes) error) error {
+	ch, err := f.load(ctx)
+	if err != nil {
+		return err
+	}
 	if err := fn(ch); err != nil {
-		return nil, err
+		return err
 	}
 	b, err := json.MarshalIndent(stateFile{Version: 1, Changes: *ch}, "", "  ")
 	if err != nil {
-		return nil, fmt.Errorf("cannot encode the state file: %w", err)
+		return fmt.Errorf("cannot encode the state file: %w", err)
 	}
 	if err := writeAtomic(f.path, append(b, '\n')); err != nil {
-		return nil, err
+		return err
 	}
-	f.cur = ch.Clone()
-	return ch, nil
+	f.cur = ch
+	return nil
 }
 
 // writeAtomic writes b to path by a temporary file in its directory,

@@ -354,6 +354,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if d.fleet != nil {
 		d.fleet.start(d.log)
+		go d.watchChanges(sweepCtx, time.Duration(d.cfg().Store.ChangesPoll))
 	}
 
 	// Checks run on connCtx, which outlives ctx until the drain is done:

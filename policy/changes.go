@@ -23,6 +23,11 @@ import (
 type Changes struct {
 	Overrides []Override `json:"overrides"`
 	Blocks    []Block    `json:"blocks"`
+	// Skew is how far the clock of the expiries is ahead of the checks'
+	// clock: a fleet's expiries are in Redis TIME, and each daemon
+	// subtracts its own offset to it, so that an entry expires at the
+	// same moment on every daemon.
+	Skew time.Duration `json:"-"`
 }
 
 // Clone returns a deep enough copy of ch to change its lists.
@@ -30,7 +35,7 @@ func (ch *Changes) Clone() *Changes {
 	if ch == nil {
 		return &Changes{}
 	}
-	return &Changes{Overrides: slices.Clone(ch.Overrides), Blocks: slices.Clone(ch.Blocks)}
+	return &Changes{Overrides: slices.Clone(ch.Overrides), Blocks: slices.Clone(ch.Blocks), Skew: ch.Skew}
 }
 
 // Override changes the limit of one rule for one counter key, or for the
@@ -265,7 +270,7 @@ func (p *Policy) compileChanges(ch *Changes) {
 			p.orphans = append(p.orphans, Orphan{ID: o.ID, Rule: o.Rule})
 			continue
 		}
-		e := ovEntry{exp: o.Expires.UnixNano(), first: len(r.ovParams)}
+		e := ovEntry{exp: o.Expires.UnixNano() - int64(ch.Skew), first: len(r.ovParams)}
 		for ti := -1; ti < len(r.tiers); ti++ {
 			r.ovParams = append(r.ovParams, o.params(*r.paramsAt(ti)))
 		}
@@ -288,7 +293,7 @@ func (p *Policy) compileChanges(ch *Changes) {
 	}
 	for i := range ch.Blocks {
 		b := &ch.Blocks[i]
-		exp := b.Expires.UnixNano()
+		exp := b.Expires.UnixNano() - int64(ch.Skew)
 		if b.Rule == "" {
 			p.blocks = append(p.blocks, globBlock{match: selectors(b.Match), exp: exp})
 			continue

@@ -1,0 +1,86 @@
+package redisx_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/redisx"
+)
+
+// TestChanges: entries put with a ttl (from Redis TIME) or an absolute
+// expiry, loaded until they expire, deleted; each change bumps the
+// version and is announced to a subscriber; an expiry in the past is
+// refused.
+func TestChanges(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ch := redisx.NewChanges(newClient(t, redisx.Options{Addrs: []string{srv.Addr}, KeyPrefix: "t:"}))
+	assert.Equal(t, "{t:changes}", ch.Key())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	subscribed := make(chan struct{}, 1)
+	announced := make(chan int64, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- ch.Subscribe(ctx, func() { subscribed <- struct{}{} }, func(v int64) { announced <- v })
+	}()
+	select {
+	case <-subscribed:
+	case err := <-done:
+		t.Fatalf("subscribe: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("not subscribed within 5s")
+	}
+
+	st0, err := ch.Version(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(0), st0.Version)
+	assert.Less(t, st0.Skew().Abs(), time.Second, "Redis TIME and this clock are the same host's")
+
+	exp, st, err := ch.Put(ctx, "o-1", `{"x":1}`, time.Time{}, 300*time.Millisecond)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), st.Version)
+	assert.WithinDuration(t, st.Redis.Add(300*time.Millisecond), exp, 2*time.Millisecond)
+	assert.Equal(t, int64(1), <-announced)
+	at := time.Now().Add(time.Hour).Truncate(time.Millisecond)
+	exp2, _, err := ch.Put(ctx, "b-2", `{"y":2}`, at, 0)
+	require.NoError(t, err)
+	assert.True(t, at.Equal(exp2))
+	assert.Equal(t, int64(2), <-announced)
+
+	entries, st, err := ch.Load(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), st.Version)
+	assert.Equal(t, map[string]redisx.ChangeEntry{
+		"o-1": {Expires: exp, Value: `{"x":1}`},
+		"b-2": {Expires: exp2, Value: `{"y":2}`},
+	}, entries)
+
+	_, _, err = ch.Put(ctx, "o-3", `{}`, time.Now().Add(-time.Minute), 0)
+	assert.ErrorContains(t, err, "expiry not after Redis TIME")
+
+	redistest.WaitFor(t, "o-1 to expire", func() bool {
+		entries, _, err := ch.Load(ctx)
+		return err == nil && len(entries) == 1
+	})
+	n, err := redistest.Do(srv.Addr, "HLEN", "{t:changes}")
+	require.NoError(t, err)
+	assert.Equal(t, "2", n, "the expired entry is removed: b-2 and the version remain")
+
+	ok, st, err := ch.Delete(ctx, "b-2")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, int64(3), st.Version)
+	assert.Equal(t, int64(3), <-announced)
+	ok, st, err = ch.Delete(ctx, "b-2")
+	require.NoError(t, err)
+	assert.False(t, ok, "deleting twice")
+	assert.Equal(t, int64(3), st.Version, "a delete of nothing changes nothing")
+
+	cancel()
+	assert.NoError(t, <-done)
+}
