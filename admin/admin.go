@@ -76,15 +76,19 @@ type RuleMatch struct {
 	Tier      string `json:"tier,omitempty"`
 	Algorithm string `json:"algorithm"`
 	// Limit is the limit in force, with Period and Burst.
-	Limit     int64  `json:"limit"`
-	Period    string `json:"period"`
-	Burst     int64  `json:"burst,omitempty"`
-	Mode      string `json:"mode"`
-	Fail      string `json:"fail"`
-	Shadow    bool   `json:"shadow,omitempty"`
-	Allowed   bool   `json:"allowed"`
-	Remaining int64  `json:"remaining"`
-	ResetMs   int64  `json:"reset_ms"`
+	Limit  int64  `json:"limit"`
+	Period string `json:"period"`
+	Burst  int64  `json:"burst,omitempty"`
+	Mode   string `json:"mode"`
+	Fail   string `json:"fail"`
+	Shadow bool   `json:"shadow,omitempty"`
+	// Overridden is set when an override sets Limit; Blocked when a
+	// block of the key is in force.
+	Overridden bool  `json:"overridden,omitempty"`
+	Blocked    bool  `json:"blocked,omitempty"`
+	Allowed    bool  `json:"allowed"`
+	Remaining  int64 `json:"remaining"`
+	ResetMs    int64 `json:"reset_ms"`
 	// RetryAfterMs is when a check of this cost would be admitted, if
 	// it would not be now; -1 means never (the cost exceeds the limit's
 	// capacity).
@@ -248,7 +252,8 @@ type Op struct {
 
 // ops is the table of admin operations, in the order `rld admin` lists
 // them. The operations that change counting join it as entries with
-// Changes set, each group from its own file (state.go: reset, grant).
+// Changes set, each group from its own file (state.go: reset, grant;
+// changes.go: overrides and blocks).
 var ops = []Op{
 	{Name: "explain", Help: "the rules that match descriptors, their keys, limits and remaining, consuming nothing",
 		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {

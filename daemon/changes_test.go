@@ -102,6 +102,7 @@ func TestOverridesAndBlocks(t *testing.T) {
 	e, aerr := l.explain(t, "api_key", "vip")
 	require.Nil(t, aerr)
 	assert.Equal(t, int64(5), e.Rules[0].Limit, "explain shows the limit in force")
+	assert.True(t, e.Rules[0].Overridden)
 
 	var list admin.ListResult
 	require.Nil(t, changeCall(t, sock, "list", nil, &list))
@@ -151,6 +152,8 @@ func TestOverridesAndBlocks(t *testing.T) {
 	assert.Equal(t, wire.StatusBlocked, st)
 	_, st = admits(t, sock, 1, "api_key", "stolen", "ip", "198.51.100.1")
 	assert.Equal(t, wire.StatusBlocked, st)
+	e, _ = l.explain(t, "api_key", "stolen")
+	assert.True(t, e.Rules[0].Blocked, "explain shows the key's block")
 	n, _ = admits(t, sock, 1, "ip", "198.51.100.1")
 	assert.Equal(t, 1, n, "another ip is not blocked")
 	require.Nil(t, changeCall(t, sock, "unblock", admin.IDArgs{ID: b1.ID}, nil))

@@ -200,6 +200,12 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 			if m.Shadow {
 				fmt.Fprint(w, " shadow")
 			}
+			if m.Overridden {
+				fmt.Fprint(w, " overridden")
+			}
+			if m.Blocked {
+				fmt.Fprint(w, " blocked")
+			}
 			switch {
 			case m.Error != "":
 				fmt.Fprintf(w, " error: %s\n", m.Error)

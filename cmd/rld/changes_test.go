@@ -55,6 +55,7 @@ period = "1h"
 	out, errOut, code = rld("explain", "api_key=vip")
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, "3/1h")
+	assert.Contains(t, out, " overridden ")
 	out, _, code = rld("block", "-match", "api_key=evil*", "-ttl", "10m", "-reason", "abuse")
 	require.Equal(t, 0, code)
 	bid := strings.Fields(out)[0]
