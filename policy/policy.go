@@ -172,7 +172,7 @@ func (sc *Scratch) Flush() {
 // taken is one admitted take, to refund or report. It holds no pointers,
 // so that recording it costs no write barrier.
 type taken struct {
-	rule, tier int32 // indexes in Policy.rules and rule.tiers (-1: base)
+	rule, tier int32 // indexes in Policy.rules and of the rule's limit (see paramsAt)
 	start, end int32 // the key is keys[start:end]
 	at         int64 // the store's Result.At, passed back by a refund
 	shadow     bool  // a shadow rule's take: refunded, never reported
