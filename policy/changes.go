@@ -271,8 +271,19 @@ func (p *Policy) compileChanges(ch *Changes) {
 			continue
 		}
 		e := ovEntry{exp: o.Expires.UnixNano() - int64(ch.Skew), first: len(r.ovParams)}
+		valid := true
 		for ti := -1; ti < len(r.tiers); ti++ {
-			r.ovParams = append(r.ovParams, o.params(*r.paramsAt(ti)))
+			pp := o.params(*r.paramsAt(ti))
+			valid = valid && pp.Validate() == nil
+			r.ovParams = append(r.ovParams, pp)
+		}
+		if !valid {
+			// Validated against another configuration (the rule's
+			// algorithm or period changed since): it applies to
+			// nothing until it fits again.
+			r.ovParams = r.ovParams[:e.first]
+			p.orphans = append(p.orphans, Orphan{ID: o.ID, Rule: o.Rule})
+			continue
 		}
 		r.changed = true
 		if len(o.Key) > 0 {

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -170,5 +171,42 @@ func TestChangesCheckAllocs(t *testing.T) {
 		p.Check(ctx, t0, r, 1, false, &sc)
 		allocs := testing.AllocsPerRun(1000, func() { p.Check(ctx, t0, r, 1, false, &sc) })
 		assert.Zero(t, allocs, req)
+	}
+}
+
+// BenchmarkCheckChanges measures a check of one rule without changes,
+// and with 100 key overrides, 10 glob overrides and 10 glob blocks in
+// force (the request matching none of the globs, its key overridden).
+func BenchmarkCheckChanges(b *testing.B) {
+	exp := t0.Add(time.Hour)
+	var ch Changes
+	for i := range 100 {
+		ch.Overrides = append(ch.Overrides, Override{ID: fmt.Sprint("k", i), Rule: "api",
+			Key: map[string]string{"api_key": fmt.Sprint("key-", i)}, Limit: 2000000000, Expires: exp})
+	}
+	for i := range 10 {
+		ch.Overrides = append(ch.Overrides, Override{ID: fmt.Sprint("g", i), Rule: "api",
+			Match: map[string]string{"api_key": fmt.Sprint("team-", i, "-*")}, Limit: 2000000000, Expires: exp})
+		ch.Blocks = append(ch.Blocks, Block{ID: fmt.Sprint("b", i),
+			Match: map[string]string{"ip": fmt.Sprint("10.", i, ".*")}, Expires: exp})
+	}
+	for _, bc := range []struct {
+		name string
+		ch   *Changes
+	}{{"none", nil}, {"changes", &ch}} {
+		b.Run(bc.name, func(b *testing.B) {
+			toml := "[[rule]]\nname = \"api\"\nby = [\"api_key\"]\nlimit = 1000000000\nperiod = \"1s\"\n"
+			cfg, err := config.Parse([]byte(toml), "bench.toml")
+			require.NoError(b, err)
+			p, err := Compile(cfg, bc.ch, Stores{Cached: newFakeStore()})
+			require.NoError(b, err)
+			req := descs("api_key=key-7", "ip=192.0.2.1")
+			var sc Scratch
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Check(ctx, t0, req, 1, false, &sc)
+			}
+		})
 	}
 }
