@@ -63,12 +63,15 @@ func (d *Daemon) loaded() *loadedConfig { return d.ops.loaded.Load() }
 
 // pollConfig hashes the configuration file every interval and reloads it
 // when its content differs from the one in force, until ctx is done. A
-// content that failed to load is not tried again until it changes: the
-// log says so once, not at every poll.
+// new content is loaded once two polls in a row read it, so that a file
+// caught while an editor or a deploy tool is still writing it is not
+// loaded half-written (a valid prefix of the file would otherwise be put
+// in force for one interval). A content that failed to load is not tried
+// again until it changes: the log says so once, not at every poll.
 func (d *Daemon) pollConfig(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	failed := ""
+	failed, seen := "", ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -85,8 +88,14 @@ func (d *Daemon) pollConfig(ctx context.Context, interval time.Duration) {
 		}
 		h := ConfigHash(data)
 		if h == d.loaded().hash || h == failed {
+			seen = ""
 			continue
 		}
+		if h != seen {
+			seen = h // changed since the last poll: read it again next time
+			continue
+		}
+		seen = ""
 		d.log.Info("config file changed; reloading", slog.String("path", d.opts.ConfigPath), slog.String("hash", h))
 		if err := d.Reload(); err != nil {
 			failed = h
