@@ -271,7 +271,84 @@ type Rule struct {
 	Shadow bool `toml:"shadow"`
 	// Tiers maps values of the tier descriptor to limits.
 	Tiers map[string]int64 `toml:"tiers"`
+	// Penalty, when set, lengthens the Retry-After of a key that keeps
+	// retrying while refused (see Penalty).
+	Penalty *Penalty `toml:"penalty"`
+	// BlockAfter, when set, blocks a key that keeps retrying while
+	// refused (see BlockAfter).
+	BlockAfter *BlockAfter `toml:"block_after"`
+	// RetryJitter adds a random 0..RetryJitter to the Retry-After of a
+	// refusal ("" or 0: none).
+	RetryJitter Jitter `toml:"retry_jitter"`
 }
+
+// Penalty is a rule's penalty = { after, factor, max }: a key refused
+// After times while an earlier refusal's Retry-After is still running is
+// given a cooldown: its Retry-After becomes the one the limit gives times
+// Factor, times Factor again for each further early retry, at most Max;
+// checks during the cooldown are refused on the daemon with the time
+// left of it.
+type Penalty struct {
+	After  int64    `toml:"after"`
+	Factor float64  `toml:"factor"`
+	Max    Duration `toml:"max"`
+}
+
+// BlockAfter is a rule's block_after = { refusals, within, for }: a key
+// refused Refusals times within Within, each while an earlier refusal's
+// Retry-After was still running, is blocked for For, as an admin block
+// would block it.
+type BlockAfter struct {
+	Refusals int64    `toml:"refusals"`
+	Within   Duration `toml:"within"`
+	For      Duration `toml:"for"`
+}
+
+// Jitter is a rule's retry_jitter: a duration ("500ms"), or a fraction
+// of the Retry-After ("0.1").
+type Jitter struct {
+	// Fixed is the most added, when given as a duration.
+	Fixed time.Duration
+	// Fraction is the most added as a fraction of the Retry-After, when
+	// given as a number.
+	Fraction float64
+}
+
+// UnmarshalText parses a duration or a fraction.
+func (j *Jitter) UnmarshalText(b []byte) error {
+	s := strings.TrimSpace(string(b))
+	if s == "" {
+		*j = Jitter{}
+		return nil
+	}
+	if f, err := strconv.ParseFloat(s, 64); err == nil {
+		*j = Jitter{Fraction: f}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("retry_jitter %q: want a duration (\"500ms\") or a fraction (\"0.1\")", s)
+	}
+	*j = Jitter{Fixed: d}
+	return nil
+}
+
+// MarshalText returns j as UnmarshalText reads it.
+func (j Jitter) MarshalText() ([]byte, error) { return []byte(j.String()), nil }
+
+// String returns j as the configuration gives it ("" when none).
+func (j Jitter) String() string {
+	switch {
+	case j.Fraction != 0:
+		return strconv.FormatFloat(j.Fraction, 'g', -1, 64)
+	case j.Fixed != 0:
+		return Duration(j.Fixed).String()
+	}
+	return ""
+}
+
+// IsZero reports whether j adds nothing.
+func (j Jitter) IsZero() bool { return j.Fixed == 0 && j.Fraction == 0 }
 
 // Default returns a Config holding every default and no rules.
 func Default() *Config {

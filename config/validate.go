@@ -198,6 +198,8 @@ func (r *Rule) validate(p *problems, i int) {
 		}
 	}
 
+	r.validatePenalties(p, at)
+
 	kind, err := algo.ParseKind(r.Algorithm)
 	if err != nil {
 		p.add("%s: algorithm = %q: %v", at, r.Algorithm, err)
@@ -275,6 +277,50 @@ func (r *Rule) validate(p *problems, i int) {
 		if r.Kind() == algo.SlidingLog && limit > MaxSlidingLogLimit {
 			p.add("%s: tiers.%s = %d: sliding_log limits are at most %d", at, tier, limit, MaxSlidingLogLimit)
 		}
+	}
+}
+
+// MaxPenaltyFactor is the largest penalty.factor.
+const MaxPenaltyFactor = 100
+
+// MaxPenaltyTime bounds penalty.max, block_after.within, block_after.for
+// and retry_jitter.
+const MaxPenaltyTime = 7 * 24 * time.Hour
+
+// validatePenalties checks the rule's penalty, block_after and
+// retry_jitter.
+func (r *Rule) validatePenalties(p *problems, at string) {
+	if pen := r.Penalty; pen != nil {
+		if pen.After < 1 || pen.After > 1_000_000 {
+			p.add("%s: penalty.after = %d: want 1 to 1000000 early retries", at, pen.After)
+		}
+		if !(pen.Factor > 1 && pen.Factor <= MaxPenaltyFactor) {
+			p.add("%s: penalty.factor = %v: want more than 1, at most %d", at, pen.Factor, MaxPenaltyFactor)
+		}
+		if pen.Max <= 0 || time.Duration(pen.Max) > MaxPenaltyTime {
+			p.add("%s: penalty.max = %q: want a positive duration up to %s", at, pen.Max, Duration(MaxPenaltyTime))
+		}
+	}
+	if b := r.BlockAfter; b != nil {
+		if b.Refusals < 1 || b.Refusals > 1_000_000 {
+			p.add("%s: block_after.refusals = %d: want 1 to 1000000", at, b.Refusals)
+		}
+		if b.Within <= 0 || time.Duration(b.Within) > MaxPenaltyTime {
+			p.add("%s: block_after.within = %q: want a positive duration up to %s", at, b.Within, Duration(MaxPenaltyTime))
+		}
+		if time.Duration(b.For) < time.Millisecond || time.Duration(b.For) > MaxPenaltyTime {
+			p.add("%s: block_after.for = %q: want 1ms to %s", at, b.For, Duration(MaxPenaltyTime))
+		}
+	}
+	j := r.RetryJitter
+	if j.Fixed < 0 || j.Fixed > MaxPenaltyTime {
+		p.add("%s: retry_jitter = %q: want a duration up to %s", at, j, Duration(MaxPenaltyTime))
+	}
+	if j.Fraction < 0 || j.Fraction > 1 || j.Fraction != j.Fraction {
+		p.add("%s: retry_jitter = %q: a fraction of the Retry-After is 0 to 1", at, j)
+	}
+	if r.Shadow && (r.Penalty != nil || r.BlockAfter != nil) {
+		p.add("%s: a shadow rule never refuses: penalty and block_after need an enforcing rule", at)
 	}
 }
 

@@ -42,6 +42,7 @@ type Policy struct {
 	changes  Changes // the run-time changes compiled in
 	blocks   []globBlock
 	orphans  []Orphan
+	pens     *Penalties // the keys' penalty state: stores.Penalties, or the Policy's own
 
 	denyM, allowM, noneM *counters
 }
@@ -89,6 +90,8 @@ type rule struct {
 	keyOv    map[string]ovEntry
 	globOv   []globOverride
 	keyBlock map[string]int64 // counter key → expiry, Unix nanoseconds
+
+	pen *penaltyRule // penalty, block_after, retry_jitter; nil: none
 }
 
 type tier struct {
@@ -208,6 +211,11 @@ type Stores struct {
 	// embedded store, which does not fail) answers a store error with a
 	// StatusError decision, code internal.
 	Fallback *Fallback
+	// Penalties keeps the penalty state of the keys of rules with a
+	// penalty or a block_after, and asks for their automatic blocks;
+	// the Policies compiled over one share it. Nil: each Policy keeps its
+	// own and asks for no block.
+	Penalties *Penalties
 }
 
 // Compile compiles cfg, which Load or Parse has validated, with the
@@ -272,6 +280,12 @@ func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
 		}
 		p.rules[i].local, _ = p.rules[i].store.(LocalTaker)
 		p.infos[i] = RuleInfo{Name: cr.Name, Summary: cr.Summary()}
+		if p.rules[i].pen != nil && p.pens == nil {
+			p.pens = st.Penalties
+			if p.pens == nil {
+				p.pens = NewPenalties(0, nil)
+			}
+		}
 	}
 	return p, nil
 }
@@ -312,6 +326,7 @@ func compileRule(r *rule, cr *config.Rule) error {
 		mode:   cr.Mode,
 		fail:   cr.Fail,
 		m:      newCounters(cr.Name, decAllowed, decLimited, decError, decShadowLimited, decAllowedDegraded, decLimitedDegraded),
+		pen:    compilePenalty(cr),
 	}
 	for name, g := range cr.Match {
 		if err := config.CheckGlob(g); err != nil {
@@ -512,6 +527,16 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		ti = r.limitIndex(ti, key, c.descs, now)
 	}
 	params := r.paramsAt(ti)
+	if r.pen != nil && r.pen.penalty {
+		if ra, ok := p.pens.cooldown(r, key, c.descs, c.now.UnixNano(), c.peek); ok {
+			// In a cooldown: refused here, until its end.
+			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+			sc.count(r.m, decLimited)
+			res := algo.Result{Limit: params.Capacity(), Reset: ra, RetryAfter: ra, At: c.now.UnixMicro()}
+			d.set(StatusLimited, false, r.name, &res, params)
+			return decided
+		}
+	}
 	var res algo.Result
 	var err error
 	switch {
@@ -574,9 +599,17 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		return decided
 	case !res.Allowed:
 		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
+		r0, res0, params0 := r, res, params
 		var ok bool
 		if r, res, params, ok = p.longestDenial(c.ctx, c.now, c.descs, c.cost, i, r, res, params, sc, c.local); !ok {
 			return wait // nothing left taken
+		}
+		if r0.pen != nil && !c.peek {
+			res0.RetryAfter = p.pens.refused(r0, key, c.descs, c.now.UnixNano(), res0.RetryAfter)
+			res0.Reset = max(res0.Reset, res0.RetryAfter)
+			if r == r0 || res0.RetryAfter > res.RetryAfter {
+				r, res, params = r0, res0, params0
+			}
 		}
 		sc.count(r.m, decLimited)
 		d.set(StatusLimited, false, r.name, &res, params)
