@@ -108,6 +108,9 @@ func New(opts Options) (*Daemon, error) {
 	if err := d.openStore(&cfg.Store); err != nil {
 		return nil, err
 	}
+	// The penalty state outlives reloads and changes; it is bounded as
+	// the embedded store's keys are.
+	d.stores.Penalties = policy.NewPenalties(cfg.Store.MaxKeys, d.autoBlock)
 	p, err := policy.Compile(cfg, nil, d.stores)
 	if err != nil {
 		d.closeStore()

@@ -1,0 +1,111 @@
+package daemon_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/admin"
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/wire"
+)
+
+const penaltyDaemonRules = `
+[[rule]]
+name = "api"
+by = ["api_key"]
+algorithm = "token_bucket"
+limit = 10
+period = "1s"
+penalty = { after = 3, factor = 2, max = "5s" }
+block_after = { refusals = 15, within = "1m", for = "1h" }
+`
+
+// TestPenaltiesThroughDaemon: through a real daemon, a client retrying
+// every 10 ms while refused gets growing Retry-After values and is
+// blocked automatically at the threshold, the block listed (author rld,
+// reason automatic), counted in rld_auto_blocks_total and lifted by
+// unblock; a client that waits each Retry-After is never penalised nor
+// blocked.
+func TestPenaltiesThroughDaemon(t *testing.T) {
+	l := startLogged(t, t.TempDir(), uidConfig(penaltyDaemonRules, os.Getuid()))
+	sock := l.d.SocketPath()
+	c := client.New(sock)
+	defer c.Close()
+	ctx := context.Background()
+	check := func(key string) client.Result {
+		t.Helper()
+		res, err := c.Check(ctx, []client.Descriptor{{Name: "api_key", Value: key}}, 1)
+		require.NoError(t, err)
+		return res
+	}
+
+	// The greedy client: its limit used up, it retries every 10 ms.
+	first := check("greedy")
+	for first.Status == wire.StatusAllowed {
+		first = check("greedy")
+	}
+	require.Equal(t, wire.StatusLimited, first.Status)
+	ras := []time.Duration{first.RetryAfter}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res := check("greedy")
+		if res.Status == wire.StatusBlocked {
+			break
+		}
+		require.Equal(t, wire.StatusLimited, res.Status)
+		ras = append(ras, res.RetryAfter)
+		require.True(t, time.Now().Before(deadline), "not blocked within 10s; retry-afters %v", ras)
+		time.Sleep(10 * time.Millisecond) // the client's behaviour under test
+	}
+	t.Logf("retry-afters before the block: %v", ras)
+	// The block is stored as the 15th early retry is refused (the 16th
+	// refusal), and compiled in at once: the next check is blocked.
+	require.GreaterOrEqual(t, len(ras), 16, "blocked at the 15th early refusal, not before")
+	assert.Less(t, len(ras), 60, "blocked at the threshold (storing the block takes a few checks at most)")
+	assert.LessOrEqual(t, ras[0], 101*time.Millisecond, "the first refusal: the limit's own retry-after")
+	assert.Greater(t, ras[len(ras)-1], time.Second, "the cooldown grew")
+	assert.Greater(t, ras[4], ras[3], "it grows per early retry")
+
+	var list admin.ListResult
+	eventually(t, "the automatic block is listed", func() bool {
+		list = admin.ListResult{}
+		require.Nil(t, changeCall(t, sock, "list", nil, &list))
+		return len(list.Blocks) == 1
+	})
+	b := list.Blocks[0]
+	assert.Equal(t, "rld", b.Author)
+	assert.True(t, strings.HasPrefix(b.Reason, "automatic: "), b.Reason)
+	assert.Equal(t, "api", b.Rule)
+	assert.Equal(t, map[string]string{"api_key": "greedy"}, b.Key)
+	assert.WithinDuration(t, time.Now().Add(time.Hour), b.Expires, time.Minute)
+	assert.Equal(t, 1.0, l.metric(t, `rld_auto_blocks_total{rule="api"}`))
+
+	require.Nil(t, changeCall(t, sock, "unblock", admin.IDArgs{ID: b.ID}, nil))
+	assert.NotEqual(t, wire.StatusBlocked, check("greedy").Status, "unblock lifts the automatic block")
+	list = admin.ListResult{}
+	require.Nil(t, changeCall(t, sock, "list", nil, &list))
+	assert.Empty(t, list.Blocks)
+
+	// The polite client waits each Retry-After before retrying.
+	refused := 0
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
+		res := check("polite")
+		switch res.Status {
+		case wire.StatusAllowed:
+		case wire.StatusLimited:
+			refused++
+			assert.LessOrEqual(t, res.RetryAfter, 101*time.Millisecond, "no penalty: the limit's own retry-after")
+			time.Sleep(res.RetryAfter)
+		default:
+			t.Fatalf("the polite client got %v", res.Status)
+		}
+	}
+	assert.Greater(t, refused, 5)
+	assert.Equal(t, 1.0, l.metric(t, `rld_auto_blocks_total{rule="api"}`), "no block for the polite client")
+}
