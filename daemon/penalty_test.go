@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
 	"github.com/rld/rld/wire"
 )
 
@@ -108,4 +111,50 @@ func TestPenaltiesThroughDaemon(t *testing.T) {
 	}
 	assert.Greater(t, refused, 5)
 	assert.Equal(t, 1.0, l.metric(t, `rld_auto_blocks_total{rule="api"}`), "no block for the polite client")
+}
+
+// TestAutoBlockFleet: two daemon processes on one Redis. The automatic
+// block that one daemon makes for a client retrying every 10 ms while
+// refused is stored in Redis: the other daemon blocks the key too and
+// lists it, and unblock through the other daemon lifts it on both.
+func TestAutoBlockFleet(t *testing.T) {
+	srv := redistest.Standalone(t)
+	var ps []*daemontest.Process
+	for range 2 {
+		p, err := daemontest.StartProcess(fmt.Sprintf(`
+[admin]
+socket_uids = [%d]
+[store]
+redis = [%q]
+changes_poll = "1s"
+`, os.Getuid(), srv.Addr) + penaltyDaemonRules)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("daemon log:\n%s", p.Logs())
+			}
+			p.Close()
+		})
+		ps = append(ps, p)
+	}
+	c0, c1 := client.New(ps[0].Socket), client.New(ps[1].Socket)
+	defer c0.Close()
+	defer c1.Close()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for checkStatus(t, c0, "greedy") != wire.StatusBlocked {
+		require.True(t, time.Now().Before(deadline), "not blocked within 10s")
+		time.Sleep(10 * time.Millisecond) // the client's behaviour under test
+	}
+	untilAll(t, 1, 2*time.Second, func(int) bool { return checkStatus(t, c1, "greedy") == wire.StatusBlocked })
+	assert.Equal(t, wire.StatusAllowed, checkStatus(t, c1, "other"), "another key is not blocked")
+
+	var list admin.ListResult
+	require.Nil(t, changeCall(t, ps[1].Socket, "list", nil, &list))
+	require.Len(t, list.Blocks, 1)
+	assert.Equal(t, "rld", list.Blocks[0].Author)
+	assert.True(t, strings.HasPrefix(list.Blocks[0].Reason, "automatic: "), list.Blocks[0].Reason)
+
+	require.Nil(t, changeCall(t, ps[1].Socket, "unblock", admin.IDArgs{ID: list.Blocks[0].ID}, nil))
+	untilAll(t, 1, 2*time.Second, func(int) bool { return checkStatus(t, c0, "greedy") != wire.StatusBlocked })
 }
