@@ -21,6 +21,7 @@ retry_jitter = "250ms"
 	assert.Equal(t, Penalty{After: 3, Factor: 2, Max: Duration(time.Minute)}, *r.Penalty)
 	assert.Equal(t, BlockAfter{Refusals: 50, Within: Duration(time.Minute), For: Duration(time.Hour)}, *r.BlockAfter)
 	assert.Equal(t, Jitter{Fixed: 250 * time.Millisecond}, r.RetryJitter)
+	assert.Equal(t, "r: token_bucket 1/1s by ip cached fail=open penalty after=3 factor=2 max=1m block_after=50/1m for=1h jitter=250ms", r.Summary())
 
 	c, err = Parse([]byte(penaltyBase+"retry_jitter = \"0.1\"\n"), "p.toml")
 	require.NoError(t, err)

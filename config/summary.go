@@ -46,5 +46,14 @@ func (r *Rule) Summary() string {
 	if r.Shadow {
 		b.WriteString(" shadow")
 	}
+	if pen := r.Penalty; pen != nil {
+		fmt.Fprintf(&b, " penalty after=%d factor=%v max=%s", pen.After, pen.Factor, pen.Max)
+	}
+	if ba := r.BlockAfter; ba != nil {
+		fmt.Fprintf(&b, " block_after=%d/%s for=%s", ba.Refusals, ba.Within, ba.For)
+	}
+	if !r.RetryJitter.IsZero() {
+		fmt.Fprintf(&b, " jitter=%s", r.RetryJitter)
+	}
 	return b.String()
 }
