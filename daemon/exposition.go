@@ -20,6 +20,7 @@ var metricHelp = map[string]string{
 	"rld_connections_accepted_total":         "Client connections accepted on the Unix socket.",
 	"rld_connections_rejected_total":         "Client connections closed at once for exceeding server.max_connections.",
 	"rld_http_checks_total":                  "Checks over HTTP (/v1/check).",
+	"rld_auto_blocks_total":                  "Automatic blocks stored by a rule's block_after, by rule.",
 	"rld_config_reloads_total":               "Configuration reloads by result.",
 	"rld_config_last_reload_successful":      "1 when the configuration in force is the file's (the last load or reload succeeded), 0 after a rejected reload.",
 	"rld_fleet_daemons":                      "Live daemons on the shared Redis at the last heartbeat.",

@@ -2,11 +2,8 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
-
-	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/rld/rld/policy"
 )
@@ -36,7 +33,7 @@ func (d *Daemon) autoBlock(ab policy.AutoBlock) {
 				slog.Any("key", ab.Key), slog.Any("error", err))
 			return
 		}
-		metrics.GetOrCreateCounter(fmt.Sprintf(`rld_auto_blocks_total{rule=%q}`, ab.Rule)).Inc()
+		policy.AutoBlocks(ab.Rule).Inc()
 		d.log.Warn("automatic block", slog.String("id", b.ID), slog.String("rule", ab.Rule),
 			slog.Any("key", ab.Key), slog.Duration("for", ab.For), slog.String("reason", ab.Reason))
 	}()

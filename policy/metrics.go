@@ -51,3 +51,11 @@ var refundErrors = metrics.NewCounter("rld_refund_errors_total")
 // fallbackSeeded counts keys whose fail-open local state started from what
 // the daemon last knew of them rather than from a full share.
 var fallbackSeeded = metrics.NewCounter("rld_fallback_seeded_total")
+
+// AutoBlocks returns the series rld_auto_blocks_total{rule="…"} of rule:
+// the automatic blocks stored for its block_after. Every rule of a Policy
+// has it, 0 until one is stored, as every rule has its rld_checks_total
+// series.
+func AutoBlocks(rule string) *metrics.Counter {
+	return metrics.GetOrCreateCounter(fmt.Sprintf(`rld_auto_blocks_total{rule=%q}`, rule))
+}

@@ -328,6 +328,7 @@ func compileRule(r *rule, cr *config.Rule) error {
 		m:      newCounters(cr.Name, decAllowed, decLimited, decError, decShadowLimited, decAllowedDegraded, decLimitedDegraded),
 		pen:    compilePenalty(cr),
 	}
+	AutoBlocks(cr.Name) // served from the start, as rld_checks_total is
 	for name, g := range cr.Match {
 		if err := config.CheckGlob(g); err != nil {
 			return fmt.Errorf("match.%s: %w", name, err)
