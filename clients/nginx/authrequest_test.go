@@ -3,8 +3,6 @@
 package nginx_test
 
 import (
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,25 +32,10 @@ limit = 5
 period = "1h"
 `
 
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func get(t *testing.T, url string, hdr ...string) reply {
+// get is nginxtest.Get.
+func get(t *testing.T, url string, hdr ...string) nginxtest.Reply {
 	t.Helper()
-	req, err := http.NewRequest("GET", url, nil)
-	require.NoError(t, err)
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return reply{resp.StatusCode, resp.Header, string(b)}
+	return nginxtest.Get(t, url, hdr...)
 }
 
 func TestAuthRequest(t *testing.T) {
@@ -78,53 +61,53 @@ func TestAuthRequest(t *testing.T) {
 
 	for i := 1; i <= 5; i++ {
 		r := get(t, n.URL+"/limited", "X-API-Key", "k1")
-		require.Equal(t, 200, r.status, "request %d: %s\n%s\n%s", i, r.body, n.ErrorLog(), p.Logs())
-		require.NotEmpty(t, r.header.Get("X-RateLimit-Limit"), "%v\n%s", r.header, n.ErrorLog())
-		assert.Equal(t, "hello from limited\n", r.body)
-		assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
-		assert.Equal(t, strconv.Itoa(5-i), r.header.Get("X-RateLimit-Remaining"))
-		assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
-		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.header.Get("RateLimit"))
-		assert.Empty(t, r.header.Get("Retry-After"))
+		require.Equal(t, 200, r.Status, "request %d: %s\n%s\n%s", i, r.Body, n.ErrorLog(), p.Logs())
+		require.NotEmpty(t, r.Header.Get("X-RateLimit-Limit"), "%v\n%s", r.Header, n.ErrorLog())
+		assert.Equal(t, "hello from limited\n", r.Body)
+		assert.Equal(t, "5", r.Header.Get("X-RateLimit-Limit"))
+		assert.Equal(t, strconv.Itoa(5-i), r.Header.Get("X-RateLimit-Remaining"))
+		assert.Equal(t, `"page";q=5;w=3600`, r.Header.Get("RateLimit-Policy"))
+		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.Header.Get("RateLimit"))
+		assert.Empty(t, r.Header.Get("Retry-After"))
 	}
 	r := get(t, n.URL+"/limited", "X-API-Key", "k1")
-	require.Equal(t, 429, r.status, r.body)
-	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
+	require.Equal(t, 429, r.Status, r.Body)
+	retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
 	require.NoError(t, err, "Retry-After reaches the client")
 	assert.True(t, retry >= 1 && retry <= 720, "Retry-After %d", retry)
-	assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
-	assert.Equal(t, "0", r.header.Get("X-RateLimit-Remaining"))
-	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
+	assert.Equal(t, "5", r.Header.Get("X-RateLimit-Limit"))
+	assert.Equal(t, "0", r.Header.Get("X-RateLimit-Remaining"))
+	reset, err := strconv.ParseInt(r.Header.Get("X-RateLimit-Reset"), 10, 64)
 	require.NoError(t, err)
 	assert.Greater(t, reset, time.Now().Unix())
-	assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
-	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.header.Get("RateLimit"))
-	assert.Contains(t, r.body, "RATE_LIMIT_EXCEEDED")
-	assert.Equal(t, "application/json", r.header.Get("Content-Type"))
+	assert.Equal(t, `"page";q=5;w=3600`, r.Header.Get("RateLimit-Policy"))
+	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.Header.Get("RateLimit"))
+	assert.Contains(t, r.Body, "RATE_LIMIT_EXCEEDED")
+	assert.Equal(t, "application/json", r.Header.Get("Content-Type"))
 
 	// Another key, and the same endpoint spelled with doubled slashes.
-	assert.Equal(t, "4", get(t, n.URL+"//limited", "X-API-Key", "k2").header.Get("X-RateLimit-Remaining"))
+	assert.Equal(t, "4", get(t, n.URL+"//limited", "X-API-Key", "k2").Header.Get("X-RateLimit-Remaining"))
 
 	// Blocked: the deny-listed client address, named by nginx.
 	r = get(t, n.URL+"/free", "X-Real-IP", "203.0.113.66")
-	assert.Equal(t, 403, r.status)
-	assert.Contains(t, r.body, "BLOCKED")
-	assert.Empty(t, r.header.Get("Retry-After"))
-	assert.Equal(t, 200, get(t, n.URL+"/free", "X-Real-IP", "203.0.113.67").status)
+	assert.Equal(t, 403, r.Status)
+	assert.Contains(t, r.Body, "BLOCKED")
+	assert.Empty(t, r.Header.Get("Retry-After"))
+	assert.Equal(t, 200, get(t, n.URL+"/free", "X-Real-IP", "203.0.113.67").Status)
 
 	// A key that would smuggle a descriptor into the query is refused.
-	assert.Equal(t, 403, get(t, n.URL+"/free", "X-API-Key", "k&ip=1.2.3.4").status)
+	assert.Equal(t, 403, get(t, n.URL+"/free", "X-API-Key", "k&ip=1.2.3.4").Status)
 
 	// rld down: the recipe fails open.
 	p.Kill()
 	for i := 0; i < 5; i++ {
 		r := get(t, n.URL+"/limited", "X-API-Key", "k1")
-		require.Equal(t, 200, r.status, r.body)
-		assert.Equal(t, "hello from limited\n", r.body)
+		require.Equal(t, 200, r.Status, r.Body)
+		assert.Equal(t, "hello from limited\n", r.Body)
 	}
 	require.NoError(t, p.Restart())
 	for i := 1; i <= 5; i++ {
-		require.Equal(t, 200, get(t, n.URL+"/limited", "X-API-Key", "k3").status)
+		require.Equal(t, 200, get(t, n.URL+"/limited", "X-API-Key", "k3").Status)
 	}
-	assert.Equal(t, 429, get(t, n.URL+"/limited", "X-API-Key", "k3").status)
+	assert.Equal(t, 429, get(t, n.URL+"/limited", "X-API-Key", "k3").Status)
 }

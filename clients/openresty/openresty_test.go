@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,25 +89,10 @@ limit = 5
 period = "1h"
 `
 
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func get(t *testing.T, url string, hdr ...string) reply {
+// get is nginxtest.Get.
+func get(t *testing.T, url string, hdr ...string) nginxtest.Reply {
 	t.Helper()
-	req, err := http.NewRequest("GET", url, nil)
-	require.NoError(t, err)
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return reply{resp.StatusCode, resp.Header, string(b)}
+	return nginxtest.Get(t, url, hdr...)
 }
 
 // www makes a document root holding the static files the tests fetch.
@@ -197,8 +180,8 @@ func sameAsHTTP(t *testing.T, n *lua, key string) map[string]string {
 	var mine, theirs map[string]string
 	for range 3 {
 		r := get(t, n.URL+"/rld-peek?api_key="+key)
-		require.Equal(t, 200, r.status, r.body)
-		mine = fields(r.header)
+		require.Equal(t, 200, r.Status, r.Body)
+		mine = fields(r.Header)
 		resp, err := c.Get("http://rld/v1/check?peek=1&api_key=" + key + "&endpoint=/limited")
 		require.NoError(t, err)
 		resp.Body.Close()
@@ -217,33 +200,33 @@ func sequence(t *testing.T, n *lua, key string) {
 	t.Helper()
 	for i := 1; i <= 5; i++ {
 		r := get(t, n.URL+"/limited", "X-API-Key", key)
-		require.Equal(t, 200, r.status, "request %d: %s\n%s", i, r.body, n.ErrorLog())
-		assert.Equal(t, "hello from limited\n", r.body)
-		assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
-		assert.Equal(t, strconv.Itoa(5-i), r.header.Get("X-RateLimit-Remaining"))
-		assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
-		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.header.Get("RateLimit"), "a token bucket knows when the next unit comes back")
-		assert.Empty(t, r.header.Get("Retry-After"))
+		require.Equal(t, 200, r.Status, "request %d: %s\n%s", i, r.Body, n.ErrorLog())
+		assert.Equal(t, "hello from limited\n", r.Body)
+		assert.Equal(t, "5", r.Header.Get("X-RateLimit-Limit"))
+		assert.Equal(t, strconv.Itoa(5-i), r.Header.Get("X-RateLimit-Remaining"))
+		assert.Equal(t, `"page";q=5;w=3600`, r.Header.Get("RateLimit-Policy"))
+		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.Header.Get("RateLimit"), "a token bucket knows when the next unit comes back")
+		assert.Empty(t, r.Header.Get("Retry-After"))
 		h := sameAsHTTP(t, n, key)
 		assert.Equal(t, strconv.Itoa(max(0, 4-i)), h["X-RateLimit-Remaining"], "a peek says what a check would leave")
 	}
 	r := get(t, n.URL+"/limited", "X-API-Key", key)
-	require.Equal(t, 429, r.status, "request 6: %s", r.body)
-	assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
-	assert.Equal(t, "0", r.header.Get("X-RateLimit-Remaining"))
-	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
+	require.Equal(t, 429, r.Status, "request 6: %s", r.Body)
+	assert.Equal(t, "5", r.Header.Get("X-RateLimit-Limit"))
+	assert.Equal(t, "0", r.Header.Get("X-RateLimit-Remaining"))
+	reset, err := strconv.ParseInt(r.Header.Get("X-RateLimit-Reset"), 10, 64)
 	require.NoError(t, err)
 	now := time.Now().Unix()
 	assert.True(t, reset > now && reset <= now+3600+2, "X-RateLimit-Reset %d is a Unix time within the hour", reset)
-	assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
-	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
+	assert.Equal(t, `"page";q=5;w=3600`, r.Header.Get("RateLimit-Policy"))
+	retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
 	require.NoError(t, err)
 	assert.True(t, retry >= 1 && retry <= 720, "Retry-After %d: one token of 5 per hour", retry)
-	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.header.Get("RateLimit"))
+	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.Header.Get("RateLimit"))
 	h := sameAsHTTP(t, n, key)
 	assert.NotEmpty(t, h["Retry-After"], "limited")
-	assert.Equal(t, "application/json", r.header.Get("Content-Type"))
-	assert.Contains(t, r.body, `{"error":{"code":"RATE_LIMIT_EXCEEDED","message":"rate limit \"page\" exceeded; retry after `+strconv.Itoa(retry)+`s","details":{"rule":"page","limit":5,"window_seconds":3600,"retry_after_seconds":`+strconv.Itoa(retry)+`,"reset_at":`)
+	assert.Equal(t, "application/json", r.Header.Get("Content-Type"))
+	assert.Contains(t, r.Body, `{"error":{"code":"RATE_LIMIT_EXCEEDED","message":"rate limit \"page\" exceeded; retry after `+strconv.Itoa(retry)+`s","details":{"rule":"page","limit":5,"window_seconds":3600,"retry_after_seconds":`+strconv.Itoa(retry)+`,"reset_at":`)
 }
 
 func TestLuaAccess(t *testing.T) {
@@ -258,38 +241,38 @@ func testLuaAccess(t *testing.T, mode string) {
 	// Another key has its own count; a path with doubled slashes and a
 	// query is the same endpoint.
 	r := get(t, n.URL+"//limited?x=1", "X-API-Key", "k2")
-	assert.Equal(t, 200, r.status)
-	assert.Equal(t, "4", r.header.Get("X-RateLimit-Remaining"))
+	assert.Equal(t, 200, r.Status)
+	assert.Equal(t, "4", r.Header.Get("X-RateLimit-Remaining"))
 
 	// The deny-listed IP (through set_real_ip_from / real_ip_header) is
 	// blocked.
 	r = get(t, n.URL+"/free", "X-Real-IP", "203.0.113.66")
-	assert.Equal(t, 403, r.status)
-	assert.Equal(t, `{"error":{"code":"BLOCKED","message":"request blocked by the deny list"}}`+"\n", r.body)
+	assert.Equal(t, 403, r.Status)
+	assert.Equal(t, `{"error":{"code":"BLOCKED","message":"request blocked by the deny list"}}`+"\n", r.Body)
 	r = get(t, n.URL+"/free", "X-Real-IP", "203.0.113.67")
-	assert.Equal(t, 200, r.status)
-	assert.Empty(t, r.header.Get("X-RateLimit-Limit"), "no rule applies to /free")
-	assert.Equal(t, "0\n", get(t, n.URL+"/rld-failures").body)
+	assert.Equal(t, 200, r.Status)
+	assert.Empty(t, r.Header.Get("X-RateLimit-Limit"), "no rule applies to /free")
+	assert.Equal(t, "0\n", get(t, n.URL+"/rld-failures").Body)
 
 	// rld killed: the location fails open, with the page and no error.
 	p.Kill()
 	for i := 0; i < 10; i++ {
 		r := get(t, n.URL+"/limited", "X-API-Key", "k1")
-		require.Equal(t, 200, r.status, r.body)
-		assert.Equal(t, "hello from limited\n", r.body)
-		assert.Empty(t, r.header.Get("X-RateLimit-Limit"))
+		require.Equal(t, 200, r.Status, r.Body)
+		assert.Equal(t, "hello from limited\n", r.Body)
+		assert.Empty(t, r.Header.Get("X-RateLimit-Limit"))
 	}
 	// The fail-closed location answers its status.
 	r = get(t, n.URL+"/closed", "X-API-Key", "k1")
-	assert.Equal(t, 503, r.status)
-	assert.Contains(t, r.body, "RATE_LIMIT_UNAVAILABLE")
-	assert.Equal(t, "11\n", get(t, n.URL+"/rld-failures").body, "every failure counted in the shared dict")
+	assert.Equal(t, 503, r.Status)
+	assert.Contains(t, r.Body, "RATE_LIMIT_UNAVAILABLE")
+	assert.Equal(t, "11\n", get(t, n.URL+"/rld-failures").Body, "every failure counted in the shared dict")
 	assert.Equal(t, 1, strings.Count(n.ErrorLog(), "rld: cannot check"), "logged once per interval:\n%s", n.ErrorLog())
 
 	// rld again on the same socket: limits apply again, nginx untouched.
 	require.NoError(t, p.Restart())
 	sequence(t, n, "k3")
-	assert.Equal(t, 200, get(t, n.URL+"/closed", "X-API-Key", "k1").status)
+	assert.Equal(t, 200, get(t, n.URL+"/closed", "X-API-Key", "k1").Status)
 }
 
 // TestLuaKillUnderLoad: in both connection modes, while requests flow, rld is SIGKILLed and
@@ -302,46 +285,5 @@ func TestLuaKillUnderLoad(t *testing.T) {
 
 func testLuaKillUnderLoad(t *testing.T, mode string) {
 	p, n := startLua(t, mode)
-	var stop atomic.Bool
-	var total, bad atomic.Int64
-	var firstBad atomic.Value
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			for i := 0; !stop.Load(); i++ {
-				resp, err := http.Get(n.URL + "/free")
-				if err != nil {
-					firstBad.CompareAndSwap(nil, err.Error())
-					bad.Add(1)
-					continue
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				total.Add(1)
-				if resp.StatusCode >= 500 || string(b) != "hello from free\n" {
-					firstBad.CompareAndSwap(nil, strconv.Itoa(resp.StatusCode)+" "+string(b))
-					bad.Add(1)
-				}
-			}
-		}(w)
-	}
-	waitFor := func(n int64) {
-		deadline := time.Now().Add(20 * time.Second)
-		for start := total.Load(); total.Load() < start+n; {
-			require.True(t, time.Now().Before(deadline), "no progress")
-			time.Sleep(5 * time.Millisecond) // polling the request count
-		}
-	}
-	for round := 0; round < 3; round++ {
-		waitFor(200)
-		p.Kill()
-		waitFor(200)
-		require.NoError(t, p.Restart())
-	}
-	waitFor(200)
-	stop.Store(true)
-	wg.Wait()
-	assert.Zero(t, bad.Load(), "of %d requests; first: %v", total.Load(), firstBad.Load())
+	nginxtest.KillUnderLoad(t, n.URL+"/free", "hello from free\n", 200, 20*time.Second, p.Kill, p.Restart)
 }

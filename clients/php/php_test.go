@@ -14,8 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -196,25 +194,10 @@ func (s *setup) accepted(t *testing.T) int {
 	return 0
 }
 
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-func get(t *testing.T, url string, hdr ...string) reply {
+// get is nginxtest.Get.
+func get(t *testing.T, url string, hdr ...string) nginxtest.Reply {
 	t.Helper()
-	req, err := http.NewRequest("GET", url, nil)
-	require.NoError(t, err)
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return reply{resp.StatusCode, resp.Header, string(b)}
+	return nginxtest.Get(t, url, hdr...)
 }
 
 // fieldNames are the rate-limit header fields of docs/protocol.md.
@@ -243,8 +226,8 @@ func (s *setup) sameAsHTTP(t *testing.T, key string) map[string]string {
 	var mine, theirs map[string]string
 	for range 3 {
 		r := get(t, s.nginx.URL+"/peek.php?api_key="+key)
-		require.Equal(t, 200, r.status, "%s\n%s", r.body, s.fpm.phpLog())
-		mine = fields(r.header)
+		require.Equal(t, 200, r.Status, "%s\n%s", r.Body, s.fpm.phpLog())
+		mine = fields(r.Header)
 		resp, err := c.Get("http://rld/v1/check?peek=1&api_key=" + key + "&endpoint=/check.php")
 		require.NoError(t, err)
 		resp.Body.Close()
@@ -261,32 +244,32 @@ func sequence(t *testing.T, s *setup, key string) {
 	t.Helper()
 	for i := 1; i <= 5; i++ {
 		r := get(t, s.nginx.URL+"/check.php", "X-API-Key", key)
-		require.Equal(t, 200, r.status, "request %d: %s\n%s\n%s", i, r.body, s.nginx.ErrorLog(), s.fpm.phpLog())
-		assert.Equal(t, "hello from php\n", r.body)
-		assert.Equal(t, "5", r.header.Get("X-RateLimit-Limit"))
-		assert.Equal(t, strconv.Itoa(5-i), r.header.Get("X-RateLimit-Remaining"))
-		assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
-		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.header.Get("RateLimit"), "a token bucket knows when the next unit comes back")
-		assert.Empty(t, r.header.Get("Retry-After"))
+		require.Equal(t, 200, r.Status, "request %d: %s\n%s\n%s", i, r.Body, s.nginx.ErrorLog(), s.fpm.phpLog())
+		assert.Equal(t, "hello from php\n", r.Body)
+		assert.Equal(t, "5", r.Header.Get("X-RateLimit-Limit"))
+		assert.Equal(t, strconv.Itoa(5-i), r.Header.Get("X-RateLimit-Remaining"))
+		assert.Equal(t, `"page";q=5;w=3600`, r.Header.Get("RateLimit-Policy"))
+		assert.Regexp(t, `^"page";r=`+strconv.Itoa(5-i)+`;t=\d+$`, r.Header.Get("RateLimit"), "a token bucket knows when the next unit comes back")
+		assert.Empty(t, r.Header.Get("Retry-After"))
 		h := s.sameAsHTTP(t, key)
 		assert.Equal(t, strconv.Itoa(max(0, 4-i)), h["X-RateLimit-Remaining"], "a peek says what a check would leave")
 	}
 	r := get(t, s.nginx.URL+"/check.php", "X-API-Key", key)
-	require.Equal(t, 429, r.status, r.body)
-	retry, err := strconv.Atoi(r.header.Get("Retry-After"))
+	require.Equal(t, 429, r.Status, r.Body)
+	retry, err := strconv.Atoi(r.Header.Get("Retry-After"))
 	require.NoError(t, err)
 	assert.True(t, retry >= 1 && retry <= 720, "Retry-After %d", retry)
-	assert.Equal(t, `"page";q=5;w=3600`, r.header.Get("RateLimit-Policy"))
-	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.header.Get("RateLimit"))
+	assert.Equal(t, `"page";q=5;w=3600`, r.Header.Get("RateLimit-Policy"))
+	assert.Regexp(t, `^"page";r=0;t=\d+$`, r.Header.Get("RateLimit"))
 	h := s.sameAsHTTP(t, key)
 	assert.NotEmpty(t, h["Retry-After"], "limited")
-	assert.Equal(t, "0", r.header.Get("X-RateLimit-Remaining"))
-	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
+	assert.Equal(t, "0", r.Header.Get("X-RateLimit-Remaining"))
+	reset, err := strconv.ParseInt(r.Header.Get("X-RateLimit-Reset"), 10, 64)
 	require.NoError(t, err)
 	assert.Greater(t, reset, time.Now().Unix())
 
-	assert.Equal(t, "application/json", r.header.Get("Content-Type"))
-	assert.Contains(t, r.body, `{"error":{"code":"RATE_LIMIT_EXCEEDED","message":"rate limit \"page\" exceeded; retry after `+strconv.Itoa(retry)+`s","details":{"rule":"page","limit":5,"window_seconds":3600,"retry_after_seconds":`+strconv.Itoa(retry)+`,"reset_at":`)
+	assert.Equal(t, "application/json", r.Header.Get("Content-Type"))
+	assert.Contains(t, r.Body, `{"error":{"code":"RATE_LIMIT_EXCEEDED","message":"rate limit \"page\" exceeded; retry after `+strconv.Itoa(retry)+`s","details":{"rule":"page","limit":5,"window_seconds":3600,"retry_after_seconds":`+strconv.Itoa(retry)+`,"reset_at":`)
 }
 
 func TestPHPFPM(t *testing.T) {
@@ -294,10 +277,10 @@ func TestPHPFPM(t *testing.T) {
 	before := s.accepted(t)
 	sequence(t, s, "k1")
 	r := get(t, s.nginx.URL+"/check.php", "X-Real-IP", "203.0.113.66")
-	assert.Equal(t, 403, r.status)
-	assert.Contains(t, r.body, "BLOCKED")
+	assert.Equal(t, 403, r.Status)
+	assert.Contains(t, r.Body, "BLOCKED")
 	for i := 0; i < 20; i++ {
-		require.Equal(t, 200, get(t, s.nginx.URL+"/check.php", "X-API-Key", "k"+strconv.Itoa(10+i)).status)
+		require.Equal(t, 200, get(t, s.nginx.URL+"/check.php", "X-API-Key", "k"+strconv.Itoa(10+i)).Status)
 	}
 	// 27 checks through 2 FPM workers: each keeps its one connection.
 	assert.LessOrEqual(t, s.accepted(t)-before, 2, "persistent connections are reused across requests")
@@ -307,12 +290,12 @@ func TestPHPFPM(t *testing.T) {
 	s.rld.Kill()
 	for i := 0; i < 6; i++ {
 		r := get(t, s.nginx.URL+"/check.php", "X-API-Key", "k1")
-		require.Equal(t, 200, r.status, r.body)
-		assert.Equal(t, "hello from php\n", r.body)
+		require.Equal(t, 200, r.Status, r.Body)
+		assert.Equal(t, "hello from php\n", r.Body)
 	}
 	r = get(t, s.nginx.URL+"/closed.php", "X-API-Key", "k1")
-	assert.Equal(t, 503, r.status)
-	assert.Contains(t, r.body, "RATE_LIMIT_UNAVAILABLE")
+	assert.Equal(t, 503, r.Status)
+	assert.Contains(t, r.Body, "RATE_LIMIT_UNAVAILABLE")
 	log := s.fpm.phpLog()
 	assert.Contains(t, log, "rld: cannot check")
 	assert.LessOrEqual(t, strings.Count(log, "rld: cannot check (")-strings.Count(log, "failing closed"), 1,
@@ -324,46 +307,5 @@ func TestPHPFPM(t *testing.T) {
 
 func TestPHPKillUnderLoad(t *testing.T) {
 	s := start(t)
-	var stop atomic.Bool
-	var total, bad atomic.Int64
-	var firstBad atomic.Value
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			for i := 0; !stop.Load(); i++ {
-				resp, err := http.Get(s.nginx.URL + "/check.php")
-				if err != nil {
-					firstBad.CompareAndSwap(nil, err.Error())
-					bad.Add(1)
-					continue
-				}
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				total.Add(1)
-				if resp.StatusCode >= 500 || string(b) != "hello from php\n" {
-					firstBad.CompareAndSwap(nil, strconv.Itoa(resp.StatusCode)+" "+string(b))
-					bad.Add(1)
-				}
-			}
-		}(w)
-	}
-	waitFor := func(n int64) {
-		deadline := time.Now().Add(30 * time.Second)
-		for start := total.Load(); total.Load() < start+n; {
-			require.True(t, time.Now().Before(deadline), "no progress")
-			time.Sleep(5 * time.Millisecond) // polling the request count
-		}
-	}
-	for round := 0; round < 3; round++ {
-		waitFor(100)
-		s.rld.Kill()
-		waitFor(100)
-		require.NoError(t, s.rld.Restart())
-	}
-	waitFor(100)
-	stop.Store(true)
-	wg.Wait()
-	assert.Zero(t, bad.Load(), "of %d requests; first: %v", total.Load(), firstBad.Load())
+	nginxtest.KillUnderLoad(t, s.nginx.URL+"/check.php", "hello from php\n", 100, 30*time.Second, s.rld.Kill, s.rld.Restart)
 }
