@@ -68,13 +68,36 @@ func (d *Daemon) openChanges(cfg *config.Config) {
 // installChanges compiles ch with the configuration in force and swaps
 // the new Policy in. The caller holds reloadMu, or is New.
 func (d *Daemon) installChanges(ch *policy.Changes) error {
+	old := d.policy.Load()
 	p, err := policy.Compile(d.cfg(), ch, d.stores)
 	if err != nil {
 		return fmt.Errorf("cannot compile the overrides and blocks: %w", err)
 	}
 	d.policy.Store(p)
+	d.compiles.Add(1)
 	d.reportChanges(p)
+	if old != nil {
+		liftCooldowns(old.Changes(), p)
+	}
 	return nil
+}
+
+// liftCooldowns ends the penalty cooldown of the key of each key block
+// of was that p no longer has though it had not expired: a block lifted
+// by unblock, here or on another daemon of the fleet, lifts the key's
+// cooldown with it.
+func liftCooldowns(was *policy.Changes, p *policy.Policy) {
+	in := p.Changes()
+	kept := make(map[string]bool, len(in.Blocks))
+	for _, b := range in.Blocks {
+		kept[b.ID] = true
+	}
+	at := time.Now().Add(in.Skew) // by the expiries' clock
+	for _, b := range was.Blocks {
+		if b.Rule != "" && !kept[b.ID] && b.Expires.After(at) {
+			p.LiftPenalty(b.Rule, b.Key)
+		}
+	}
 }
 
 // reportChanges logs and counts the changes of p whose rule is gone.

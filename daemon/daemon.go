@@ -58,7 +58,9 @@ type Daemon struct {
 
 	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig
 	lastConfig []byte
-	chStore    changeStore // the overrides and blocks (changes.go)
+	chStore    changeStore  // the overrides and blocks (changes.go)
+	autoBl     autoBlocks   // the automatic blocks' queue (penalty.go)
+	compiles   atomic.Int64 // policies compiled for a change of the overrides and blocks
 
 	draining atomic.Bool
 	ready    chan struct{}
@@ -493,6 +495,8 @@ func (d *Daemon) shutdown(acceptDone <-chan struct{}) {
 		cancel()
 	}
 	d.stopAdminHTTP()
+	// No check runs any more: store the automatic blocks queued.
+	d.stopAutoBlocks()
 	if d.fleet != nil {
 		// Every answer is out: give the leases back for the others.
 		d.fleet.close(d.log)

@@ -89,8 +89,11 @@ func TestPenaltiesThroughDaemon(t *testing.T) {
 	assert.WithinDuration(t, time.Now().Add(time.Hour), b.Expires, time.Minute)
 	assert.Equal(t, 1.0, l.metric(t, `rld_auto_blocks_total{rule="api"}`))
 
+	// The cooldown (up to 5 s) is still running: unblock lifts it with
+	// the block, and the bucket, untouched while refused, admits.
 	require.Nil(t, changeCall(t, sock, "unblock", admin.IDArgs{ID: b.ID}, nil))
-	assert.NotEqual(t, wire.StatusBlocked, check("greedy").Status, "unblock lifts the automatic block")
+	after := check("greedy")
+	assert.Equal(t, wire.StatusAllowed, after.Status, "unblock lifts the automatic block and the cooldown: %+v", after)
 	list = admin.ListResult{}
 	require.Nil(t, changeCall(t, sock, "list", nil, &list))
 	assert.Empty(t, list.Blocks)
@@ -155,6 +158,14 @@ changes_poll = "1s"
 	assert.Equal(t, "rld", list.Blocks[0].Author)
 	assert.True(t, strings.HasPrefix(list.Blocks[0].Reason, "automatic: "), list.Blocks[0].Reason)
 
+	// Unblocked through the other daemon: on the daemon that holds the
+	// key's cooldown (up to 5 s, still running), the block and the
+	// cooldown end together.
 	require.Nil(t, changeCall(t, ps[1].Socket, "unblock", admin.IDArgs{ID: list.Blocks[0].ID}, nil))
-	untilAll(t, 1, 2*time.Second, func(int) bool { return checkStatus(t, c0, "greedy") != wire.StatusBlocked })
+	var st wire.Status
+	untilAll(t, 1, 2*time.Second, func(int) bool {
+		st = checkStatus(t, c0, "greedy")
+		return st != wire.StatusBlocked
+	})
+	assert.Equal(t, wire.StatusAllowed, st, "the cooldown ends with the block")
 }

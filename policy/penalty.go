@@ -221,3 +221,28 @@ func byValues(r *rule, descs []wire.Descriptor) map[string]string {
 	}
 	return out
 }
+
+// LiftPenalty forgets the penalty state of the key of rule whose by
+// descriptors have the values in key: a cooldown running ends, and the
+// key's refusals toward block_after start again from none. It reports
+// whether there was state to forget.
+func (p *Policy) LiftPenalty(rule string, key map[string]string) bool {
+	r := p.ruleNamed(rule)
+	if r == nil || p.pens == nil {
+		return false
+	}
+	k, ok := r.keyOf(key)
+	if !ok {
+		return false
+	}
+	return p.pens.forget(k)
+}
+
+// forget drops key's state and reports whether it had any.
+func (ps *Penalties) forget(key string) bool {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	_, ok := ps.m[key]
+	delete(ps.m, key)
+	return ok
+}
