@@ -50,7 +50,7 @@ type Descriptor struct {
 
 // ExplainArgs are explain's arguments.
 type ExplainArgs struct {
-	Descriptors []Descriptor `json:"descriptors"`
+	Descriptors Descriptors `json:"descriptors"`
 	// Cost is the units a check would take; 0 means 1.
 	Cost int64 `json:"cost,omitempty"`
 }

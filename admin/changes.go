@@ -3,6 +3,9 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -18,8 +21,8 @@ type ChangeService interface {
 	Block(ctx context.Context, a BlockArgs) (BlockEntry, error)
 	// Unblock removes the block called ID.
 	Unblock(ctx context.Context, a IDArgs) (Deleted, error)
-	// List lists the overrides and blocks in force, and those whose
-	// rule is gone.
+	// List lists every override and block in force, and those whose
+	// rule is gone; the list op pages it (Page).
 	List(ctx context.Context) (ListResult, error)
 }
 
@@ -27,13 +30,13 @@ type ChangeService interface {
 // rule's by descriptors) or Match (globs); Limit (absolute, with optional
 // Period and Burst) or Multiplier; TTL or ExpiresAt.
 type OverrideArgs struct {
-	Rule       string            `json:"rule"`
-	Key        map[string]string `json:"key,omitempty"`
-	Match      map[string]string `json:"match,omitempty"`
-	Limit      int64             `json:"limit,omitempty"`
-	Period     string            `json:"period,omitempty"`
-	Burst      int64             `json:"burst,omitempty"`
-	Multiplier float64           `json:"multiplier,omitempty"`
+	Rule       string  `json:"rule"`
+	Key        Pairs   `json:"key,omitempty"`
+	Match      Pairs   `json:"match,omitempty"`
+	Limit      int64   `json:"limit,omitempty"`
+	Period     string  `json:"period,omitempty"`
+	Burst      int64   `json:"burst,omitempty"`
+	Multiplier float64 `json:"multiplier,omitempty"`
 	// TTL is how long from now the override lasts ("1h", "30m").
 	TTL string `json:"ttl,omitempty"`
 	// ExpiresAt is when it stops applying (RFC 3339).
@@ -45,13 +48,13 @@ type OverrideArgs struct {
 
 // BlockArgs are block's arguments: Match (globs), or Rule and Key.
 type BlockArgs struct {
-	Match     map[string]string `json:"match,omitempty"`
-	Rule      string            `json:"rule,omitempty"`
-	Key       map[string]string `json:"key,omitempty"`
-	TTL       string            `json:"ttl,omitempty"`
-	ExpiresAt *time.Time        `json:"expires_at,omitempty"`
-	Reason    string            `json:"reason,omitempty"`
-	Author    string            `json:"author,omitempty"`
+	Match     Pairs      `json:"match,omitempty"`
+	Rule      string     `json:"rule,omitempty"`
+	Key       Pairs      `json:"key,omitempty"`
+	TTL       string     `json:"ttl,omitempty"`
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+	Reason    string     `json:"reason,omitempty"`
+	Author    string     `json:"author,omitempty"`
 }
 
 // IDArgs name one override or block.
@@ -66,18 +69,18 @@ type Deleted struct {
 
 // OverrideEntry is one override as stored.
 type OverrideEntry struct {
-	ID         string            `json:"id"`
-	Rule       string            `json:"rule"`
-	Key        map[string]string `json:"key,omitempty"`
-	Match      map[string]string `json:"match,omitempty"`
-	Limit      int64             `json:"limit,omitempty"`
-	Period     string            `json:"period,omitempty"`
-	Burst      int64             `json:"burst,omitempty"`
-	Multiplier float64           `json:"multiplier,omitempty"`
-	Expires    time.Time         `json:"expires"`
-	Reason     string            `json:"reason,omitempty"`
-	Author     string            `json:"author,omitempty"`
-	Created    time.Time         `json:"created"`
+	ID         string    `json:"id"`
+	Rule       string    `json:"rule"`
+	Key        Pairs     `json:"key,omitempty"`
+	Match      Pairs     `json:"match,omitempty"`
+	Limit      int64     `json:"limit,omitempty"`
+	Period     string    `json:"period,omitempty"`
+	Burst      int64     `json:"burst,omitempty"`
+	Multiplier float64   `json:"multiplier,omitempty"`
+	Expires    time.Time `json:"expires"`
+	Reason     string    `json:"reason,omitempty"`
+	Author     string    `json:"author,omitempty"`
+	Created    time.Time `json:"created"`
 	// Orphaned is set when the configuration in force has no such rule
 	// (or the rule's by descriptors changed): the override applies to
 	// nothing until the rule comes back.
@@ -86,21 +89,119 @@ type OverrideEntry struct {
 
 // BlockEntry is one block as stored.
 type BlockEntry struct {
-	ID       string            `json:"id"`
-	Match    map[string]string `json:"match,omitempty"`
-	Rule     string            `json:"rule,omitempty"`
-	Key      map[string]string `json:"key,omitempty"`
-	Expires  time.Time         `json:"expires"`
-	Reason   string            `json:"reason,omitempty"`
-	Author   string            `json:"author,omitempty"`
-	Created  time.Time         `json:"created"`
-	Orphaned bool              `json:"orphaned,omitempty"`
+	ID       string    `json:"id"`
+	Match    Pairs     `json:"match,omitempty"`
+	Rule     string    `json:"rule,omitempty"`
+	Key      Pairs     `json:"key,omitempty"`
+	Expires  time.Time `json:"expires"`
+	Reason   string    `json:"reason,omitempty"`
+	Author   string    `json:"author,omitempty"`
+	Created  time.Time `json:"created"`
+	Orphaned bool      `json:"orphaned,omitempty"`
 }
 
-// ListResult is list's answer: the entries not yet expired.
+// ListArgs are list's arguments: which page.
+type ListArgs struct {
+	// Cursor is the Next of the page before; "" asks for the first.
+	Cursor string `json:"cursor,omitempty"`
+	// Limit is the most entries a page holds: 0 means DefaultListLimit,
+	// at most MaxListLimit.
+	Limit int `json:"limit,omitempty"`
+}
+
+// Sizes of list's pages.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+	// MaxPageBytes bounds the JSON of a page's entries, whatever its
+	// limit, so that a page fits in an ADMIN frame's answer
+	// (wire.MaxAdminBody) on every face.
+	MaxPageBytes = 12 << 10
+)
+
+// ListResult is list's answer: one page of the entries not yet expired,
+// ordered by id (blocks, b-…, before overrides, o-…).
 type ListResult struct {
 	Overrides []OverrideEntry `json:"overrides"`
 	Blocks    []BlockEntry    `json:"blocks"`
+	// Next, when set, is the cursor of the next page: there may be more.
+	Next string `json:"next,omitempty"`
+}
+
+// Page returns the page of all that a asks for: the entries whose id
+// follows a.Cursor, in order of id, at most a.Limit of them and at most
+// MaxPageBytes of their JSON (at least one entry, however large), with
+// Next set when entries are left. A cursor names a position, not an
+// entry: paging goes on when the entry it names was deleted meanwhile;
+// an entry added meanwhile before the cursor is not seen.
+func Page(all ListResult, a ListArgs) (ListResult, error) {
+	if err := a.validate(); err != nil {
+		return ListResult{}, err
+	}
+	limit := a.Limit
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	type entry struct {
+		id string
+		o  *OverrideEntry
+		b  *BlockEntry
+	}
+	var es []entry
+	for i := range all.Overrides {
+		if e := &all.Overrides[i]; e.ID > a.Cursor {
+			es = append(es, entry{id: e.ID, o: e})
+		}
+	}
+	for i := range all.Blocks {
+		if e := &all.Blocks[i]; e.ID > a.Cursor {
+			es = append(es, entry{id: e.ID, b: e})
+		}
+	}
+	slices.SortFunc(es, func(x, y entry) int { return strings.Compare(x.id, y.id) })
+	page := ListResult{Overrides: []OverrideEntry{}, Blocks: []BlockEntry{}}
+	size := 0
+	for i, e := range es {
+		var v any = e.o
+		if e.b != nil {
+			v = e.b
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return ListResult{}, fmt.Errorf("cannot encode entry %s: %w", e.id, err)
+		}
+		if i == limit || (i > 0 && size+len(b)+1 > MaxPageBytes) {
+			page.Next = es[i-1].id
+			break
+		}
+		size += len(b) + 1
+		if e.o != nil {
+			page.Overrides = append(page.Overrides, *e.o)
+		} else {
+			page.Blocks = append(page.Blocks, *e.b)
+		}
+	}
+	return page, nil
+}
+
+// validate checks a's limit and cursor: "" or an id as list shows
+// them.
+func (a *ListArgs) validate() error {
+	if a.Limit < 0 || a.Limit > MaxListLimit {
+		return Errorf(CodeBadRequest, "limit = %d: must be from 1 to %d (0: %d)", a.Limit, MaxListLimit, DefaultListLimit)
+	}
+	if a.Cursor == "" {
+		return nil
+	}
+	kind, rest, _ := strings.Cut(a.Cursor, "-")
+	ok := (kind == "o" || kind == "b") && rest != "" && len(rest) <= 32
+	for _, c := range rest {
+		ok = ok && (c >= '0' && c <= '9' || c >= 'a' && c <= 'f')
+	}
+	if !ok {
+		return Errorf(CodeBadRequest, "cursor %q: give the next of the page before (an id, o-… or b-…)", a.Cursor)
+	}
+	return nil
 }
 
 // Expiry returns when a change given ttl or at, asked at now, expires.
@@ -151,6 +252,43 @@ func changeOp[A any](name, help string, call func(ctx context.Context, s ChangeS
 		}}
 }
 
+// Limits of a change's text, so that every entry fits in a page of list
+// with room to spare.
+const (
+	maxReason = 512
+	maxAuthor = 128
+	// maxPairsBytes bounds the names and values of a key or of match
+	// globs together.
+	maxPairsBytes = 2048
+)
+
+// checkChange checks the sizes of a change's key, match globs, reason
+// and author.
+func checkChange(key, match Pairs, reason, author string) error {
+	for _, p := range []struct {
+		what string
+		p    Pairs
+	}{{"key", key}, {"match", match}} {
+		if err := p.p.validate(p.what); err != nil {
+			return err
+		}
+		n := 0
+		for k, v := range p.p {
+			n += len(k) + len(v)
+		}
+		if n > maxPairsBytes {
+			return Errorf(CodeBadRequest, "%s: %d bytes of names and values, at most %d", p.what, n, maxPairsBytes)
+		}
+	}
+	switch {
+	case len(reason) > maxReason:
+		return Errorf(CodeBadRequest, "reason: %d bytes, at most %d", len(reason), maxReason)
+	case len(author) > maxAuthor:
+		return Errorf(CodeBadRequest, "author: %d bytes, at most %d", len(author), maxAuthor)
+	}
+	return nil
+}
+
 func idArg(a IDArgs) error {
 	if a.ID == "" {
 		return Errorf(CodeBadRequest, "id: give the id that list shows")
@@ -162,7 +300,12 @@ func idArg(a IDArgs) error {
 // them.
 var changeOps = []Op{
 	changeOp("override-set", "set a limit for a key or a descriptor glob of a rule, absolute or a multiplier, until an expiry",
-		func(ctx context.Context, s ChangeService, a OverrideArgs) (any, error) { return s.SetOverride(ctx, a) }),
+		func(ctx context.Context, s ChangeService, a OverrideArgs) (any, error) {
+			if err := checkChange(a.Key, a.Match, a.Reason, a.Author); err != nil {
+				return nil, err
+			}
+			return s.SetOverride(ctx, a)
+		}),
 	changeOp("override-delete", "remove an override by id",
 		func(ctx context.Context, s ChangeService, a IDArgs) (any, error) {
 			if err := idArg(a); err != nil {
@@ -171,7 +314,12 @@ var changeOps = []Op{
 			return s.DeleteOverride(ctx, a)
 		}),
 	changeOp("block", "refuse (blocked) the requests matching globs, or one key of a rule, until an expiry",
-		func(ctx context.Context, s ChangeService, a BlockArgs) (any, error) { return s.Block(ctx, a) }),
+		func(ctx context.Context, s ChangeService, a BlockArgs) (any, error) {
+			if err := checkChange(a.Key, a.Match, a.Reason, a.Author); err != nil {
+				return nil, err
+			}
+			return s.Block(ctx, a)
+		}),
 	changeOp("unblock", "remove a block by id",
 		func(ctx context.Context, s ChangeService, a IDArgs) (any, error) {
 			if err := idArg(a); err != nil {
@@ -179,16 +327,24 @@ var changeOps = []Op{
 			}
 			return s.Unblock(ctx, a)
 		}),
-	{Name: "list", Help: "the overrides and blocks in force, and those whose rule is gone",
+	{Name: "list", Help: "the overrides and blocks in force, and those whose rule is gone, a page at a time",
 		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {
 			cs, ok := s.(ChangeService)
 			if !ok {
 				return nil, Errorf(CodeUnknownOp, "this daemon has no list")
 			}
-			if err := decodeArgs(raw, &struct{}{}); err != nil {
+			var a ListArgs
+			if err := decodeArgs(raw, &a); err != nil {
 				return nil, err
 			}
-			return cs.List(ctx)
+			if err := a.validate(); err != nil {
+				return nil, err
+			}
+			all, err := cs.List(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return Page(all, a)
 		}},
 }
 

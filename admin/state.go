@@ -18,13 +18,14 @@ type StateService interface {
 }
 
 // Target names counters: those of every rule that matches Descriptors,
-// or of Rule alone; or, with Key, the counter of Rule whose key is Key
-// (as explain lists it: the rule's by descriptors as name=value, joined
-// by ",").
+// or of Rule alone; or, with Key, the counter of Rule whose key is Key:
+// the value of each of the rule's by descriptors, as override and block
+// take it ({"api_key":"k"}; the text explain lists, "api_key=k", is
+// accepted too).
 type Target struct {
-	Rule        string       `json:"rule,omitempty"`
-	Key         string       `json:"key,omitempty"`
-	Descriptors []Descriptor `json:"descriptors,omitempty"`
+	Rule        string      `json:"rule,omitempty"`
+	Key         Pairs       `json:"key,omitempty"`
+	Descriptors Descriptors `json:"descriptors,omitempty"`
 }
 
 // ResetArgs are reset's arguments.
@@ -62,20 +63,18 @@ type Counter struct {
 
 func (t *Target) validate() error {
 	switch {
-	case t.Key != "" && t.Rule == "":
-		return Errorf(CodeBadRequest, "key %q: give its rule too", t.Key)
-	case t.Key != "" && len(t.Descriptors) > 0:
+	case len(t.Key) > 0 && t.Rule == "":
+		return Errorf(CodeBadRequest, "key %s: give its rule too", t.Key)
+	case len(t.Key) > 0 && len(t.Descriptors) > 0:
 		return Errorf(CodeBadRequest, "give a rule and key, or descriptors, not both")
-	case t.Key == "" && len(t.Descriptors) == 0:
+	case len(t.Key) == 0 && len(t.Descriptors) == 0:
 		return Errorf(CodeBadRequest, "give descriptors (and optionally a rule), or a rule and a key")
-	case len(t.Key) > maxDescriptors*(maxNameLen+maxValueLen+2):
-		return Errorf(CodeBadRequest, "key: longer than a counter key can be")
 	}
-	if len(t.Descriptors) > 0 {
-		e := ExplainArgs{Descriptors: t.Descriptors}
-		return e.validate()
+	if len(t.Key) > 0 {
+		return t.Key.validate("key")
 	}
-	return nil
+	e := ExplainArgs{Descriptors: t.Descriptors}
+	return e.validate()
 }
 
 // stateOps are the ops that change a counter's state.

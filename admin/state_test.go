@@ -20,12 +20,12 @@ type stateFake struct {
 
 func (f *stateFake) Reset(_ context.Context, a admin.ResetArgs) (admin.StateResult, error) {
 	f.resets = append(f.resets, a)
-	return admin.StateResult{Counters: []admin.Counter{{Rule: a.Rule, Key: a.Key}}}, nil
+	return admin.StateResult{Counters: []admin.Counter{{Rule: a.Rule, Key: a.Key.String()}}}, nil
 }
 
 func (f *stateFake) Grant(_ context.Context, a admin.GrantArgs) (admin.StateResult, error) {
 	f.grants = append(f.grants, a)
-	return admin.StateResult{Counters: []admin.Counter{{Rule: a.Rule, Key: a.Key, Remaining: a.N}}}, nil
+	return admin.StateResult{Counters: []admin.Counter{{Rule: a.Rule, Key: a.Key.String(), Remaining: a.N}}}, nil
 }
 
 // TestStateOps: reset and grant check their target and n before the

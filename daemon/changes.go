@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -152,9 +153,13 @@ func pruneExpired(ch *policy.Changes, now time.Time) {
 	ch.Blocks = slices.DeleteFunc(ch.Blocks, func(b policy.Block) bool { return !b.Expires.After(now) })
 }
 
+// newChangeID returns a new id: prefix, then the creation time (Unix
+// nanoseconds, 16 hex digits) and 4 random hex digits, so that list's
+// order of id is the order of creation (on one daemon's clock).
 func newChangeID(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
+	var b [10]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixNano()))
+	_, _ = rand.Read(b[8:])
 	return prefix + hex.EncodeToString(b[:])
 }
 

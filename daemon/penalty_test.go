@@ -85,7 +85,7 @@ func TestPenaltiesThroughDaemon(t *testing.T) {
 	assert.Equal(t, "rld", b.Author)
 	assert.True(t, strings.HasPrefix(b.Reason, "automatic: "), b.Reason)
 	assert.Equal(t, "api", b.Rule)
-	assert.Equal(t, map[string]string{"api_key": "greedy"}, b.Key)
+	assert.Equal(t, admin.Pairs{"api_key": "greedy"}, b.Key)
 	assert.WithinDuration(t, time.Now().Add(time.Hour), b.Expires, time.Minute)
 	assert.Equal(t, 1.0, l.metric(t, `rld_auto_blocks_total{rule="api"}`))
 

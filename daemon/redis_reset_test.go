@@ -65,7 +65,7 @@ func TestResetGrantRedisCached(t *testing.T) {
 			descs := stateDescs(k, key)
 			useUp(t, cs, descs)
 			const n = 3
-			_, aerr := adminCall(t, socks[0], "grant", admin.GrantArgs{Target: admin.Target{Rule: k.String(), Key: "api_key=" + key}, N: n})
+			_, aerr := adminCall(t, socks[0], "grant", admin.GrantArgs{Target: admin.Target{Rule: k.String(), Key: admin.Pairs{"api_key": key}}, N: n})
 			require.Nil(t, aerr)
 			assert.Equal(t, int64(n), hammerAll(t, cs, descs, 10*n))
 		})

@@ -128,7 +128,7 @@ func checkResetGrant(t *testing.T, socks []string, cs []*client.Client, mode str
 			descs := stateDescs(k, key)
 			useUp(t, cs, descs)
 
-			res, aerr := adminCall(t, socks[0], "reset", admin.ResetArgs{Target: admin.Target{Rule: k.String(), Key: "api_key=" + key}})
+			res, aerr := adminCall(t, socks[0], "reset", admin.ResetArgs{Target: admin.Target{Rule: k.String(), Key: admin.Pairs{"api_key": key}}})
 			require.Nil(t, aerr)
 			require.Len(t, res.Counters, 1)
 			assert.Equal(t, k.String(), res.Counters[0].Rule)
@@ -166,16 +166,16 @@ func TestResetGrantEmbedded(t *testing.T) {
 	// Bad requests: a clear error, nothing changed.
 	descs := stateDescs(algo.FixedWindow, "bad")
 	useUp(t, []*client.Client{c}, descs)
-	target := admin.Target{Rule: "fixed_window", Key: "api_key=bad"}
+	target := admin.Target{Rule: "fixed_window", Key: admin.Pairs{"api_key": "bad"}}
 	for _, tc := range []struct {
 		op   string
 		args any
 		code admin.Code
 		msg  string
 	}{
-		{"reset", admin.ResetArgs{Target: admin.Target{Rule: "nope", Key: "api_key=bad"}}, admin.CodeNotFound, `unknown rule "nope"`},
-		{"reset", admin.ResetArgs{Target: admin.Target{Key: "api_key=bad"}}, admin.CodeBadRequest, "give its rule too"},
-		{"reset", admin.ResetArgs{Target: admin.Target{Rule: "fixed_window", Key: "tenant=bad"}}, admin.CodeNotFound, "is not a key of rule"},
+		{"reset", admin.ResetArgs{Target: admin.Target{Rule: "nope", Key: admin.Pairs{"api_key": "bad"}}}, admin.CodeNotFound, `unknown rule "nope"`},
+		{"reset", admin.ResetArgs{Target: admin.Target{Key: admin.Pairs{"api_key": "bad"}}}, admin.CodeBadRequest, "give its rule too"},
+		{"reset", admin.ResetArgs{Target: admin.Target{Rule: "fixed_window", Key: admin.Pairs{"tenant": "bad"}}}, admin.CodeNotFound, "is not a key of rule"},
 		{"reset", admin.ResetArgs{Target: admin.Target{Descriptors: []admin.Descriptor{{Name: "alg", Value: "none"}}}}, admin.CodeNotFound, "no rule counts"},
 		{"reset", admin.ResetArgs{}, admin.CodeBadRequest, "give descriptors"},
 		{"grant", admin.GrantArgs{Target: target, N: 0}, admin.CodeBadRequest, "n = 0"},

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"sort"
 	"time"
 
 	"github.com/rld/rld/algo"
@@ -23,11 +23,11 @@ type Operator interface {
 
 // Target names the counters an operator's op acts on: one rule's (Rule
 // set) or every rule's that matches Descriptors; or, with Key, the
-// counter of Rule whose key text (as Explain lists it: the rule's by
-// descriptors as name=value joined by ",") is Key.
+// counter of Rule whose by descriptors have the values in Key (as an
+// Override's Key names it: exactly the rule's by descriptors).
 type Target struct {
 	Rule        string
-	Key         string
+	Key         map[string]string
 	Descriptors []wire.Descriptor
 }
 
@@ -59,14 +59,12 @@ func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n
 		return nil, fmt.Errorf("policy: operate: %s is not an operator's op", kind)
 	}
 	descs := t.Descriptors
-	if t.Key != "" {
+	byKey := len(t.Key) > 0
+	if byKey {
 		if t.Rule == "" {
 			return nil, fmt.Errorf("policy: a key needs its rule: %w", ErrNoMatch)
 		}
-		var err error
-		if descs, err = parseKeyText(t.Key); err != nil {
-			return nil, err
-		}
+		descs = sortedDescriptors(t.Key)
 	}
 	type target struct {
 		r   *rule
@@ -82,8 +80,11 @@ func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n
 		}
 		found = true
 		// A key names its counter whatever the rule's match says.
-		if t.Key == "" && !r.applies(descs) {
+		if !byKey && !r.applies(descs) {
 			continue
+		}
+		if byKey && !namesBy(r, t.Key) {
+			continue // the key names descriptors the rule does not count by
 		}
 		key, ok := r.appendKey(nil, descs)
 		if !ok {
@@ -95,16 +96,13 @@ func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n
 		if ti >= 0 {
 			a.Tier = r.tiers[ti].name
 		}
-		if t.Key != "" && a.Key != t.Key {
-			continue // the key names descriptors the rule does not count by
-		}
 		targets = append(targets, target{r: r, app: a, key: key})
 	}
 	switch {
 	case t.Rule != "" && !found:
 		return nil, fmt.Errorf("policy: unknown rule %q: %w", t.Rule, ErrNoMatch)
-	case len(targets) == 0 && t.Key != "":
-		return nil, fmt.Errorf("policy: key %q is not a key of rule %q (its by descriptors as name=value, joined by \",\"): %w", t.Key, t.Rule, ErrNoMatch)
+	case len(targets) == 0 && byKey:
+		return nil, fmt.Errorf("policy: key %v is not a key of rule %q (give the value of each of its by descriptors, and no other): %w", t.Key, t.Rule, ErrNoMatch)
 	case len(targets) == 0:
 		return nil, fmt.Errorf("policy: no rule counts these descriptors: %w", ErrNoMatch)
 	}
@@ -128,17 +126,29 @@ func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n
 	return out, nil
 }
 
-// parseKeyText reads a key text, name=value pairs joined by ",", into
-// descriptors. A value may not hold a ",": such a key is named by its
-// descriptors instead.
-func parseKeyText(s string) ([]wire.Descriptor, error) {
-	var descs []wire.Descriptor
-	for _, kv := range strings.Split(s, ",") {
-		name, value, ok := strings.Cut(kv, "=")
-		if !ok || name == "" {
-			return nil, fmt.Errorf("policy: key %q: %q is not name=value: %w", s, kv, ErrNoMatch)
-		}
-		descs = append(descs, wire.Descriptor{Name: []byte(name), Value: []byte(value)})
+// sortedDescriptors returns m as descriptors sorted by name.
+func sortedDescriptors(m map[string]string) []wire.Descriptor {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
 	}
-	return descs, nil
+	sort.Strings(names)
+	out := make([]wire.Descriptor, len(names))
+	for i, n := range names {
+		out[i] = wire.Descriptor{Name: []byte(n), Value: []byte(m[n])}
+	}
+	return out
+}
+
+// namesBy reports whether key names exactly r's by descriptors.
+func namesBy(r *rule, key map[string]string) bool {
+	if len(key) != len(r.by) {
+		return false
+	}
+	for _, n := range r.by {
+		if _, ok := key[n]; !ok {
+			return false
+		}
+	}
+	return true
 }

@@ -45,7 +45,7 @@ func adminCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	var res admin.Response
+	call := func(req admin.Request) (admin.Response, error) { return admin.CallSocket(ctx, *socket, req) }
 	if *httpURL != "" {
 		token := ""
 		if *tokenFile != "" {
@@ -56,9 +56,13 @@ func adminCmd(args []string, stdout, stderr io.Writer) int {
 			}
 			token = strings.TrimRight(string(b), "\r\n")
 		}
-		res, err = admin.CallHTTP(ctx, *httpURL, token, req)
+		call = func(req admin.Request) (admin.Response, error) { return admin.CallHTTP(ctx, *httpURL, token, req) }
+	}
+	var res admin.Response
+	if req.Op == "list" {
+		res, err = listAll(call, req)
 	} else {
-		res, err = admin.CallSocket(ctx, *socket, req)
+		res, err = call(req)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "rld admin:", err)
@@ -89,16 +93,17 @@ func adminUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "  explain [-cost N] name=value...   the rules that match, their keys, limits and remaining (consumes nothing)")
 	fmt.Fprintln(w, "  top [-rule NAME] [-n N]            the most denied keys of each rule")
 	fmt.Fprintln(w, "  config                             the configuration in force: hash, path, load time, rules")
-	fmt.Fprintln(w, "  reset [-rule NAME] [-key KEY] [name=value...]")
+	fmt.Fprintln(w, "  reset [-rule R] [-key n=v...] [name=value...]")
 	fmt.Fprintln(w, "                                     clear counters: every rule's that matches the descriptors, or one rule's")
-	fmt.Fprintln(w, "  grant -n N [-rule NAME] [-key KEY] [name=value...]")
+	fmt.Fprintln(w, "  grant -n N [-rule R] [-key n=v...] [name=value...]")
 	fmt.Fprintln(w, "                                     add N units to counters' current quota")
 	fmt.Fprintln(w, "  override set -rule R (-key n=v... | -match n=glob...) (-limit N [-period P] [-burst B] | -multiplier F)")
 	fmt.Fprintln(w, "               (-ttl D | -expires T) [-reason TEXT] [-author WHO]   a limit for a key or glob, until an expiry")
 	fmt.Fprintln(w, "  override delete ID                 remove an override")
-	fmt.Fprintln(w, "  override list, list                the overrides and blocks in force")
+	fmt.Fprintln(w, "  override list, list [-limit N]     the overrides and blocks in force (all pages, N entries per request)")
 	fmt.Fprintln(w, "  block (-match n=glob... | -rule R -key n=v...) (-ttl D | -expires T) [-reason TEXT]   refuse (blocked) until an expiry")
 	fmt.Fprintln(w, "  unblock ID                         remove a block")
+	fmt.Fprintln(w, "\n-rule, -key n=v (repeat, or n=v,n2=v2) and -match n=glob mean the same in every op.")
 	fmt.Fprintln(w, "\nexit status: 0 ok, 1 refused or not found, 2 error\n\nflags:")
 	fs.SetOutput(w)
 	fs.PrintDefaults()

@@ -10,11 +10,11 @@ import (
 	"github.com/rld/rld/admin"
 )
 
-// stateArgs parses the arguments of reset and grant: -rule, -key, -n
-// (grant) and name=value descriptors.
+// stateArgs parses the arguments of reset and grant: -rule, -key (as
+// override and block take them), -n (grant) and name=value descriptors.
 func stateArgs(op string, fs *flag.FlagSet, args []string) (any, error) {
-	rule := fs.String("rule", "", "only this rule's counter")
-	key := fs.String("key", "", "the counter key (with -rule), as explain lists it")
+	t := admin.Target{Key: admin.Pairs{}}
+	targetFlags(fs, &t.Rule, t.Key, nil)
 	var n *int64
 	if op == "grant" {
 		n = fs.Int64("n", 0, "units to add")
@@ -22,7 +22,7 @@ func stateArgs(op string, fs *flag.FlagSet, args []string) (any, error) {
 	if err := fs.Parse(args); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	t := admin.Target{Rule: *rule, Key: *key}
+	t.Key = nonEmpty(t.Key)
 	for _, kv := range fs.Args() {
 		name, value, ok := strings.Cut(kv, "=")
 		if !ok || name == "" {

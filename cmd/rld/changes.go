@@ -5,24 +5,49 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/rld/rld/admin"
 )
 
-// pairs is a repeatable name=value flag.
-type pairs map[string]string
+// pairs is a repeatable flag of name=value pairs (-key api_key=k -key
+// tenant=t, or -key api_key=k,tenant=t), read as admin.ParsePairs reads
+// them.
+type pairs admin.Pairs
 
-func (p pairs) String() string { return "" }
+func (p pairs) String() string { return admin.Pairs(p).String() }
 
 func (p pairs) Set(s string) error {
-	name, value, ok := strings.Cut(s, "=")
-	if !ok || name == "" {
-		return fmt.Errorf("%q is not name=value", s)
+	m, err := admin.ParsePairs(s)
+	if err != nil {
+		return err
 	}
-	p[name] = value
+	for name, value := range m {
+		if _, dup := p[name]; dup {
+			return fmt.Errorf("%s given twice", name)
+		}
+		p[name] = value
+	}
 	return nil
+}
+
+// targetFlags declares the flags that name what a command acts on, the
+// same for every command that has them: -rule NAME, -key name=value
+// (repeat), and -match name=glob (repeat) when match is not nil.
+func targetFlags(fs *flag.FlagSet, rule *string, key, match admin.Pairs) {
+	fs.StringVar(rule, "rule", "", "the rule's `name`")
+	fs.Var(pairs(key), "key", "a `name=value` of the counter key: each of the rule's by descriptors (repeat, or join with \",\")")
+	if match != nil {
+		fs.Var(pairs(match), "match", "a descriptor glob, `name=glob` (repeat, or join with \",\")")
+	}
+}
+
+// nonEmpty returns p, or nil when it is empty (omitted in JSON).
+func nonEmpty(p admin.Pairs) admin.Pairs {
+	if len(p) == 0 {
+		return nil
+	}
+	return p
 }
 
 // changeRequest builds the request of the override, block, unblock and
@@ -39,17 +64,15 @@ func changeRequest(op string, args []string) (req admin.Request, ok bool, err er
 		sub := args[0]
 		switch sub {
 		case "list":
-			return admin.Request{Op: "list"}, true, nil
+			return changeRequest("list", args[1:])
 		case "delete":
 			if len(args) != 2 {
 				return req, true, fmt.Errorf("override delete: give the override's id")
 			}
 			op, v = "override-delete", admin.IDArgs{ID: args[1]}
 		case "set":
-			a := admin.OverrideArgs{Key: pairs{}, Match: pairs{}}
-			fs.StringVar(&a.Rule, "rule", "", "the rule")
-			fs.Var(pairs(a.Key), "key", "a by descriptor's value, name=value (repeat for each)")
-			fs.Var(pairs(a.Match), "match", "a descriptor glob, name=glob (repeat)")
+			a := admin.OverrideArgs{Key: admin.Pairs{}, Match: admin.Pairs{}}
+			targetFlags(fs, &a.Rule, a.Key, a.Match)
 			fs.Int64Var(&a.Limit, "limit", 0, "absolute limit")
 			fs.StringVar(&a.Period, "period", "", "absolute limit's period")
 			fs.Int64Var(&a.Burst, "burst", 0, "absolute limit's burst")
@@ -58,19 +81,25 @@ func changeRequest(op string, args []string) (req admin.Request, ok bool, err er
 			if err := fs.Parse(args[1:]); err != nil {
 				return req, true, fmt.Errorf("override set: %w", err)
 			}
+			if fs.NArg() > 0 {
+				return req, true, fmt.Errorf("override set: unexpected %q: name the key with -key name=value", fs.Arg(0))
+			}
+			a.Key, a.Match = nonEmpty(a.Key), nonEmpty(a.Match)
 			op, v = "override-set", a
 		default:
 			return req, true, fmt.Errorf("override %q: give set, delete ID or list", sub)
 		}
 	case "block":
-		a := admin.BlockArgs{Key: pairs{}, Match: pairs{}}
-		fs.StringVar(&a.Rule, "rule", "", "the rule whose key to block")
-		fs.Var(pairs(a.Key), "key", "a by descriptor's value, name=value (repeat for each)")
-		fs.Var(pairs(a.Match), "match", "a descriptor glob, name=glob (repeat)")
+		a := admin.BlockArgs{Key: admin.Pairs{}, Match: admin.Pairs{}}
+		targetFlags(fs, &a.Rule, a.Key, a.Match)
 		expiry(fs, &a.TTL, &a.ExpiresAt, &a.Reason, &a.Author)
 		if err := fs.Parse(args); err != nil {
 			return req, true, fmt.Errorf("block: %w", err)
 		}
+		if fs.NArg() > 0 {
+			return req, true, fmt.Errorf("block: unexpected %q: name the key with -key name=value, globs with -match name=glob", fs.Arg(0))
+		}
+		a.Key, a.Match = nonEmpty(a.Key), nonEmpty(a.Match)
 		v = a
 	case "unblock":
 		if len(args) != 1 {
@@ -78,8 +107,16 @@ func changeRequest(op string, args []string) (req admin.Request, ok bool, err er
 		}
 		v = admin.IDArgs{ID: args[0]}
 	case "list":
-		if len(args) != 0 {
-			return req, true, fmt.Errorf("list takes no arguments")
+		var a admin.ListArgs
+		fs.IntVar(&a.Limit, "limit", 0, "entries per request")
+		if err := fs.Parse(args); err != nil {
+			return req, true, fmt.Errorf("list: %w", err)
+		}
+		if fs.NArg() > 0 {
+			return req, true, fmt.Errorf("list: unexpected %q", fs.Arg(0))
+		}
+		if a.Limit != 0 {
+			v = a
 		}
 	default:
 		return req, false, nil
@@ -127,9 +164,9 @@ func printChanges(w io.Writer, op string, result json.RawMessage) (ok bool, err 
 			fmt.Fprintln(w, "no overrides or blocks")
 		}
 		for _, o := range r.Overrides {
-			target := "key " + joinPairs(o.Key)
+			target := "key " + o.Key.String()
 			if len(o.Match) > 0 {
-				target = "match " + joinPairs(o.Match)
+				target = "match " + o.Match.String()
 			}
 			limit := fmt.Sprintf("×%g", o.Multiplier)
 			if o.Multiplier == 0 {
@@ -149,9 +186,9 @@ func printChanges(w io.Writer, op string, result json.RawMessage) (ok bool, err 
 			fmt.Fprintln(w)
 		}
 		for _, b := range r.Blocks {
-			target := "match " + joinPairs(b.Match)
+			target := "match " + b.Match.String()
 			if b.Rule != "" {
-				target = "rule " + b.Rule + " key " + joinPairs(b.Key)
+				target = "rule " + b.Rule + " key " + b.Key.String()
 			}
 			fmt.Fprintf(w, "block %s %s until %s by %s: %s", b.ID, target, b.Expires.Format(time.RFC3339), b.Author, b.Reason)
 			if b.Orphaned {
@@ -180,7 +217,42 @@ func printChanges(w io.Writer, op string, result json.RawMessage) (ok bool, err 
 	return true, nil
 }
 
-func joinPairs(m map[string]string) string {
-	b, _ := json.Marshal(m)
-	return string(b)
+// maxPages bounds the pages listAll asks for.
+const maxPages = 100_000
+
+// listAll asks for every page of the list request req with call, and
+// returns one answer holding them all.
+func listAll(call func(admin.Request) (admin.Response, error), req admin.Request) (admin.Response, error) {
+	var args admin.ListArgs
+	if len(req.Args) > 0 {
+		if err := json.Unmarshal(req.Args, &args); err != nil {
+			return admin.Response{}, fmt.Errorf("list: %w", err)
+		}
+	}
+	all := admin.ListResult{Overrides: []admin.OverrideEntry{}, Blocks: []admin.BlockEntry{}}
+	for range maxPages {
+		b, err := json.Marshal(args)
+		if err != nil {
+			return admin.Response{}, err
+		}
+		res, err := call(admin.Request{Op: "list", Args: b})
+		if err != nil || res.Err != nil {
+			return res, err
+		}
+		var page admin.ListResult
+		if err := json.Unmarshal(res.Result, &page); err != nil {
+			return admin.Response{}, fmt.Errorf("list: unreadable page: %w", err)
+		}
+		all.Overrides = append(all.Overrides, page.Overrides...)
+		all.Blocks = append(all.Blocks, page.Blocks...)
+		if page.Next == "" {
+			out, err := json.Marshal(all)
+			return admin.Response{Result: out}, err
+		}
+		if page.Next <= args.Cursor {
+			return admin.Response{}, fmt.Errorf("list: the daemon's cursor went back (%q after %q)", page.Next, args.Cursor)
+		}
+		args.Cursor = page.Next
+	}
+	return admin.Response{}, fmt.Errorf("list: more than %d pages", maxPages)
 }
