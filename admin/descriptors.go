@@ -12,11 +12,12 @@ import (
 // The admin API names descriptors one way on every face: a JSON object of
 // name → value, {"api_key":"k","endpoint":"/v1/search"}. That is the form
 // of explain's, reset's and grant's descriptors, of a counter key (the
-// value of each of a rule's by descriptors) and of match globs; every
-// answer writes them so. Two other forms are accepted where they are
-// unambiguous, as the CLI and explain print them: descriptors as a list
-// of {"name":…,"value":…}, and a key or match as text, name=value pairs
-// joined by "," (see ParsePairs).
+// value of each of a rule's by descriptors) and of match globs; the
+// entries of overrides and blocks are written so. Two other forms are
+// accepted where they are unambiguous: descriptors as a list of
+// {"name":…,"value":…}, and a key or match as text, name=value pairs
+// joined by "," (see ParsePairs), which is how explain, top, reset and
+// grant answer a counter key.
 
 // Descriptors are the descriptors of a request, in order. They encode as
 // a JSON object of name → value, and decode from one (or from a list of
