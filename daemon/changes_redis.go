@@ -35,8 +35,12 @@ var (
 )
 
 // putTries is how many times a change is sent to Redis when its calls
-// time out.
-const putTries = 3
+// time out or do not reach Redis, waiting putRetry, then twice that,
+// between tries.
+const (
+	putTries = 3
+	putRetry = 200 * time.Millisecond
+)
 
 // loadRetry is how soon a load of the changes that failed is tried
 // again.
@@ -104,11 +108,19 @@ func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires
 		at = time.Time{}
 	}
 	// A put is idempotent (the same id and value): try again after a
-	// timeout rather than refuse the operator's change.
+	// timeout or a failure to reach Redis (on Cluster, right after a
+	// failover, the first call may go to the node that failed) rather
+	// than refuse the operator's change. A refusal by Redis is final.
 	var exp time.Time
 	var st redisx.Stamp
 	for try := 0; try < putTries; try++ {
-		if exp, st, err = s.rc.Put(ctx, id, string(v), at, ttl); err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		if try > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(try) * putRetry):
+			}
+		}
+		if exp, st, err = s.rc.Put(ctx, id, string(v), at, ttl); err == nil || redisx.IsReply(err) || ctx.Err() != nil {
 			break
 		}
 	}

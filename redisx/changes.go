@@ -254,3 +254,9 @@ func (s *Changes) Subscribe(ctx context.Context, subscribed func(), announced fu
 		return fmt.Errorf("redisx: changes: subscription lost: %w", err)
 	}
 }
+
+// IsReply reports whether err carries an error reply of Redis (the
+// script refused the call), rather than a failure to reach Redis: a call
+// that failed to reach Redis may be tried again, one that Redis refused
+// may not.
+func IsReply(err error) bool { return isRefusal(err) }
