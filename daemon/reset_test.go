@@ -181,6 +181,10 @@ func TestResetGrantEmbedded(t *testing.T) {
 		{"grant", admin.GrantArgs{Target: target, N: 0}, admin.CodeBadRequest, "n = 0"},
 		{"grant", admin.GrantArgs{Target: target, N: -3}, admin.CodeBadRequest, "n = -3"},
 		{"grant", map[string]any{"rule": "fixed_window", "key": "api_key=bad", "n": 1, "extra": 1}, admin.CodeBadRequest, "unknown field"},
+		{"reset", admin.ResetArgs{Target: admin.Target{Rule: "fixed_window", Key: admin.Pairs{"api_key": "bad", "tenant": "t"}}}, admin.CodeNotFound, "is not a key of rule"},
+		{"reset", map[string]any{"rule": "fixed_window", "key": "api_key"}, admin.CodeBadRequest, "not name=value"},
+		{"reset", map[string]any{"rule": "fixed_window", "key": "api_key=bad,api_key=b"}, admin.CodeBadRequest, "given twice"},
+		{"grant", map[string]any{"descriptors": map[string]any{"api_key": 1}, "n": 1}, admin.CodeBadRequest, "must be a string"},
 	} {
 		_, aerr := adminCall(t, s.Socket, tc.op, tc.args)
 		if assert.NotNil(t, aerr, "%s %+v", tc.op, tc.args) {
@@ -221,5 +225,5 @@ func TestResetGrantEmbedded(t *testing.T) {
 	}
 	assert.Equal(t, len(fleetKinds)+1, resets)
 	assert.Equal(t, len(fleetKinds), grants)
-	assert.Equal(t, 8, refused)
+	assert.Equal(t, 12, refused)
 }
