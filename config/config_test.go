@@ -291,12 +291,24 @@ fail = "closed"
 	require.NoError(t, err)
 	want := []string{
 		"search: token_bucket 30/1m burst 45 by api_key,endpoint match endpoint=/v1/search*,method=GET cached fail=open",
-		"per-tier: token_bucket tier{free=100,pro=1000,enterprise=10000,*=100}/1h by api_key cached fail=open shadow",
-		"login: sliding_log tier{gold=50,*=5}/1m30s by ip strict fail=closed",
+		"per-tier: token_bucket tier{free=100,pro=1000,enterprise=10000,default=100}/1h by api_key cached fail=open shadow",
+		"login: sliding_log tier{gold=50,default=5}/1m30s by ip strict fail=closed",
 	}
 	for i, w := range want {
 		assert.Equal(t, w, c.Rules[i].Summary())
 	}
+
+	// A tier called "default" is told from the default.
+	c, err = Parse([]byte(`
+[[rule]]
+name = "named"
+by = ["api_key"]
+limit = 5
+period = "1m"
+tiers = { default = 50 }
+`), "x.toml")
+	require.NoError(t, err)
+	assert.Equal(t, `named: token_bucket tier{"default"=50,default=5}/1m by api_key cached fail=open`, c.Rules[0].Summary())
 }
 
 func TestDurationString(t *testing.T) {

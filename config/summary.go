@@ -7,13 +7,18 @@ import (
 	"strings"
 )
 
+// defaultTierLabel names, in a Summary, the limit of a missing or
+// unlisted tier.
+const defaultTierLabel = "default"
+
 // Summary returns the rule on one line, as `rld config check` prints it:
 //
 //	search: token_bucket 30/1m burst 45 by api_key,endpoint match endpoint=/v1/search* cached fail=open
-//	per-tier: token_bucket tier{free=100,pro=1000,enterprise=10000,*=100}/1m by api_key cached fail=open
+//	per-tier: token_bucket tier{free=100,pro=1000,enterprise=10000,default=100}/1m by api_key cached fail=open
 //
-// Tiers are listed by limit; `*` gives the limit of a missing or unlisted
-// tier. Shadow rules end with " shadow".
+// Tiers are listed by limit, then `default`: the limit of a missing or
+// unlisted tier (a tier that is itself called "default" is written
+// quoted, `"default"=50`). Shadow rules end with " shadow".
 func (r *Rule) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %s ", r.Name, r.Algorithm)
@@ -24,9 +29,13 @@ func (r *Rule) Summary() string {
 		slices.SortStableFunc(tiers, func(a, b string) int { return cmp.Compare(r.Tiers[a], r.Tiers[b]) })
 		b.WriteString("tier{")
 		for _, t := range tiers {
-			fmt.Fprintf(&b, "%s=%d,", t, r.Tiers[t])
+			name := t
+			if t == defaultTierLabel {
+				name = `"` + t + `"`
+			}
+			fmt.Fprintf(&b, "%s=%d,", name, r.Tiers[t])
 		}
-		fmt.Fprintf(&b, "*=%d}", r.DefaultLimit())
+		fmt.Fprintf(&b, "%s=%d}", defaultTierLabel, r.DefaultLimit())
 	}
 	fmt.Fprintf(&b, "/%s", r.Period)
 	if r.Burst > 0 {
