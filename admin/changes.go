@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/rld/rld/change"
 )
 
 // ChangeService is what the daemon provides for the admin ops that change
@@ -67,37 +69,24 @@ type Deleted struct {
 	ID string `json:"id"`
 }
 
-// OverrideEntry is one override as stored.
+// OverrideEntry is one override as stored: the policy's change.Override,
+// its Period written as a duration's text ("1m"), and whether its rule
+// is gone.
 type OverrideEntry struct {
-	ID         string    `json:"id"`
-	Rule       string    `json:"rule"`
-	Key        Pairs     `json:"key,omitempty"`
-	Match      Pairs     `json:"match,omitempty"`
-	Limit      int64     `json:"limit,omitempty"`
-	Period     string    `json:"period,omitempty"`
-	Burst      int64     `json:"burst,omitempty"`
-	Multiplier float64   `json:"multiplier,omitempty"`
-	Expires    time.Time `json:"expires"`
-	Reason     string    `json:"reason,omitempty"`
-	Author     string    `json:"author,omitempty"`
-	Created    time.Time `json:"created"`
+	change.Override
+	// Period is the absolute limit's period, "" for the rule's; it
+	// stands for Override.Period in JSON.
+	Period string `json:"period,omitempty"`
 	// Orphaned is set when the configuration in force has no such rule
 	// (or the rule's by descriptors changed): the override applies to
 	// nothing until the rule comes back.
 	Orphaned bool `json:"orphaned,omitempty"`
 }
 
-// BlockEntry is one block as stored.
+// BlockEntry is one block as stored, and whether its rule is gone.
 type BlockEntry struct {
-	ID       string    `json:"id"`
-	Match    Pairs     `json:"match,omitempty"`
-	Rule     string    `json:"rule,omitempty"`
-	Key      Pairs     `json:"key,omitempty"`
-	Expires  time.Time `json:"expires"`
-	Reason   string    `json:"reason,omitempty"`
-	Author   string    `json:"author,omitempty"`
-	Created  time.Time `json:"created"`
-	Orphaned bool      `json:"orphaned,omitempty"`
+	change.Block
+	Orphaned bool `json:"orphaned,omitempty"`
 }
 
 // ListArgs are list's arguments: which page.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/admin"
+	"github.com/rld/rld/change"
 )
 
 // formsFake records the arguments of every op that names descriptors.
@@ -22,14 +23,14 @@ type formsFake struct {
 
 func (f *formsFake) SetOverride(_ context.Context, a admin.OverrideArgs) (admin.OverrideEntry, error) {
 	f.overrides = append(f.overrides, a)
-	return admin.OverrideEntry{ID: "o-1", Rule: a.Rule, Key: a.Key, Match: a.Match}, nil
+	return admin.OverrideEntry{Override: change.Override{ID: "o-1", Rule: a.Rule, Key: a.Key, Match: a.Match}}, nil
 }
 func (f *formsFake) DeleteOverride(context.Context, admin.IDArgs) (admin.Deleted, error) {
 	return admin.Deleted{}, nil
 }
 func (f *formsFake) Block(_ context.Context, a admin.BlockArgs) (admin.BlockEntry, error) {
 	f.blocks = append(f.blocks, a)
-	return admin.BlockEntry{ID: "b-1", Rule: a.Rule, Key: a.Key, Match: a.Match}, nil
+	return admin.BlockEntry{Block: change.Block{ID: "b-1", Rule: a.Rule, Key: a.Key, Match: a.Match}}, nil
 }
 func (f *formsFake) Unblock(context.Context, admin.IDArgs) (admin.Deleted, error) {
 	return admin.Deleted{}, nil
@@ -180,11 +181,11 @@ func TestPage(t *testing.T) {
 	for i := range n {
 		id := fmt.Sprintf("%x", 0x100000+i*7919%n)
 		if i%3 == 0 {
-			all.Blocks = append(all.Blocks, admin.BlockEntry{ID: "b-" + id, Match: admin.Pairs{"ip": "203.0.113.*"},
-				Reason: strings.Repeat("r", i%300), Expires: time.Now().Add(time.Hour)})
+			all.Blocks = append(all.Blocks, admin.BlockEntry{Block: change.Block{ID: "b-" + id, Match: admin.Pairs{"ip": "203.0.113.*"},
+				Reason: strings.Repeat("r", i%300), Expires: time.Now().Add(time.Hour)}})
 		} else {
-			all.Overrides = append(all.Overrides, admin.OverrideEntry{ID: "o-" + id, Rule: "search",
-				Key: admin.Pairs{"api_key": "k" + id}, Limit: 10, Expires: time.Now().Add(time.Hour)})
+			all.Overrides = append(all.Overrides, admin.OverrideEntry{Override: change.Override{ID: "o-" + id, Rule: "search",
+				Key: admin.Pairs{"api_key": "k" + id}, Limit: 10, Expires: time.Now().Add(time.Hour)}})
 		}
 	}
 	for _, limit := range []int{0, 3, 37, admin.MaxListLimit} {

@@ -301,11 +301,7 @@ func (s adminService) List(context.Context) (admin.ListResult, error) {
 }
 
 func overrideEntry(o *policy.Override, orphaned bool) admin.OverrideEntry {
-	e := admin.OverrideEntry{
-		ID: o.ID, Rule: o.Rule, Key: o.Key, Match: o.Match, Limit: o.Limit, Burst: o.Burst,
-		Multiplier: o.Multiplier, Expires: o.Expires, Reason: o.Reason, Author: o.Author,
-		Created: o.Created, Orphaned: orphaned,
-	}
+	e := admin.OverrideEntry{Override: *o, Orphaned: orphaned}
 	if o.Period > 0 {
 		e.Period = config.Duration(o.Period).String()
 	}
@@ -313,10 +309,7 @@ func overrideEntry(o *policy.Override, orphaned bool) admin.OverrideEntry {
 }
 
 func blockEntry(b *policy.Block, orphaned bool) admin.BlockEntry {
-	return admin.BlockEntry{
-		ID: b.ID, Match: b.Match, Rule: b.Rule, Key: b.Key, Expires: b.Expires,
-		Reason: b.Reason, Author: b.Author, Created: b.Created, Orphaned: orphaned,
-	}
+	return admin.BlockEntry{Block: *b, Orphaned: orphaned}
 }
 
 // fileChanges keeps the changes in memory and in a JSON state file,

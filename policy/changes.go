@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/change"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/wire"
 )
@@ -39,52 +40,12 @@ func (ch *Changes) Clone() *Changes {
 }
 
 // Override changes the limit of one rule for one counter key, or for the
-// requests whose descriptors match globs. Precedence within a rule: a key
-// override, then the first glob override that matches (in the order of
-// Changes.Overrides), then the tier or the rule's limit.
-type Override struct {
-	// ID names the override for delete.
-	ID string `json:"id"`
-	// Rule is the rule's name.
-	Rule string `json:"rule"`
-	// Key, for a key override: the value of each of the rule's by
-	// descriptors, by name. Exactly one of Key and Match is set.
-	Key map[string]string `json:"key,omitempty"`
-	// Match, for a glob override: descriptor name → glob, with the
-	// syntax of a rule's match; all must hold (as well as the rule's
-	// own match).
-	Match map[string]string `json:"match,omitempty"`
-	// Limit, for an absolute override: the limit per Period (the rule's
-	// period when Period is 0). Burst 0 keeps the rule's ratio of burst
-	// to limit, if it has a burst.
-	Limit  int64         `json:"limit,omitempty"`
-	Period time.Duration `json:"period,omitempty"`
-	Burst  int64         `json:"burst,omitempty"`
-	// Multiplier, for a relative override: the limit and burst in force
-	// (the tier's or the rule's) times Multiplier, rounded, at least 1.
-	// Exactly one of Limit and Multiplier is set.
-	Multiplier float64 `json:"multiplier,omitempty"`
-	// Expires is when the override stops applying.
-	Expires time.Time `json:"expires"`
-	Reason  string    `json:"reason,omitempty"`
-	Author  string    `json:"author,omitempty"`
-	Created time.Time `json:"created"`
-}
+// requests whose descriptors match globs (see change.Override).
+type Override = change.Override
 
-// Block refuses, with StatusBlocked as the deny list does, the requests
-// whose descriptors match globs, or one counter key of one rule.
-type Block struct {
-	ID string `json:"id"`
-	// Match: descriptor name → glob, all must hold. Or Rule and Key,
-	// as in Override. Exactly one of Match and Rule is set.
-	Match   map[string]string `json:"match,omitempty"`
-	Rule    string            `json:"rule,omitempty"`
-	Key     map[string]string `json:"key,omitempty"`
-	Expires time.Time         `json:"expires"`
-	Reason  string            `json:"reason,omitempty"`
-	Author  string            `json:"author,omitempty"`
-	Created time.Time         `json:"created"`
-}
+// Block refuses the requests whose descriptors match globs, or one
+// counter key of one rule (see change.Block).
+type Block = change.Block
 
 // ErrUnknownRule is wrapped by the error of a change that names a rule the
 // configuration does not have.
@@ -121,7 +82,7 @@ func (p *Policy) ValidateOverride(o *Override, now time.Time) error {
 		return fmt.Errorf("expires %s is not in the future", o.Expires.UTC().Format(time.RFC3339Nano))
 	}
 	for ti := -1; ti < len(r.tiers); ti++ {
-		pp := o.params(*r.paramsAt(ti))
+		pp := overrideParams(o, *r.paramsAt(ti))
 		if err := pp.Validate(); err != nil {
 			return fmt.Errorf("the overridden limit: %w", err)
 		}
@@ -190,8 +151,8 @@ func checkGlobs(match map[string]string) error {
 	return nil
 }
 
-// params returns the limit o makes of the limit in force in.
-func (o *Override) params(in algo.Params) algo.Params {
+// overrideParams returns the limit o makes of the limit in force in.
+func overrideParams(o *Override, in algo.Params) algo.Params {
 	out := in
 	if o.Multiplier != 0 {
 		out.Limit = scale(in.Limit, o.Multiplier)
@@ -273,7 +234,7 @@ func (p *Policy) compileChanges(ch *Changes) {
 		e := ovEntry{exp: o.Expires.UnixNano() - int64(ch.Skew), first: len(r.ovParams)}
 		valid := true
 		for ti := -1; ti < len(r.tiers); ti++ {
-			pp := o.params(*r.paramsAt(ti))
+			pp := overrideParams(o, *r.paramsAt(ti))
 			valid = valid && pp.Validate() == nil
 			r.ovParams = append(r.ovParams, pp)
 		}

@@ -164,9 +164,9 @@ func printChanges(w io.Writer, op string, result json.RawMessage) (ok bool, err 
 			fmt.Fprintln(w, "no overrides or blocks")
 		}
 		for _, o := range r.Overrides {
-			target := "key " + o.Key.String()
+			target := "key " + admin.Pairs(o.Key).String()
 			if len(o.Match) > 0 {
-				target = "match " + o.Match.String()
+				target = "match " + admin.Pairs(o.Match).String()
 			}
 			limit := fmt.Sprintf("×%g", o.Multiplier)
 			if o.Multiplier == 0 {
@@ -186,9 +186,9 @@ func printChanges(w io.Writer, op string, result json.RawMessage) (ok bool, err 
 			fmt.Fprintln(w)
 		}
 		for _, b := range r.Blocks {
-			target := "match " + b.Match.String()
+			target := "match " + admin.Pairs(b.Match).String()
 			if b.Rule != "" {
-				target = "rule " + b.Rule + " key " + b.Key.String()
+				target = "rule " + b.Rule + " key " + admin.Pairs(b.Key).String()
 			}
 			fmt.Fprintf(w, "block %s %s until %s by %s: %s", b.ID, target, b.Expires.Format(time.RFC3339), b.Author, b.Reason)
 			if b.Orphaned {
