@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -213,7 +214,7 @@ func (d *Daemon) stopAdminHTTP() {
 }
 
 // serveAdminHTTP answers POST /v1/admin/OP with a JSON body of the op's
-// arguments (GET: no arguments), for a request carrying the bearer token.
+// arguments (GET: its query, by queryArgs), for a request carrying the bearer token.
 func (d *Daemon) serveAdminHTTP(ctx *fasthttp.RequestCtx) {
 	who := admin.Caller{Face: "http", UID: -1, Addr: ctx.RemoteAddr().String()}
 	var r admin.Response
@@ -238,6 +239,8 @@ func (d *Daemon) serveAdminHTTP(ctx *fasthttp.RequestCtx) {
 		var args json.RawMessage
 		if body := ctx.PostBody(); ctx.IsPost() && len(strings.TrimSpace(string(body))) > 0 {
 			args = append(json.RawMessage(nil), body...)
+		} else if ctx.IsGet() && ctx.QueryArgs().Len() > 0 {
+			args = queryArgs(ctx.QueryArgs())
 		}
 		// Not ctx: a fasthttp.RequestCtx used as a context races with
 		// the server's shutdown.
@@ -248,4 +251,31 @@ func (d *Daemon) serveAdminHTTP(ctx *fasthttp.RequestCtx) {
 		ctx.SetStatusCode(admin.HTTPStatus(r.Err.Code))
 	}
 	ctx.SetBody(append(r.Payload(), '\n'))
+}
+
+// queryArgs turns a GET's query (?cursor=o-…&limit=50) into the op's
+// arguments: a JSON object of the parameters, a decimal integer as a
+// number, anything else as a string. The op decodes it as it decodes a
+// POST's body, so an unknown or repeated parameter is refused the same.
+func queryArgs(q *fasthttp.Args) json.RawMessage {
+	obj := make(map[string]any, q.Len())
+	var dup string
+	for k, v := range q.All() {
+		name := string(k)
+		if _, ok := obj[name]; ok && dup == "" {
+			dup = name
+		}
+		if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+			obj[name] = n
+		} else {
+			obj[name] = string(v)
+		}
+	}
+	if dup != "" {
+		// Not valid arguments of any op: the op refuses them with a
+		// clear error.
+		obj = map[string]any{"repeated query parameter " + dup: true}
+	}
+	b, _ := json.Marshal(obj)
+	return b
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +24,8 @@ import (
 
 // TestListPagesThousands: with 4000 overrides and blocks in force (more
 // than one ADMIN answer holds), list answers in pages on the socket and
-// on the admin HTTP API; following the cursors lists every entry once on
-// both faces; each socket answer fits in a frame; a bad cursor or limit
+// on the admin HTTP API (POST with a JSON body, GET with a query);
+// following the cursors lists every entry once on every face; each socket answer fits in a frame; a bad cursor or limit
 // is refused.
 func TestListPagesThousands(t *testing.T) {
 	dir := t.TempDir()
@@ -111,9 +114,43 @@ func TestListPagesThousands(t *testing.T) {
 		require.NoError(t, json.Unmarshal(res.Result, &p))
 		return p
 	}
+	httpGet := func(query string) (int, []byte) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "http://"+l.d.AdminHTTPAddr()+"/v1/admin/list"+query, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, b
+	}
+	httpGetList := func(a admin.ListArgs) admin.ListResult {
+		t.Helper()
+		q := url.Values{}
+		if a.Cursor != "" {
+			q.Set("cursor", a.Cursor)
+		}
+		if a.Limit != 0 {
+			q.Set("limit", strconv.Itoa(a.Limit))
+		}
+		query := ""
+		if len(q) > 0 {
+			query = "?" + q.Encode()
+		}
+		code, b := httpGet(query)
+		require.Equal(t, http.StatusOK, code, "%s", b)
+		var p admin.ListResult
+		require.NoError(t, json.Unmarshal(b, &p))
+		return p
+	}
+	pages("http GET", httpGetList, 250)
+	for _, q := range []string{"?cursor=nope", "?limit=-1", "?limit=5&limit=6", "?bogus=1"} {
+		code, b := httpGet(q)
+		assert.Equal(t, http.StatusBadRequest, code, "%s: %s", q, b)
+	}
 	pages("socket", socketList, 0)
-	pages("socket", socketList, admin.MaxListLimit)
-	pages("http", httpList, 0)
 	pages("http", httpList, 60)
 
 	// Bad cursors and limits: bad_request on both faces, nothing listed.
