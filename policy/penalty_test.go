@@ -131,6 +131,42 @@ func TestPenaltyGrowsAndBlocks(t *testing.T) {
 	assert.Equal(t, StatusAllowed, d.Status, "unblocked, the cooldown over")
 }
 
+// TestLiftPenalty: LiftPenalty ends a running cooldown of one key — its
+// next check is judged by the limit alone — and its early refusals
+// toward block_after count from zero again; other keys keep theirs; an
+// unknown rule or a key that is not the rule's lifts nothing.
+func TestLiftPenalty(t *testing.T) {
+	pp := newPenaltyPolicy(t, penaltyRules)
+	ctx := context.Background()
+	var sc Scratch
+	now := t0
+	for _, k := range []string{"api_key=a", "api_key=b"} {
+		for i := range 8 { // into a cooldown of several seconds
+			pp.p.Check(ctx, now.Add(time.Duration(i)*10*time.Millisecond), descs(k), 1, false, &sc)
+		}
+	}
+	now = now.Add(2 * time.Second) // the limit (1/s) has refilled; the cooldowns run
+	d := pp.p.Check(ctx, now, descs("api_key=a"), 1, true, &sc)
+	require.Equal(t, StatusLimited, d.Status, "in a cooldown")
+	require.Greater(t, d.Result.RetryAfter, time.Second)
+
+	assert.False(t, pp.p.LiftPenalty("nope", map[string]string{"api_key": "a"}))
+	assert.False(t, pp.p.LiftPenalty("api", map[string]string{"ip": "a"}))
+	assert.True(t, pp.p.LiftPenalty("api", map[string]string{"api_key": "a"}))
+	assert.False(t, pp.p.LiftPenalty("api", map[string]string{"api_key": "a"}), "nothing left to lift")
+	d = pp.p.Check(ctx, now, descs("api_key=a"), 1, false, &sc)
+	assert.Equal(t, StatusAllowed, d.Status, "the cooldown is over: the limit alone decides")
+	d = pp.p.Check(ctx, now, descs("api_key=b"), 1, true, &sc)
+	assert.Equal(t, StatusLimited, d.Status, "another key keeps its cooldown")
+
+	// block_after counts from zero again: 19 early refusals after the
+	// lift ask for no block (20 would).
+	for i := 1; i <= 19; i++ {
+		pp.p.Check(ctx, now.Add(time.Duration(i)*10*time.Millisecond), descs("api_key=a"), 1, false, &sc)
+	}
+	assert.Empty(t, pp.blocks())
+}
+
 // TestPenaltyHonestClient: a client that waits each Retry-After before
 // retrying is never penalised and never blocked, however long it keeps
 // using its whole limit.
