@@ -44,6 +44,7 @@ var (
 	changesOrphaned  = metrics.NewGauge(`rld_changes_orphaned`, nil)
 	changesOverrides = metrics.NewGauge(`rld_changes_overrides`, nil)
 	changesBlocks    = metrics.NewGauge(`rld_changes_blocks`, nil)
+	changesCompiles  = metrics.NewCounter(`rld_changes_compiles_total`)
 )
 
 // openChanges opens the store of run-time changes and compiles the ones
@@ -76,6 +77,7 @@ func (d *Daemon) installChanges(ch *policy.Changes) error {
 	}
 	d.policy.Store(p)
 	d.compiles.Add(1)
+	changesCompiles.Inc()
 	d.reportChanges(p)
 	if old != nil {
 		liftCooldowns(old.Changes(), p)
