@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -18,7 +19,7 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer ps.close()
-	e := &env{c: c, ps: ps, rld: map[string]string{}}
+	e := &env{c: c, ps: ps, rld: map[string]string{}, rldPID: map[string]int{}}
 	rep := &Report{
 		Mode: c.load.mode, Rate: c.load.rate, Connections: c.load.conns, Depth: c.load.depth,
 		DurationS: c.load.duration.Seconds(), WarmupS: c.load.warmup.Seconds(),
@@ -30,12 +31,12 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 	for _, store := range c.stores {
 		tbl := Table{Store: store}
 		for _, name := range c.targets {
-			t, label, err := e.target(ctx, name, store)
+			t, label, pr, err := e.target(ctx, name, store)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(stderr, "rld-bench: measuring %s for %v after a %v warm-up\n", label, c.load.duration, c.load.warmup)
-			m, err := runLoad(ctx, t, &c.load)
+			m, err := runLoad(ctx, t, &c.load, pr)
 			if err != nil {
 				return fmt.Errorf("%s: %w", label, err)
 			}
@@ -127,50 +128,90 @@ func savePlot(path string, rep *Report) error {
 // env makes the targets, starting what they need once: the echo server
 // always, redis-server and the daemons with -spawn.
 type env struct {
-	c     *options
-	ps    *procs
-	echo  string            // the echo server's socket, once started
-	redis string            // the spawned Redis's address, once started
-	rld   map[string]string // spawned daemons' sockets by store
+	c       *options
+	ps      *procs
+	echo    string            // the echo server's socket, once started
+	echoPID int               // its process
+	redis   string            // the spawned Redis's address, once started
+	rld     map[string]string // spawned daemons' sockets by store
+	rldPID  map[string]int    // their processes
 }
 
-// target returns the target called name for the table of store, and
-// its label.
-func (e *env) target(ctx context.Context, name, store string) (target, string, error) {
+// target returns the target called name for the table of store, its
+// label, and the probe that reads its costs (nil when there is nothing
+// to read).
+func (e *env) target(ctx context.Context, name, store string) (target, string, *probe, error) {
 	c := e.c
 	switch name {
 	case targetEcho:
 		if e.echo == "" {
-			sock, err := e.ps.startEcho(ctx)
+			sock, pid, err := e.ps.startEcho(ctx)
 			if err != nil {
-				return nil, "", err
+				return nil, "", nil, err
 			}
-			e.echo = sock
+			e.echo, e.echoPID = sock, pid
 		}
-		return &socketTarget{path: e.echo, tmpl: c.tmpl, cost: c.cost}, name, nil
+		return &socketTarget{path: e.echo, tmpl: c.tmpl, cost: c.cost}, name, &probe{pid: e.echoPID}, nil
 	case targetRedis:
-		addr := c.redis
-		if c.spawn {
-			var err error
-			if addr, err = e.spawnedRedis(ctx); err != nil {
-				return nil, "", err
+		addrs := []string{c.redis}
+		switch {
+		case len(c.cluster) > 0:
+			addrs = c.cluster
+		case c.spawn:
+			addr, err := e.spawnedRedis(ctx)
+			if err != nil {
+				return nil, "", nil, err
 			}
+			addrs = []string{addr}
 		}
-		return newRedisTarget(addr, c.tmpl, c.load.depth, c.limit, limitPeriod, c.cost), name, nil
+		nodes, err := e.nodes(ctx, store)
+		if err != nil {
+			return nil, "", nil, err
+		}
+		return newRedisTarget(addrs, c.tmpl, c.load.depth, c.limit, limitPeriod, c.cost), name, &probe{nodes: nodes}, nil
 	}
-	label, sock := targetRLD, c.socket
+	label, sock, pid := targetRLD, c.socket, c.pid
 	if c.spawn {
 		if store == storeRedis {
 			label = "rld-on-redis"
 		}
 		var err error
 		if sock, err = e.spawnedRLD(ctx, store); err != nil {
-			return nil, "", err
+			return nil, "", nil, err
 		}
+		pid = e.rldPID[store]
 	} else if err := ping(sock); err != nil {
-		return nil, "", fmt.Errorf("no rld answers PING on %s (start one, pass -socket, or use -spawn): %w", sock, err)
+		return nil, "", nil, fmt.Errorf("no rld answers PING on %s (start one, pass -socket, or use -spawn): %w", sock, err)
 	}
-	return &socketTarget{path: sock, tmpl: c.tmpl, cost: c.cost}, label, nil
+	pr := &probe{pid: pid}
+	if store != storeEmbedded {
+		var err error
+		if pr.nodes, err = e.nodes(ctx, store); err != nil {
+			return nil, "", nil, err
+		}
+	}
+	return &socketTarget{path: sock, tmpl: c.tmpl, cost: c.cost}, label, pr, nil
+}
+
+// nodes returns the Redis nodes whose script calls and CPU time are read
+// for a target of the table of store: -redis-nodes when given, else the
+// Redis of the spawned daemon (-redis-cluster, or the spawned
+// redis-server) or none.
+func (e *env) nodes(ctx context.Context, store string) ([]string, error) {
+	c := e.c
+	switch {
+	case len(c.statNodes) > 0:
+		return c.statNodes, nil
+	case len(c.cluster) > 0:
+		return c.cluster, nil
+	case c.spawn && (store == storeRedis || slices.Contains(c.targets, targetRedis)):
+		addr, err := e.spawnedRedis(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return []string{addr}, nil
+	}
+	return nil, nil
 }
 
 func (e *env) spawnedRedis(ctx context.Context) (string, error) {
@@ -197,14 +238,20 @@ func (e *env) spawnedRLD(ctx context.Context, store string) (string, error) {
 		inflight: e.c.load.depth,
 	}
 	if store == storeRedis {
-		var err error
-		if rc.redis, err = e.spawnedRedis(ctx); err != nil {
-			return "", err
+		if len(e.c.cluster) > 0 {
+			rc.redis, rc.cluster = e.c.cluster, true
+		} else {
+			addr, err := e.spawnedRedis(ctx)
+			if err != nil {
+				return "", err
+			}
+			rc.redis = []string{addr}
 		}
 	}
-	if err := e.ps.startRLD(ctx, "rld-"+store, e.c.rldBin, rc); err != nil {
+	pid, err := e.ps.startRLD(ctx, "rld-"+store, e.c.rldBin, rc)
+	if err != nil {
 		return "", err
 	}
-	e.rld[store] = rc.socket
+	e.rld[store], e.rldPID[store] = rc.socket, pid
 	return rc.socket, nil
 }

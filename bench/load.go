@@ -60,9 +60,10 @@ type measurement struct {
 	byStatus [wire.StatusError + 1]int64
 	byCode   map[wire.Code]int64
 	firstErr string
-	sent     int64 // requests due in the window that were sent
-	unsent   int64 // open loop: requests due in the window never sent
-	strays   int64 // answers whose id was not in flight
+	sent     int64  // requests due in the window that were sent
+	unsent   int64  // open loop: requests due in the window never sent
+	strays   int64  // answers whose id was not in flight
+	costs    *Costs // what the probe read over the window; nil without one
 }
 
 // timeouts returns how many requests due in the window were sent but
@@ -111,9 +112,10 @@ func (s *runState) fail(err error) {
 // runLoad puts l on t: it opens l.conns connections, drives each with a
 // sender and a receiver goroutine for the warm-up and the measurement,
 // waits up to l.drain for the last answers, and returns what was
-// recorded in the measurement window. It stops early, with an error, when
-// ctx is done or a connection fails.
-func runLoad(ctx context.Context, t target, l *load) (*measurement, error) {
+// recorded in the measurement window, with the costs that p (nil: none)
+// read at its start and end. It stops early, with an error, when ctx is
+// done or a connection fails.
+func runLoad(ctx context.Context, t target, l *load, p *probe) (*measurement, error) {
 	workers := make([]*worker, 0, l.conns)
 	defer func() {
 		for _, w := range workers {
@@ -155,6 +157,27 @@ func runLoad(ctx context.Context, t target, l *load) (*measurement, error) {
 		}
 	}()
 
+	var snaps [2]snapshot
+	var probeErr error
+	read := 0 // snapshots taken
+	probed := make(chan struct{})
+	if p.empty() {
+		close(probed)
+	} else {
+		go func() {
+			defer close(probed)
+			for i, at := range [2]int64{s.from, s.end} {
+				if !sleepUntil(at, s.abort) {
+					return
+				}
+				if snaps[i], probeErr = p.read(); probeErr != nil {
+					return
+				}
+				read++
+			}
+		}()
+	}
+
 	var wg sync.WaitGroup
 	for _, w := range workers {
 		w.s = s
@@ -164,6 +187,7 @@ func runLoad(ctx context.Context, t target, l *load) (*measurement, error) {
 	}
 	wg.Wait()
 	close(finished)
+	<-probed // by the end of the window, or at the abort
 
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("interrupted: %w", err)
@@ -192,7 +216,30 @@ func runLoad(ctx context.Context, t target, l *load) (*measurement, error) {
 		m.unsent += w.unsent
 		m.strays += w.strays
 	}
+	if probeErr != nil {
+		return nil, fmt.Errorf("cannot read the costs: %w", probeErr)
+	}
+	if read == len(snaps) {
+		m.costs = p.costs(snaps[0], snaps[1], m.arrived)
+	}
 	return m, nil
+}
+
+// sleepUntil sleeps until the nanotime at, and reports false when abort
+// closes first.
+func sleepUntil(at int64, abort <-chan struct{}) bool {
+	d := time.Duration(at - nanotime())
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-abort:
+		return false
+	}
 }
 
 // maxCode bounds the error codes counted apart; larger ones count as it.

@@ -6,9 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,9 +65,17 @@ type options struct {
 	spawn    bool
 	rldBin   string // with -spawn
 	socket   string // without -spawn
+	pid      int    // without -spawn: the daemon's process, 0 if not given
 	redis    string // without -spawn
-	json     bool
-	plot     string
+	// cluster holds seed nodes of a Redis Cluster: the spawned daemon's
+	// store and the redis target's Redis, instead of a spawned
+	// redis-server.
+	cluster []string
+	// statNodes are the Redis nodes whose script calls and CPU time are
+	// read, when given.
+	statNodes []string
+	json      bool
+	plot      string
 }
 
 func main() {
@@ -137,6 +147,9 @@ flags:
 	rldBin := fs.String("rld", "", "with -spawn: the rld `binary` (default bin/rld, else rld on PATH)")
 	socket := fs.String("socket", "", "without -spawn: rld's socket `path` (default $RLD_SOCKET, else "+defaultSocket+")")
 	redis := fs.String("redis", defaultRedis, "without -spawn: the Redis `host:port` of the redis target")
+	cluster := fs.String("redis-cluster", "", "`host:port,...`: primaries of a Redis Cluster that the spawned daemon (-store redis) and the redis target use instead of a spawned redis-server; their script calls and CPU are read")
+	statNodes := fs.String("redis-nodes", "", "`host:port,...`: the Redis nodes whose script calls and CPU time are read for each Redis-backed target (default: the spawned redis-server, or -redis-cluster)")
+	pid := fs.Int("pid", 0, "without -spawn: the daemon's process `id`, whose CPU time per decision is read from /proc")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	plot := fs.String("plot", "", "write the latency-by-percentile curves of every target to this SVG `file`")
 	seed := fs.Uint64("seed", 1, "seed of the key draws")
@@ -147,7 +160,7 @@ flags:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
-	c := &options{spawn: *spawn, limit: *limit, ruleMode: *ruleMode, json: *asJSON, plot: *plot, redis: *redis}
+	c := &options{spawn: *spawn, limit: *limit, ruleMode: *ruleMode, json: *asJSON, plot: *plot, redis: *redis, pid: *pid}
 	var problems []error
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
 	switch *mode {
@@ -214,12 +227,45 @@ flags:
 			c.socket = defaultSocket
 		}
 	}
+	if c.cluster, err = parseAddrs(*cluster); err != nil {
+		bad("-redis-cluster=%q: %w", *cluster, err)
+	}
+	if c.statNodes, err = parseAddrs(*statNodes); err != nil {
+		bad("-redis-nodes=%q: %w", *statNodes, err)
+	}
+	if *pid < 0 || *pid > 0 && c.spawn {
+		bad("-pid=%d: give a positive pid, and only without -spawn", *pid)
+	}
 	if len(problems) > 0 {
 		return nil, errors.Join(problems...)
 	}
 	c.load = load{mode: *mode, rate: *rate, conns: *conns, depth: *depth, warmup: *warmup,
 		duration: *duration, keys: ks, seed: *seed}
 	return c, nil
+}
+
+// parseAddrs parses a comma-separated list of distinct host:port
+// addresses; "" is none.
+func parseAddrs(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		a = strings.TrimSpace(a)
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return nil, err
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || host == "" {
+			return nil, fmt.Errorf("%q: want host:port", a)
+		}
+		if slices.Contains(out, a) {
+			return nil, fmt.Errorf("%q listed twice", a)
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // parseList parses a comma-separated list of distinct names from allowed.

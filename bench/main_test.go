@@ -34,11 +34,19 @@ func TestParseFlags(t *testing.T) {
 	for _, args := range []string{
 		"-mode half", "-rate 0", "-connections 0", "-depth 0", "-duration 0s", "-warmup -1s", "-cost 0",
 		"-targets echo,echo", "-targets nginx", "-spawn -rld /bin/true -store disk", "-dist zipf -zipf 0",
-		"-descriptors a", "-limit 0", "extra",
+		"-descriptors a", "-limit 0", "extra", "-pid -1", "-spawn -rld /bin/true -pid 5", "-redis-cluster x",
+		"-redis-nodes 127.0.0.1:1,127.0.0.1:1",
 	} {
 		if _, err := parseFlags(strings.Fields(args), io.Discard); err == nil {
 			t.Errorf("%s: no error", args)
 		}
+	}
+	c, err = parseFlags(strings.Fields("-redis-cluster 127.0.0.1:7000,127.0.0.1:7001 -redis-nodes 127.0.0.1:7002 -pid 42"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.cluster, ",") != "127.0.0.1:7000,127.0.0.1:7001" || strings.Join(c.statNodes, ",") != "127.0.0.1:7002" || c.pid != 42 {
+		t.Errorf("redis flags: %+v", c)
 	}
 	if _, err := parseFlags([]string{"-descriptors", " "}, io.Discard); err == nil {
 		t.Error("no descriptors: no error")

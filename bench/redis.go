@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,7 +34,7 @@ var tokenBucket = func() *rueidis.Lua {
 // on one TCP connection, with depth goroutines calling it, which rueidis
 // pipelines.
 type redisTarget struct {
-	addr  string
+	addrs []string // one server, or a Cluster's seed nodes
 	tmpl  *template
 	depth int
 	// args are the script's ARGV (see package lua): take, limit, period
@@ -41,8 +42,8 @@ type redisTarget struct {
 	args []string
 }
 
-func newRedisTarget(addr string, tmpl *template, depth int, limit int64, period time.Duration, cost uint32) *redisTarget {
-	return &redisTarget{addr: addr, tmpl: tmpl, depth: depth, args: []string{
+func newRedisTarget(addrs []string, tmpl *template, depth int, limit int64, period time.Duration, cost uint32) *redisTarget {
+	return &redisTarget{addrs: addrs, tmpl: tmpl, depth: depth, args: []string{
 		"take", strconv.FormatInt(limit, 10), strconv.FormatInt(period.Microseconds(), 10), "0", "0",
 		strconv.FormatUint(uint64(cost), 10),
 	}}
@@ -50,17 +51,17 @@ func newRedisTarget(addr string, tmpl *template, depth int, limit int64, period 
 
 func (t *redisTarget) dial() (conn, error) {
 	client, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress:       []string{t.addr},
+		InitAddress:       t.addrs,
 		ClientName:        "rld-bench",
 		Dialer:            net.Dialer{Timeout: dialTimeout},
-		ForceSingleClient: true,
+		ForceSingleClient: len(t.addrs) == 1,
 		DisableCache:      true,
 		DisableRetry:      true, // as rld: an increment must never apply twice
 		AlwaysPipelining:  true,
 		PipelineMultiplex: -1, // one TCP connection
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cannot connect to redis %s: %w", t.addr, err)
+		return nil, fmt.Errorf("cannot connect to redis %s: %w", strings.Join(t.addrs, ","), err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &redisConn{

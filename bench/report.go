@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -90,6 +91,9 @@ type Result struct {
 	SendLag *Latency `json:"send_lag_us,omitempty"`
 	// Ratio is this target's latencies divided by the first target's.
 	Ratio *Latency `json:"ratio_to_first,omitempty"`
+	// Costs is what the decisions cost in CPU and Redis calls, where
+	// rld-bench could read it (see Costs).
+	Costs *Costs `json:"costs,omitempty"`
 	// Histogram is the latency histogram (ns), in HdrHistogram's
 	// compressed V2 encoding, base64: HdrHistogram's tools read it.
 	Histogram string `json:"histogram"`
@@ -155,6 +159,7 @@ func newResult(target string, m *measurement, l *load) (Result, error) {
 		Strays:       m.strays,
 		FirstError:   m.firstErr,
 		Latency:      summarize(m.hist),
+		Costs:        m.costs,
 		hist:         m.hist,
 	}
 	if len(m.byCode) > 0 {
@@ -250,8 +255,34 @@ func writeTable(w io.Writer, t *Table) error {
 		row("send lag p50", func(r *Result) string { return formatMicros(r.SendLag.P50) })
 		row("send lag p99", func(r *Result) string { return formatMicros(r.SendLag.P99) })
 	}
+	// A row per cost that some target has; "-" where a target has not.
+	cost := func(name string, f func(c *Costs) *float64, format func(float64) string) {
+		if !slices.ContainsFunc(t.Results, func(r Result) bool { return r.Costs != nil && f(r.Costs) != nil }) {
+			return
+		}
+		row(name, func(r *Result) string {
+			if r.Costs == nil || f(r.Costs) == nil {
+				return "-"
+			}
+			return format(*f(r.Costs))
+		})
+	}
+	calls := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
+	cost("CPU/decision", func(c *Costs) *float64 { return c.CPUPerDecisionUS }, formatMicros)
+	cost("script calls/decision", func(c *Costs) *float64 { return c.ScriptCallsPerDecision }, calls)
+	cost("Redis CPU/decision", func(c *Costs) *float64 { return c.RedisCPUPerDecisionUS }, formatMicros)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("cannot write table: %w", err)
+	}
+	for _, r := range t.Results {
+		if r.Costs == nil || len(r.Costs.Nodes) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%s: script calls by Redis node:", r.Target)
+		for _, n := range r.Costs.Nodes {
+			fmt.Fprintf(w, " %s %s (%.1f%%, CPU %s/decision)", n.Addr, group(n.ScriptCalls), 100*n.Share, formatMicros(n.CPUPerDecisionUS))
+		}
+		fmt.Fprintln(w)
 	}
 	for _, r := range t.Results {
 		if r.failures() > 0 {

@@ -155,18 +155,19 @@ func (p *proc) waitReady(ctx context.Context, probe func() error) error {
 }
 
 // startEcho starts `rld-bench echo` (this program) on a socket in the
-// directory and returns the socket's path once it accepts connections.
-func (ps *procs) startEcho(ctx context.Context) (string, error) {
+// directory and returns the socket's path and the process's pid once it
+// accepts connections.
+func (ps *procs) startEcho(ctx context.Context) (string, int, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("echo: cannot find this program: %w", err)
+		return "", 0, fmt.Errorf("echo: cannot find this program: %w", err)
 	}
 	sock := filepath.Join(ps.dir, "echo.sock")
 	p, err := ps.start("echo", self, "echo", "-socket", sock)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
-	return sock, p.waitReady(ctx, func() error {
+	return sock, p.cmd.Process.Pid, p.waitReady(ctx, func() error {
 		c, err := net.DialTimeout("unix", sock, time.Second)
 		if err == nil {
 			c.Close()
@@ -238,7 +239,8 @@ func redisPing(addr string) error {
 // rldConfig is what a spawned daemon is told.
 type rldConfig struct {
 	socket   string
-	redis    string // host:port, or "" for the embedded store
+	redis    []string // host:port, or none for the embedded store
+	cluster  bool     // redis holds the seed nodes of a Cluster
 	names    []string
 	limit    int64
 	mode     string // the rule's mode; "" means the default (cached)
@@ -264,8 +266,18 @@ func (c *rldConfig) toml() string {
 	fmt.Fprintf(&b, "# Written by rld-bench for one run.\n[server]\nsocket = %q\nhttp = \"\"\n", c.socket)
 	fmt.Fprintf(&b, "max_inflight = %d\nlog_level = \"warn\"\ndrain_timeout = \"1s\"\n\n", max(c.inflight, spawnMinInflight))
 	fmt.Fprintf(&b, "[store]\nmax_keys = %d\n", max(2*c.keys, spawnMinKeys))
-	if c.redis != "" {
-		fmt.Fprintf(&b, "redis = [%q]\ntimeout = %q\n", c.redis, spawnRedisTimeout)
+	if len(c.redis) > 0 {
+		b.WriteString("redis = [")
+		for i, a := range c.redis {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "%q", a)
+		}
+		fmt.Fprintf(&b, "]\ntimeout = %q\n", spawnRedisTimeout)
+		if c.cluster {
+			b.WriteString("mode = \"cluster\"\n")
+		}
 	}
 	fmt.Fprintf(&b, "\n[[rule]]\nname = %q\nby = [", benchRule)
 	for i, n := range c.names {
@@ -282,17 +294,17 @@ func (c *rldConfig) toml() string {
 }
 
 // startRLD writes c's configuration into the directory, starts the
-// daemon bin on it, and returns once it answers PING on c.socket.
-func (ps *procs) startRLD(ctx context.Context, name, bin string, c *rldConfig) error {
+// daemon bin on it, and returns its pid once it answers PING on c.socket.
+func (ps *procs) startRLD(ctx context.Context, name, bin string, c *rldConfig) (int, error) {
 	path := filepath.Join(ps.dir, name+".toml")
 	if err := os.WriteFile(path, []byte(c.toml()), 0o644); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return 0, fmt.Errorf("%s: %w", name, err)
 	}
 	p, err := ps.start(name, bin, "serve", "-config", path)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return p.waitReady(ctx, func() error { return ping(c.socket) })
+	return p.cmd.Process.Pid, p.waitReady(ctx, func() error { return ping(c.socket) })
 }
 
 // ping sends one PING to rld's socket at path and waits for its answer.

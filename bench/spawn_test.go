@@ -14,9 +14,13 @@ import (
 // TestRLDConfig: the configuration a spawned daemon gets is valid, and
 // says what rld-bench means.
 func TestRLDConfig(t *testing.T) {
-	for _, redis := range []string{"", "127.0.0.1:6390"} {
-		rc := &rldConfig{socket: "/tmp/x/rld.sock", redis: redis, names: []string{"api_key", "endpoint"},
+	for _, redis := range []string{"", "127.0.0.1:6390", "127.0.0.1:7001,127.0.0.1:7002"} {
+		rc := &rldConfig{socket: "/tmp/x/rld.sock", names: []string{"api_key", "endpoint"},
 			limit: 5000, keys: 3_000_000, inflight: 8}
+		if redis != "" {
+			rc.redis = strings.Split(redis, ",")
+			rc.cluster = len(rc.redis) > 1
+		}
 		c, err := config.Parse([]byte(rc.toml()), "spawned.toml")
 		if err != nil {
 			t.Fatalf("redis %q: %v\n%s", redis, err, rc.toml())
@@ -25,7 +29,8 @@ func TestRLDConfig(t *testing.T) {
 			c.Store.MaxKeys != 6_000_000 || c.Store.UsesRedis() != (redis != "") {
 			t.Errorf("redis %q: server %+v, store %+v", redis, c.Server, c.Store)
 		}
-		if redis != "" && (c.Store.Redis[0] != redis || time.Duration(c.Store.Timeout) != 250*time.Millisecond) {
+		if redis != "" && (strings.Join(c.Store.Redis, ",") != redis || time.Duration(c.Store.Timeout) != 250*time.Millisecond ||
+			(c.Store.Mode == config.RedisCluster) != rc.cluster) {
 			t.Errorf("store %+v", c.Store)
 		}
 		if len(c.Rules) != 1 {
