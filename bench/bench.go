@@ -19,7 +19,7 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer ps.close()
-	e := &env{c: c, ps: ps, rld: map[string]string{}, rldPID: map[string]int{}}
+	e := &env{c: c, ps: ps, rld: map[table]string{}, rldPID: map[table]int{}}
 	rep := &Report{
 		Mode: c.load.mode, Rate: c.load.rate, Connections: c.load.conns, Depth: c.load.depth,
 		DurationS: c.load.duration.Seconds(), WarmupS: c.load.warmup.Seconds(),
@@ -28,10 +28,15 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 	if !c.json {
 		fmt.Fprint(stdout, "rld-bench: ", rep.describe())
 	}
-	for _, store := range c.stores {
+	tables := c.tables()
+	for _, tb := range tables {
+		store := tb.store
 		tbl := Table{Store: store}
+		if store == storeRedis && len(c.ruleModes) > 1 {
+			tbl.Mode = tb.mode
+		}
 		for _, name := range c.targets {
-			t, label, pr, err := e.target(ctx, name, store)
+			t, label, pr, err := e.target(ctx, name, tb)
 			if err != nil {
 				return err
 			}
@@ -50,7 +55,11 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 		rep.Tables = append(rep.Tables, tbl)
 		if !c.json {
 			if store != "" {
-				fmt.Fprintf(stdout, "\nrld on the %s store:\n", store)
+				fmt.Fprintf(stdout, "\nrld on the %s store", store)
+				if tbl.Mode != "" {
+					fmt.Fprintf(stdout, ", %s rule", tbl.Mode)
+				}
+				fmt.Fprintln(stdout, ":")
 			} else {
 				fmt.Fprintln(stdout)
 			}
@@ -104,7 +113,7 @@ func savePlot(path string, rep *Report) error {
 		for _, r := range t.Results {
 			label := r.Target
 			if seen[label] {
-				label += " (" + t.Store + " table)"
+				label += " (" + strings.TrimSpace(t.Store+" "+t.Mode) + " table)"
 			}
 			seen[label] = true
 			curves = append(curves, curve{label: label, hist: r.hist, dashed: i > 0})
@@ -130,18 +139,18 @@ func savePlot(path string, rep *Report) error {
 type env struct {
 	c       *options
 	ps      *procs
-	echo    string            // the echo server's socket, once started
-	echoPID int               // its process
-	redis   string            // the spawned Redis's address, once started
-	rld     map[string]string // spawned daemons' sockets by store
-	rldPID  map[string]int    // their processes
+	echo    string           // the echo server's socket, once started
+	echoPID int              // its process
+	redis   string           // the spawned Redis's address, once started
+	rld     map[table]string // spawned daemons' sockets by table
+	rldPID  map[table]int    // their processes
 }
 
-// target returns the target called name for the table of store, its
-// label, and the probe that reads its costs (nil when there is nothing
-// to read).
-func (e *env) target(ctx context.Context, name, store string) (target, string, *probe, error) {
-	c := e.c
+// target returns the target called name for the table tb, its label,
+// and the probe that reads its costs (nil when there is nothing to
+// read).
+func (e *env) target(ctx context.Context, name string, tb table) (target, string, *probe, error) {
+	c, store := e.c, tb.store
 	switch name {
 	case targetEcho:
 		if e.echo == "" {
@@ -174,12 +183,15 @@ func (e *env) target(ctx context.Context, name, store string) (target, string, *
 	if c.spawn {
 		if store == storeRedis {
 			label = "rld-on-redis"
+			if len(c.ruleModes) > 1 && tb.mode != ruleCached {
+				label += "-" + tb.mode
+			}
 		}
 		var err error
-		if sock, err = e.spawnedRLD(ctx, store); err != nil {
+		if sock, err = e.spawnedRLD(ctx, tb); err != nil {
 			return nil, "", nil, err
 		}
-		pid = e.rldPID[store]
+		pid = e.rldPID[tb]
 	} else if err := ping(sock); err != nil {
 		return nil, "", nil, fmt.Errorf("no rld answers PING on %s (start one, pass -socket, or use -spawn): %w", sock, err)
 	}
@@ -225,15 +237,16 @@ func (e *env) spawnedRedis(ctx context.Context) (string, error) {
 	return e.redis, nil
 }
 
-func (e *env) spawnedRLD(ctx context.Context, store string) (string, error) {
-	if sock, ok := e.rld[store]; ok {
+func (e *env) spawnedRLD(ctx context.Context, tb table) (string, error) {
+	if sock, ok := e.rld[tb]; ok {
 		return sock, nil
 	}
+	store, name := tb.store, "rld-"+tb.store+"-"+tb.mode
 	rc := &rldConfig{
-		socket:   filepath.Join(e.ps.dir, "rld-"+store+".sock"),
+		socket:   filepath.Join(e.ps.dir, name+".sock"),
 		names:    e.c.tmpl.names(),
 		limit:    e.c.limit,
-		mode:     e.c.ruleMode,
+		mode:     tb.mode,
 		keys:     e.c.load.keys.n,
 		inflight: e.c.load.depth,
 	}
@@ -248,10 +261,10 @@ func (e *env) spawnedRLD(ctx context.Context, store string) (string, error) {
 			rc.redis = []string{addr}
 		}
 	}
-	pid, err := e.ps.startRLD(ctx, "rld-"+store, e.c.rldBin, rc)
+	pid, err := e.ps.startRLD(ctx, name, e.c.rldBin, rc)
 	if err != nil {
 		return "", err
 	}
-	e.rld[store], e.rldPID[store] = rc.socket, pid
+	e.rld[tb], e.rldPID[tb] = rc.socket, pid
 	return rc.socket, nil
 }

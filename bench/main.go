@@ -29,6 +29,35 @@ const (
 	storeRedis    = "redis"
 )
 
+// Modes of the spawned daemon's rule (-rule-mode).
+const (
+	ruleCached = "cached"
+	ruleStrict = "strict"
+)
+
+// table is one table of a run: the targets measured against the daemon
+// on one store, with one rule mode.
+type table struct {
+	store string // "" when the daemon is not spawned
+	mode  string
+}
+
+// tables returns the tables of a run: one per store, and on Redis one
+// per rule mode.
+func (c *options) tables() []table {
+	var out []table
+	for _, store := range c.stores {
+		if store != storeRedis {
+			out = append(out, table{store: store, mode: c.ruleModes[0]})
+			continue
+		}
+		for _, mode := range c.ruleModes {
+			out = append(out, table{store: store, mode: mode})
+		}
+	}
+	return out
+}
+
 // Defaults of the flags.
 const (
 	defaultRate        = 10_000
@@ -55,18 +84,18 @@ const (
 
 // options is the checked command line.
 type options struct {
-	load     load
-	targets  []string
-	stores   []string // with -spawn; else one ""
-	tmpl     *template
-	cost     uint32
-	limit    int64  // per second: the spawned rule's, and the redis target's
-	ruleMode string // with -spawn: the rule's mode, cached or strict
-	spawn    bool
-	rldBin   string // with -spawn
-	socket   string // without -spawn
-	pid      int    // without -spawn: the daemon's process, 0 if not given
-	redis    string // without -spawn
+	load      load
+	targets   []string
+	stores    []string // with -spawn; else one ""
+	tmpl      *template
+	cost      uint32
+	limit     int64    // per second: the spawned rule's, and the redis target's
+	ruleModes []string // with -spawn: the rule's modes, cached or strict; a table each on Redis
+	spawn     bool
+	rldBin    string // with -spawn
+	socket    string // without -spawn
+	pid       int    // without -spawn: the daemon's process, 0 if not given
+	redis     string // without -spawn
 	// cluster holds seed nodes of a Redis Cluster: the spawned daemon's
 	// store and the redis target's Redis, instead of a spawned
 	// redis-server.
@@ -142,7 +171,7 @@ flags:
 	targets := fs.String("targets", targetEcho+","+targetRLD, "targets, comma-separated, measured in this order: echo, redis, rld")
 	spawn := fs.Bool("spawn", false, "start rld (and redis-server when needed) in a temporary directory; else use -socket and -redis")
 	stores := fs.String("store", storeEmbedded, "with -spawn: the daemon's store, embedded or redis; a comma-separated list makes one table per store")
-	ruleMode := fs.String("rule-mode", "cached", "with -spawn: the rule's `mode`, cached (leases on Redis) or strict (every check in Redis)")
+	ruleMode := fs.String("rule-mode", "cached", "with -spawn: the rule's `mode`, cached (leases on Redis) or strict (every check in Redis); cached,strict makes one Redis table per mode")
 	limit := fs.Int64("limit", defaultLimit, "with -spawn and for the redis target: the token bucket's limit per second (lower it to see limited answers)")
 	rldBin := fs.String("rld", "", "with -spawn: the rld `binary` (default bin/rld, else rld on PATH)")
 	socket := fs.String("socket", "", "without -spawn: rld's socket `path` (default $RLD_SOCKET, else "+defaultSocket+")")
@@ -160,7 +189,7 @@ flags:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
-	c := &options{spawn: *spawn, limit: *limit, ruleMode: *ruleMode, json: *asJSON, plot: *plot, redis: *redis, pid: *pid}
+	c := &options{spawn: *spawn, limit: *limit, json: *asJSON, plot: *plot, redis: *redis, pid: *pid}
 	var problems []error
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
 	switch *mode {
@@ -189,11 +218,12 @@ flags:
 		bad("-cost=%d: want 1 to 4294967295", *cost)
 	}
 	c.cost = uint32(*cost)
-	if *ruleMode != "cached" && *ruleMode != "strict" {
-		bad("-rule-mode=%q: want cached or strict", *ruleMode)
-	}
 	if *limit < 1 {
 		bad("-limit=%d: must be positive", *limit)
+	}
+	var err error
+	if c.ruleModes, err = parseList(*ruleMode, ruleCached, ruleStrict); err != nil {
+		bad("-rule-mode=%q: %w", *ruleMode, err)
 	}
 	ks, err := newKeySpace(*dist, *keys, *zipf)
 	if err != nil {

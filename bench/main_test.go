@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -47,6 +48,16 @@ func TestParseFlags(t *testing.T) {
 	}
 	if strings.Join(c.cluster, ",") != "127.0.0.1:7000,127.0.0.1:7001" || strings.Join(c.statNodes, ",") != "127.0.0.1:7002" || c.pid != 42 {
 		t.Errorf("redis flags: %+v", c)
+	}
+	c, err = parseFlags(strings.Fields("-spawn -rld /bin/true -store embedded,redis -rule-mode cached,strict"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(c.tables()); got != "[{embedded cached} {redis cached} {redis strict}]" {
+		t.Errorf("tables %s", got)
+	}
+	if _, err := parseFlags(strings.Fields("-rule-mode cached,lax"), io.Discard); err == nil {
+		t.Error("-rule-mode lax: no error")
 	}
 	if _, err := parseFlags([]string{"-descriptors", " "}, io.Discard); err == nil {
 		t.Error("no descriptors: no error")

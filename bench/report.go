@@ -49,6 +49,9 @@ type Table struct {
 	// Store is the spawned daemon's store ("embedded" or "redis"), or ""
 	// when the daemon was not spawned.
 	Store string `json:"store,omitempty"`
+	// Mode is the spawned daemon's rule mode ("cached" or "strict") when
+	// -rule-mode named several; each gets a table on Redis.
+	Mode string `json:"rule_mode,omitempty"`
 	// Results holds one result per target.
 	Results []Result `json:"results"`
 }
