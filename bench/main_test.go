@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -72,4 +73,14 @@ func TestHelp(t *testing.T) {
 	if code := run([]string{"-mode", "x"}, io.Discard, io.Discard); code != 2 {
 		t.Errorf("bad flag: exit %d, want 2", code)
 	}
+}
+
+// TestMain lets the test binary serve as rld-bench's echo server: a run
+// started by a test (BenchmarkCluster) starts its own executable as
+// `rld-bench echo`.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "echo" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
 }
