@@ -2,6 +2,7 @@ package redisx
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/rld/rld/breaker"
+	"github.com/rld/rld/deadline"
 )
 
 // Mode says how Redis is deployed.
@@ -58,6 +60,8 @@ var (
 	ErrNotConnected = errors.New("redisx: not connected to redis")
 	// ErrClosed is returned by calls on a closed Client.
 	ErrClosed = errors.New("redisx: client closed")
+	// errNotSocket: a dialled connection is not a socket.
+	errNotSocket = errors.New("redisx: connection is not a socket")
 )
 
 // Options configures a Client. The zero value of each field but Addrs
@@ -209,6 +213,13 @@ type Client struct {
 
 	lastErr atomic.Pointer[error] // the last connection error, while rc is nil
 
+	// direct is the unpipelined connection of uncontended single calls
+	// (Standalone only); lastCall is when the last single call ended
+	// (unix ns), on either path.
+	direct      direct
+	lastCall    atomic.Int64
+	directCalls atomic.Uint64 // single calls that went direct, for tests
+
 	stop      chan struct{} // closed by Close
 	loopDone  chan struct{} // closed when the connect loop has returned
 	topoDone  chan struct{} // closed when the topology loop has returned (Cluster)
@@ -316,16 +327,17 @@ func (c *Client) client() (rueidis.Client, error) {
 // callCtx returns the context of one call: ctx's values and deadline,
 // with the deadline at most Timeout away. The cancellation of ctx is not
 // followed: a call lasts at most Timeout anyway, and a daemon that drains
-// after its context ended must still answer the checks it has read.
+// after its context ended must still answer the checks it has read. Its
+// timer is armed only when rueidis waits on it (a pipelined call): a
+// direct call only sets the deadline on its connection.
 func (c *Client) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	dl := time.Now().Add(c.o.Timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
-		dl = d
-	}
-	if ctx.Done() != nil {
-		ctx = context.WithoutCancel(ctx)
-	}
-	return context.WithDeadline(ctx, dl)
+	dc := c.callDeadline(ctx)
+	return dc, dc.Stop
+}
+
+// callDeadline is callCtx without the cancel function; call its Stop.
+func (c *Client) callDeadline(ctx context.Context) *deadline.Context {
+	return deadline.Detached(ctx, time.Now().Add(c.o.Timeout))
 }
 
 // batchCtx returns the context of one batch (Store.Do): ctx's values,
@@ -373,5 +385,159 @@ func (c *Client) Close() {
 		if rc := c.rc.Load(); rc != nil {
 			rc.Close()
 		}
+		c.direct.close()
 	})
+}
+
+// A single call (exec) that no other single call of the Client overlaps
+// goes, in Standalone mode on Linux, over a connection of its own
+// without pipelining: the calling goroutine writes the command and reads
+// the reply itself. Through rueidis's pipeline, a call is handed to the
+// connection's writer goroutine and its reply back from the reader
+// goroutine, and those two hand-offs, each a wake-up of a thread, cost
+// more CPU than the rest of a strict check (docs/performance.md).
+// Concurrent calls still share the pipeline: only the call that finds
+// the direct connection free uses it.
+//
+// A connection without a reader goroutine does not see Redis close it (a
+// restart, a proxy's reset, Redis's idle timeout) until it is used, so
+// each direct call first peeks at the socket without blocking (one
+// recvfrom, MSG_PEEK): a connection whose peer has closed or reset it, or
+// that holds unread bytes, is closed, and the call goes through the
+// pipeline, whose reader has seen the close. A new direct connection is
+// dialled in the background when single calls come at least every
+// directBusy, and one is dropped after a call fails other than by a
+// Redis error reply (a timeout, a broken connection). Otherwise the
+// failure semantics are the pipeline's: the same breaker, deadline and
+// single attempt.
+const directBusy = 100 * time.Millisecond
+
+// direct holds the direct connection of a Client.
+type direct struct {
+	// mu is held by the call that uses dc, or by the goroutine that
+	// replaces it: a call that cannot take it uses the pipeline.
+	mu     sync.Mutex
+	sc     rueidis.Client          // the client dc comes from; guarded by mu
+	dc     rueidis.DedicatedClient // nil when none; guarded by mu
+	sock   *socket                 // dc's socket; guarded by mu
+	client rueidis.Client          // dc as a rueidis.Client (directClient); guarded by mu
+	closed bool                    // the Client is closed; guarded by mu
+
+	// dialed is the socket sc dialled last (see dialDirect).
+	dialed atomic.Pointer[socket]
+}
+
+// directClient lets rueidis.Lua.Exec, which takes a rueidis.Client,
+// send on a dedicated connection: Exec uses Do and B only.
+type directClient struct {
+	rueidis.Client // the one dc comes from
+	dc             rueidis.DedicatedClient
+}
+
+func (d directClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
+	return d.dc.Do(ctx, cmd)
+}
+
+func (d directClient) B() rueidis.Builder { return d.dc.B() }
+
+// takeDirect returns the direct connection, held, when the call may use
+// it, and nil when the call must go through the pipeline. A held
+// connection is given back with putDirect.
+func (c *Client) takeDirect() rueidis.Client {
+	d := &c.direct
+	if !peekSupported || c.o.Mode != Standalone || !d.mu.TryLock() {
+		return nil
+	}
+	if d.dc != nil && d.sock.open() {
+		c.directCalls.Add(1)
+		return d.client
+	}
+	// None, or closed by Redis: this call goes through the pipeline, and
+	// the connection is replaced in the background if calls keep coming.
+	stale := d.dc
+	d.dc, d.sock, d.client = nil, nil, nil
+	busy := time.Now().UnixNano()-c.lastCall.Load() <= int64(directBusy)
+	if stale == nil && (!busy || d.closed) {
+		d.mu.Unlock()
+		return nil
+	}
+	go func() {
+		defer d.mu.Unlock()
+		if stale != nil {
+			stale.Close()
+		}
+		if busy && !d.closed {
+			c.dialDirect()
+		}
+	}()
+	return nil
+}
+
+// putDirect gives back the direct connection after a call that ended
+// with err; it drops the connection unless the call succeeded or Redis
+// answered it with an error reply.
+func (c *Client) putDirect(err error) {
+	d := &c.direct
+	if _, redisErr := rueidis.IsRedisErr(err); err != nil && !redisErr {
+		d.dc.Close()
+		d.dc, d.sock, d.client = nil, nil, nil
+	}
+	d.mu.Unlock()
+}
+
+// dialDirect makes the direct connection, with d.mu held.
+func (c *Client) dialDirect() {
+	d := &c.direct
+	if d.sc == nil {
+		o := c.o.rueidisOption()
+		o.AlwaysPipelining = false
+		o.PipelineMultiplex = -1 // one connection besides the dedicated one
+		o.DialCtxFn = func(ctx context.Context, addr string, dialer *net.Dialer, _ *tls.Config) (net.Conn, error) {
+			conn, err := dialer.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			s, err := newSocket(conn)
+			if err != nil {
+				conn.Close()
+				return nil, err
+			}
+			d.dialed.Store(s)
+			return conn, nil
+		}
+		sc, err := rueidis.NewClient(o)
+		if err != nil {
+			if sc != nil {
+				sc.Close()
+			}
+			return
+		}
+		d.sc = sc
+	}
+	d.dialed.Store(nil)
+	dc, _ := d.sc.Dedicate() // dials: the pool holds no open connection
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.DialTimeout)
+	defer cancel()
+	s := d.dialed.Load()
+	if err := dc.Do(ctx, dc.B().Ping().Build()).Error(); err != nil || s == nil {
+		dc.Close()
+		return
+	}
+	d.dc, d.sock, d.client = dc, s, directClient{Client: d.sc, dc: dc}
+}
+
+// close closes the direct connection and its client, waiting for a call
+// or a dial in progress.
+func (d *direct) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	if d.dc != nil {
+		d.dc.Close()
+		d.dc, d.sock, d.client = nil, nil, nil
+	}
+	if d.sc != nil {
+		d.sc.Close()
+		d.sc = nil
+	}
 }

@@ -147,16 +147,16 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, batch bool, send 
 		return err
 	}
 	rc, err := c.client()
-	if err == nil {
-		var cctx context.Context
-		var cancel context.CancelFunc
-		if batch {
-			cctx, cancel = c.batchCtx(ctx)
-		} else {
-			cctx, cancel = c.callCtx(ctx)
-		}
+	switch {
+	case err != nil:
+	case batch:
+		cctx, cancel := c.batchCtx(ctx)
 		err = send(cctx, rc)
 		cancel()
+	default:
+		cctx := c.callDeadline(ctx)
+		err = send(cctx, rc)
+		cctx.Stop()
 	}
 	c.done(b, ticket, err)
 	return err
@@ -164,10 +164,18 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, batch bool, send 
 
 // exec runs script on rkey with args as one call (see call), through the
 // breaker of rkey's node: the checks', leases' and heartbeats' scripts,
-// and any other single call.
+// and any other single call. A call that no other overlaps uses the
+// direct connection when there is an open one (see directBusy).
 func (c *Client) exec(ctx context.Context, script *rueidis.Lua, rkey string, args []string) (r rueidis.RedisResult, err error) {
 	err = c.call(ctx, c.g.breaker(rkey), false, func(ctx context.Context, rc rueidis.Client) error {
-		r = script.Exec(ctx, rc, []string{rkey}, args)
+		keys := []string{rkey}
+		if dc := c.takeDirect(); dc != nil {
+			r = script.Exec(ctx, dc, keys, args)
+			c.putDirect(r.Error())
+		} else {
+			r = script.Exec(ctx, rc, keys, args)
+		}
+		c.lastCall.Store(time.Now().UnixNano())
 		return r.Error()
 	})
 	return r, err

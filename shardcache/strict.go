@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/deadline"
 )
 
 // Strict is the Store of strict rules: every decision is made by the
@@ -28,9 +29,12 @@ func (s *Strict) Take(ctx context.Context, key []byte, p algo.Params, cost int64
 		storeDecided.Inc()
 		return s.c.b.Take(ctx, key, p, cost, now, true)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.c.o.Timeout)
-	res, err := s.c.strict.Do(ctx, key, missReq{p: p, cost: cost, ns: now.UnixNano()})
-	cancel()
+	// The deadline's timer is armed only if the check waits for a batch
+	// (coalesce.Group.Do selects on Done then); a check that runs its
+	// batch itself only passes the deadline on.
+	dctx := deadline.New(ctx, time.Now().Add(s.c.o.Timeout))
+	res, err := s.c.strict.Do(dctx, key, missReq{p: p, cost: cost, ns: now.UnixNano()})
+	dctx.Stop()
 	if err != nil {
 		return algo.Result{}, fmt.Errorf("shardcache: strict: %w", err)
 	}
@@ -57,9 +61,11 @@ func (c *Cache) runStrict(key string, reqs []missReq, out []missResp) error {
 		costs[k] = reqs[k].cost
 	}
 	// All the run's calls together last at most the store's timeout: the
-	// run holds the key's coalescing flight.
-	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
-	defer cancel()
+	// run holds the key's coalescing flight. (No timer unless a call
+	// waits on Done: see package deadline.)
+	dctx := deadline.New(context.Background(), time.Now().Add(c.o.Timeout))
+	defer dctx.Stop()
+	var ctx context.Context = dctx
 	admitted, _, r, err := c.b.TakeLease(ctx, []byte(key), p, costs, 0)
 	storeCalls.Inc()
 	batchSize.Update(float64(len(costs)))
