@@ -412,6 +412,13 @@ func (c *Client) Close() {
 // single attempt.
 const directBusy = 100 * time.Millisecond
 
+// Sizes of the direct connections' rueidis buffers: a ring of
+// 2^directRingScale calls, and read and write buffers of directBufSize.
+const (
+	directRingScale = 1
+	directBufSize   = 16 << 10
+)
+
 // direct holds the direct connection of a Client.
 type direct struct {
 	// mu is held by the call that uses dc, or by the goroutine that
@@ -492,6 +499,11 @@ func (c *Client) dialDirect() {
 		o := c.o.rueidisOption()
 		o.AlwaysPipelining = false
 		o.PipelineMultiplex = -1 // one connection besides the dedicated one
+		// Nothing is pipelined and replies are small: the default ring of
+		// 1024 calls and 0.5 MiB buffers per connection would be made for
+		// nothing (and take milliseconds of CPU to make).
+		o.RingScaleEachConn = directRingScale
+		o.ReadBufferEachConn, o.WriteBufferEachConn = directBufSize, directBufSize
 		o.DialCtxFn = func(ctx context.Context, addr string, dialer *net.Dialer, _ *tls.Config) (net.Conn, error) {
 			conn, err := dialer.DialContext(ctx, "tcp", addr)
 			if err != nil {
