@@ -44,8 +44,24 @@
 //
 // Output: the achieved rate; allowed, limited, degraded and error counts
 // (errors include timeouts); latency min, p50, p90, p99, p99.9, p99.99
-// and max; and, in open loop, how late the client itself sent. -json
-// prints the same as JSON, with each latency histogram in HdrHistogram's
+// and max; in open loop, how late the client itself sent; and what each
+// decision cost, read at the start and the end of the measurement: the
+// CPU time of the process serving the target (/proc/PID/stat of the
+// daemon or echo server rld-bench spawned, or -pid), and the script calls
+// (INFO commandstats: EVALSHA, EVAL) and CPU time (INFO cpu) of the
+// Redis nodes behind it, with each node's share of the calls when there
+// are several.
+//
+// -rule-mode cached,strict gives the Redis store one table per rule
+// mode, each with a daemon of its own. -redis-cluster runs the spawned
+// daemon and the redis target on a Redis Cluster, given by its
+// primaries, instead of a spawned redis-server; BenchmarkCluster in this
+// package starts a Cluster of three primaries (package redistest) and
+// runs rld-bench on it:
+//
+//	make build && go test -run '^$' -bench Cluster -benchtime 1x ./bench
+//
+// -json prints the same as JSON, with each latency histogram in HdrHistogram's
 // encoding, and -plot draws every target's latency-by-percentile curve on
 // one SVG chart. Latencies are recorded in HDR histograms of
 // github.com/HdrHistogram/hdrhistogram-go, the reference Go port of Gil
