@@ -412,6 +412,10 @@ func (c *Client) Close() {
 // single attempt.
 const directBusy = 100 * time.Millisecond
 
+// directClientName is the name of the direct connections in Redis's
+// CLIENT LIST; the pipelined ones are named rld.
+const directClientName = "rld-direct"
+
 // Sizes of the direct connections' rueidis buffers: a ring of
 // 2^directRingScale calls, and read and write buffers of directBufSize.
 const (
@@ -504,7 +508,15 @@ func (c *Client) dialDirect() {
 		// nothing (and take milliseconds of CPU to make).
 		o.RingScaleEachConn = directRingScale
 		o.ReadBufferEachConn, o.WriteBufferEachConn = directBufSize, directBufSize
-		o.DialCtxFn = func(ctx context.Context, addr string, dialer *net.Dialer, _ *tls.Config) (net.Conn, error) {
+		// rueidis PINGs a connection idle for Dialer.KeepAlive from a
+		// goroutine of its own, and a call that meets such a PING puts
+		// the connection in pipelined mode for good: no PINGs (a
+		// negative KeepAlive). The peek before each call sees a closed
+		// connection; the socket keeps the kernel's keep-alive (dialer).
+		o.Dialer.KeepAlive = -1
+		o.ClientName = directClientName
+		dialer := net.Dialer{Timeout: c.o.DialTimeout}
+		o.DialCtxFn = func(ctx context.Context, addr string, _ *net.Dialer, _ *tls.Config) (net.Conn, error) {
 			conn, err := dialer.DialContext(ctx, "tcp", addr)
 			if err != nil {
 				return nil, err

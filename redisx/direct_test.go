@@ -2,6 +2,7 @@ package redisx_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -97,4 +98,45 @@ func TestDirectAfterFailure(t *testing.T) {
 		require.NoError(t, take(), "call %d after the restart", i)
 	}
 	untilDirect("calls to go direct after the restart")
+}
+
+// TestDirectClientKill: Redis closes the direct connection (CLIENT
+// KILL, as its idle timeout, a proxy or an operator would) between two
+// calls; the next call, and every one after it, succeeds: the closed
+// direct connection is seen before it is used, and the call goes through
+// the pipeline.
+func TestDirectClientKill(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}})
+	rs := redisx.NewStore(c)
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000, Period: time.Second}
+	take := func() error {
+		_, err := rs.Take(context.Background(), []byte("k"), p, 1, time.Now(), false)
+		return err
+	}
+	for round := range 3 {
+		from := c.DirectCalls()
+		redistest.WaitFor(t, "calls to go direct", func() bool {
+			return take() == nil && c.DirectCalls() > from+5
+		})
+		list, err := redistest.Do(srv.Addr, "CLIENT", "LIST")
+		require.NoError(t, err)
+		killed := 0
+		for _, line := range strings.Split(list, "\n") {
+			if !strings.Contains(line, " name=rld-direct ") {
+				continue
+			}
+			for _, f := range strings.Fields(line) {
+				if addr, ok := strings.CutPrefix(f, "addr="); ok {
+					_, err := redistest.Do(srv.Addr, "CLIENT", "KILL", "ADDR", addr)
+					require.NoError(t, err)
+					killed++
+				}
+			}
+		}
+		require.Positive(t, killed, "direct connections in CLIENT LIST:\n%s", list)
+		for i := range 20 {
+			require.NoError(t, take(), "round %d: call %d after the kill", round, i)
+		}
+	}
 }
