@@ -8,7 +8,7 @@
 // # Operations
 //
 // Every store speaks one vocabulary: an Op (take, peek, lease, take-lease,
-// refund, reset, grant) on one key, and Apply, which runs it on an algorithm's State and
+// refund, reset, grant, release) on one key, and Apply, which runs it on an algorithm's State and
 // is its specification. memstore decides with the same functions, the Redis
 // scripts implement each OpKind as their ARGV[1] op (the lua package's
 // differential tests hold them to Apply), the Redis store (redisx) takes a
@@ -59,19 +59,27 @@ const (
 	SlidingLog
 	SlidingCounter
 	FixedWindow
+	// Concurrency limits the units in flight: each admission holds its
+	// units (slots) until it is released (Release) or its Period, the
+	// rule's timeout, has passed.
+	Concurrency
+	// NumKinds is the number of Kinds: tables indexed by Kind are this
+	// long.
+	NumKinds
 )
 
-var kindNames = [...]string{
+var kindNames = [NumKinds]string{
 	TokenBucket:    "token_bucket",
 	GCRA:           "gcra",
 	SlidingLog:     "sliding_log",
 	SlidingCounter: "sliding_counter",
 	FixedWindow:    "fixed_window",
+	Concurrency:    "concurrency",
 }
 
 // String returns the configuration name of k, such as "token_bucket".
 func (k Kind) String() string {
-	if int(k) < len(kindNames) {
+	if k < NumKinds {
 		return kindNames[k]
 	}
 	return fmt.Sprintf("algo.Kind(%d)", uint8(k))
@@ -84,7 +92,7 @@ func ParseKind(s string) (Kind, error) {
 			return Kind(k), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, gcra, sliding_log, sliding_counter or fixed_window)", s)
+	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, gcra, sliding_log, sliding_counter, fixed_window or concurrency)", s)
 }
 
 // MaxScaled bounds Limit×Period (in microseconds) and Burst×Period: every
@@ -93,7 +101,9 @@ func ParseKind(s string) (Kind, error) {
 const MaxScaled = 1 << 53
 
 // Params describes one limit: Limit units per Period, with a capacity of
-// Burst units for TokenBucket and GCRA (Burst 0 means Burst = Limit).
+// Burst units for TokenBucket and GCRA (Burst 0 means Burst = Limit). For
+// Concurrency, Limit is the units in flight at once and Period the time
+// after which an admission not released expires (the rule's timeout).
 type Params struct {
 	Kind   Kind
 	Limit  int64
@@ -116,7 +126,7 @@ func (p Params) PeriodMicros() int64 { return p.Period.Microseconds() }
 // Validate reports whether p describes a limit the algorithms can enforce
 // exactly.
 func (p Params) Validate() error {
-	if p.Kind > FixedWindow {
+	if p.Kind >= NumKinds {
 		return fmt.Errorf("unknown algorithm %d", p.Kind)
 	}
 	if p.Limit <= 0 {

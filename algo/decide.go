@@ -31,7 +31,7 @@ func DecideTo(p Params, s *State, now, cost int64, peek bool, r *Result) {
 		fixedWindow(p, s, now, cost, peek, r)
 	case SlidingCounter:
 		slidingCounter(p, s, now, cost, peek, r)
-	case SlidingLog:
+	case SlidingLog, Concurrency:
 		slidingLog(p, s, now, cost, peek, r)
 	default:
 		panic("BUG: algo.Decide: unknown " + p.Kind.String())
@@ -48,8 +48,8 @@ func DecideTo(p Params, s *State, now, cost int64, peek bool, r *Result) {
 //   - FixedWindow, SlidingCounter: the window's count drops by cost (not
 //     below 0) if takenAt lies in the current window; otherwise the window
 //     has moved on and there is nothing left to refund.
-//   - SlidingLog: the entry at takenAt loses cost units, and goes when it
-//     has none left.
+//   - SlidingLog, Concurrency: the entry at takenAt loses cost units, and
+//     goes when it has none left (for Concurrency, see Release).
 //
 // A cost below 1 counts as 1. p must be valid.
 func Refund(p Params, s *State, now, takenAt, cost int64) {
@@ -64,7 +64,7 @@ func Refund(p Params, s *State, now, takenAt, cost int64) {
 		refundGCRA(p, s, now, cost)
 	case FixedWindow, SlidingCounter:
 		refundWindow(p, s, now, takenAt, cost)
-	case SlidingLog:
+	case SlidingLog, Concurrency:
 		refundSlidingLog(s, takenAt, cost)
 	default:
 		panic("BUG: algo.Refund: unknown " + p.Kind.String())
@@ -88,17 +88,18 @@ func Reset(s *State) {
 //   - SlidingCounter: the current window's count drops by n, not below
 //     0; the previous window's weight is left alone, so a grant right
 //     after a window change may add less than n.
-//   - SlidingLog: the live admissions lose n units, oldest first; an
-//     entry left with none goes.
+//   - SlidingLog, Concurrency: the live admissions lose n units, oldest
+//     first; an entry left with none goes.
 //
-// It is Refund of units taken at now for every algorithm but SlidingLog.
+// It is Refund of units taken at now for every algorithm but SlidingLog
+// and Concurrency.
 // An n below 1 counts as 1. p must be valid.
 func Grant(p Params, s *State, now, n int64) {
 	if n < 1 {
 		n = 1
 	}
 	n = min(n, p.Capacity())
-	if p.Kind != SlidingLog {
+	if p.Kind != SlidingLog && p.Kind != Concurrency {
 		Refund(p, s, now, now, n)
 		return
 	}
@@ -121,7 +122,7 @@ func Grant(p Params, s *State, now, n int64) {
 // Idle reports whether s is, at now, equivalent to a fresh key's state, so
 // that a store may delete it: a full token bucket, a GCRA arrival time not
 // after now, a fixed window that is over or empty, a sliding counter whose
-// estimate is 0, a sliding log with no live entry.
+// estimate is 0, a sliding log or a concurrency limit with no live entry.
 //
 // A state stays idle as time passes, and the state a decision leaves
 // behind is idle from Result.Reset after the decision on.
@@ -138,7 +139,7 @@ func Idle(p Params, s *State, now int64) bool {
 		per := p.PeriodMicros()
 		cur, prev := windowCounts(s, now-now%per, per)
 		return cur == 0 && prev == 0
-	case SlidingLog:
+	case SlidingLog, Concurrency:
 		n := len(s.Log)
 		return n == 0 || s.Log[n-1].At <= now-p.PeriodMicros()
 	}

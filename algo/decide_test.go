@@ -280,7 +280,7 @@ func ExampleDecide() {
 	// allowed=false remaining=0 reset=1s retry-after=500ms
 }
 
-var kinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.FixedWindow, algo.SlidingCounter, algo.SlidingLog}
+var kinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.FixedWindow, algo.SlidingCounter, algo.SlidingLog, algo.Concurrency}
 
 func clone(s algo.State) algo.State {
 	s.Log = slices.Clone(s.Log)

@@ -9,8 +9,7 @@ import "strconv"
 // hot-key cache and the test stores pass batches of them.
 type OpKind uint8
 
-// The kinds of Op. Room is left for those to come (set, acquire,
-// release, settle): a new kind is added here, to Apply, to the
+// The kinds of Op. Room is left for those to come (set, settle): a new kind is added here, to Apply, to the
 // scripts, and to the Redis store's script table.
 const (
 	// OpTake decides a cost of N (at least 1) and consumes it when it
@@ -38,6 +37,12 @@ const (
 	// capped as the algorithm defines: see Grant. Its Result is that of
 	// a peek of cost 1 after it, with Allowed false and RetryAfter 0.
 	OpGrant
+	// OpRelease gives back N units (at least 1) of the Concurrency
+	// admission made at TakenAt, its lease id: see Release. Admitted is
+	// 1 when the admission held units at the op's time, else 0 and
+	// nothing changed. Its Result is that of a peek of cost 1 after it,
+	// with Allowed false and RetryAfter 0.
+	OpRelease
 	// NumOpKinds is the number of kinds: tables indexed by OpKind are
 	// this long.
 	NumOpKinds
@@ -45,7 +50,7 @@ const (
 
 var opKindNames = [NumOpKinds]string{
 	OpTake: "take", OpPeek: "peek", OpLease: "lease", OpTakeLease: "takelease", OpRefund: "refund",
-	OpReset: "reset", OpGrant: "grant",
+	OpReset: "reset", OpGrant: "grant", OpRelease: "release",
 }
 
 // String returns the op's name, as the scripts' ARGV[1] spells it.
@@ -73,10 +78,12 @@ type Op struct {
 	// Costs are the costs of an OpTakeLease, in arrival order.
 	Costs []int64
 	// TakenAt is, for OpRefund, when the units were taken: unix µs on
-	// the store's clock (the Result.At of the take or lease).
+	// the store's clock (the Result.At of the take or lease); for
+	// OpRelease, the admission's time, its lease id.
 	TakenAt int64
 
-	// Admitted is, for OpTakeLease, how many of Costs were admitted.
+	// Admitted is, for OpTakeLease, how many of Costs were admitted;
+	// for OpRelease, 1 when an admission was released, else 0.
 	Admitted int
 	// Granted is the units an OpLease or OpTakeLease leased.
 	Granted int64
@@ -109,6 +116,12 @@ func Apply(op *Op, s *State, now int64) {
 	case OpGrant:
 		Grant(p, s, now, op.N)
 		after(op, s, now)
+	case OpRelease:
+		op.Admitted = 0
+		if Release(p, s, now, op.TakenAt, op.N) {
+			op.Admitted = 1
+		}
+		after(op, s, now)
 	default:
 		panic("BUG: algo.Apply: unknown " + op.Kind.String())
 	}
@@ -116,7 +129,7 @@ func Apply(op *Op, s *State, now int64) {
 
 // after sets op's Result to that of a peek of cost 1 on s at now, with
 // Allowed false and RetryAfter 0: the reply of the ops that change a
-// key's state without deciding anything (refund, reset, grant).
+// key's state without deciding anything (refund, reset, grant, release).
 func after(op *Op, s *State, now int64) {
 	DecideTo(op.Params, s, now, 1, true, &op.Result)
 	op.Result.Allowed, op.Result.RetryAfter = false, 0

@@ -194,7 +194,7 @@ func checkBound(t *testing.T, p algo.Params, log []admission) {
 				}
 			}
 		}
-	case algo.SlidingLog:
+	case algo.SlidingLog, algo.Concurrency:
 		// At most L in any (t−P, t].
 		for j := range log {
 			var sum int64

@@ -11,11 +11,13 @@ import "time"
 //	FixedWindow     window start, µs        count in that window
 //	SlidingCounter  window start, µs        count in that window   count in the window before
 //	SlidingLog      (unused: see Log)
+//	Concurrency     (unused: see Log; each Entry is an admission in flight)
 //
 // A State is a plain value: callers serialise access to it.
 type State struct {
 	A, B, C int64
-	// Log holds a SlidingLog's admissions, oldest first. Admissions at
+	// Log holds a SlidingLog's or a Concurrency limit's admissions,
+	// oldest first. Admissions at
 	// the same microsecond share one Entry.
 	Log []Entry
 }

@@ -8,8 +8,8 @@
 //
 //	KEYS[1]  the counter's key; the script touches no other key, so it is
 //	         Cluster-safe. All state of a counter lives in that key.
-//	ARGV[1]  op: "take", "takelease", "peek", "lease", "refund", "reset"
-//	         or "grant"
+//	ARGV[1]  op: "take", "takelease", "peek", "lease", "refund", "reset",
+//	         "grant", or for concurrency.lua "release"
 //	ARGV[2]  limit L (>= 1)
 //	ARGV[3]  period P in µs (>= 1)
 //	ARGV[4]  burst: the capacity of token_bucket and gcra; "0" means L.
@@ -38,6 +38,8 @@
 //	grant    ARGV[6] = n: n units more of the current quota, capped at a
 //	         fresh key's (algo.Grant: a refund of n units taken now, or
 //	         for sliding_log the oldest live admissions go first).
+//	release  ARGV[6] = cost, ARGV[7] = lease id: the now_us of the take
+//	         that admitted the slots (concurrency.lua only): algo.Release.
 //
 // A cost, or the want of lease, below 1 counts as 1; the want of
 // takelease must be >= 0, and 0 asks for no lease. Every op but takelease
@@ -59,6 +61,8 @@
 //	lease    admitted = units granted; remaining and reset_us after the
 //	         grant; retry_after_us 0 if any unit was granted, else the
 //	         retry-after of a take of cost 1.
+//	release  admitted 1 if the admission was in flight and gave its slots
+//	         back, else 0 (nothing changed); the rest as refund.
 //	refund, reset, grant
 //	         admitted 0; remaining and reset_us of a peek of cost 1 after
 //	         the op; retry_after_us 0.

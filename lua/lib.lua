@@ -101,6 +101,8 @@ end
 --   alg.grant(p, st, now, n) -> wrote
 --                                      optional: algo.Grant, when it is not
 --                                      alg.refund of n units taken at now
+--   alg.release(p, st, now, at, cost) -> released
+--                                      optional (concurrency): algo.Release
 --   alg.idle(p, st, now) -> µs         an upper bound of the time until st
 --                                      is idle, for the TTL
 local function run(alg)
@@ -208,6 +210,18 @@ local function run(alg)
     end
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, 0, now}
+  elseif op == 'release' and alg.release then
+    -- algo.Release: ARGV[7] is the admission's time, its lease id.
+    local at = arg(7)
+    if not at then
+      return redis.error_reply('ERR rld: bad or missing lease id')
+    end
+    local released = alg.release(p, st, now, at, x)
+    if released then
+      expire(p, alg.idle(p, st, now))
+    end
+    local _, rem, rst = alg.decide(p, st, now, 1, true)
+    return {released and 1 or 0, rem, rst, 0, now}
   end
-  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset or grant)')
+  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset, grant or release)')
 end

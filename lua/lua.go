@@ -9,7 +9,7 @@ import (
 var files embed.FS
 
 // names lists the algorithms in the order of algo.Kind.
-var names = []string{"token_bucket", "gcra", "sliding_log", "sliding_counter", "fixed_window"}
+var names = []string{"token_bucket", "gcra", "sliding_log", "sliding_counter", "fixed_window", "concurrency"}
 
 // sources maps an algorithm's name to its complete script: lib.lua, then
 // the algorithm's file.
@@ -32,7 +32,7 @@ func mustRead(name string) string {
 
 // Source returns the script of the algorithm with the given configuration
 // name ("token_bucket", "gcra", "sliding_log", "sliding_counter",
-// "fixed_window"), and whether there is one. The package doc describes its
+// "fixed_window", "concurrency"), and whether there is one. The package doc describes its
 // calling convention.
 func Source(algorithm string) (string, bool) {
 	src, ok := sources[algorithm]

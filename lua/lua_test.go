@@ -23,7 +23,7 @@ const (
 	s1 = time.Second
 )
 
-var kinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.SlidingLog, algo.SlidingCounter, algo.FixedWindow}
+var kinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.SlidingLog, algo.SlidingCounter, algo.FixedWindow, algo.Concurrency}
 
 // env is a Redis server with every script loaded.
 type env struct {
@@ -63,6 +63,7 @@ const (
 	takelease = algo.OpTakeLease
 	reset     = algo.OpReset
 	grant     = algo.OpGrant
+	release   = algo.OpRelease
 )
 
 // step is one call of a timeline, at start+at µs: a take of the batch
@@ -85,6 +86,11 @@ func rf(at, cost, takenAt int64) step {
 }
 func rs(at int64) step    { return step{at: at, op: reset, costs: []int64{1}} }
 func gr(at, n int64) step { return step{at: at, op: grant, costs: []int64{n}} }
+
+// rl is a release of cost slots of the admission at start+takenAt.
+func rl(at, cost, takenAt int64) step {
+	return step{at: at, op: release, costs: []int64{cost}, takenAt: takenAt}
+}
 func tl(at, want int64, costs ...int64) step {
 	return step{at: at, op: takelease, costs: append([]int64{want}, costs...)}
 }
@@ -154,6 +160,8 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		want = append(reply(int64(ao.Admitted), ao.Result, now), ao.Granted)
 	case refund, reset, grant:
 		want = reply(0, ao.Result, now)
+	case release:
+		want = reply(int64(ao.Admitted), ao.Result, now)
 	}
 
 	// One transaction: the key cannot expire between the script and the
@@ -164,7 +172,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	for _, c := range costs {
 		args = append(args, itoa(c))
 	}
-	if o == refund {
+	if o == refund || o == release {
 		args = append(args, itoa(takenAt))
 	}
 	c := r.e.c
@@ -192,7 +200,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	if !slices.Equal(got, want) {
 		t.Errorf("%s:\n  script %v\n  algo   %v", what, got, want)
 	}
-	if gs, rs := goState(p.Kind, r.s), redisState(p.Kind, exec[3]); gs != rs {
+	if gs, rs := goState(p.Kind, r.s, p.PeriodMicros()), redisState(p.Kind, exec[3]); gs != rs {
 		t.Errorf("%s: state in Redis %q, in Go %q", what, rs, gs)
 	}
 
@@ -203,7 +211,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		t.Errorf("%s: a peek wrote (PTTL %d)", what, pttl)
 	case (o == take || o == lease || o == takelease) && wrote != (got[0] > 0):
 		t.Errorf("%s: admitted %d, yet wrote=%v (PTTL %d)", what, got[0], wrote, pttl)
-	case (o == refund || o == grant) && !equal(before, r.s) && pttl == -1:
+	case (o == refund || o == grant || o == release) && !equal(before, r.s) && pttl == -1:
 		t.Errorf("%s: a %s changed the state but set no TTL", what, o)
 	case o == reset && pttl != -2:
 		t.Errorf("%s: a reset left the key (PTTL %d)", what, pttl)
@@ -248,7 +256,7 @@ func idleMicros(p algo.Params, s algo.State, now int64) int64 {
 		default:
 			return 0
 		}
-	case algo.SlidingLog:
+	case algo.SlidingLog, algo.Concurrency:
 		if len(s.Log) == 0 {
 			return 0
 		}
@@ -262,7 +270,7 @@ func dumpCommand(kind algo.Kind, key string) []string {
 	switch kind {
 	case algo.GCRA:
 		return []string{"GET", key}
-	case algo.SlidingLog:
+	case algo.SlidingLog, algo.Concurrency:
 		return []string{"ZRANGE", key, "0", "-1", "WITHSCORES"}
 	}
 	return []string{"HGETALL", key}
@@ -270,8 +278,11 @@ func dumpCommand(kind algo.Kind, key string) []string {
 
 // goState renders s as redisState renders the key that holds it, "" for
 // a missing key.
-func goState(kind algo.Kind, s algo.State) string {
+func goState(kind algo.Kind, s algo.State, per int64) string {
+	var score int64 // a concurrency slot is scored by its expiry
 	switch kind {
+	case algo.Concurrency:
+		score = per
 	case algo.TokenBucket:
 		if s.B == 0 {
 			return ""
@@ -298,7 +309,7 @@ func goState(kind algo.Kind, s algo.State) string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		fmt.Fprintf(&b, "%d:%d@%d", en.At, en.Cost, en.At)
+		fmt.Fprintf(&b, "%d:%d@%d", en.At, en.Cost, en.At+score)
 	}
 	return b.String()
 }
@@ -308,7 +319,7 @@ func redisState(kind algo.Kind, v any) string {
 	case algo.GCRA:
 		s, _ := v.(string)
 		return s
-	case algo.SlidingLog:
+	case algo.SlidingLog, algo.Concurrency:
 		vs, _ := v.([]any)
 		var parts []string
 		for i := 0; i+1 < len(vs); i += 2 {
@@ -495,6 +506,24 @@ func TestTimelines(t *testing.T) {
 			tk(1450*m1, 3).is(0, 2, 50*ms, 50*ms),
 			tk(1450*m1, 2).is(1, 0, s1, 0),
 			rf(1450*m1, 2, 500*m1),
+		},
+	}, {
+		// Two slots, a timeout of one second: acquires hold slots until
+		// released or expired; a release names the admission's time.
+		name: "concurrency: acquire, release, expiry",
+		p:    algo.Params{Kind: algo.Concurrency, Limit: 2, Period: s1},
+		steps: []step{
+			tk(0, 1).is(1, 1, s1, 0),
+			tk(100*m1, 1).is(1, 0, s1, 0),
+			tk(200*m1, 1).is(0, 0, 900*ms, 800*ms),   // full: the oldest expires at 1s
+			rl(300*m1, 1, 50*m1).is(0, 0, 800*ms, 0), // unknown lease id: nothing changes
+			rl(300*m1, 1, 0).is(1, 0, s1, 0),         // the slot of 0 comes back
+			rl(300*m1, 1, 0).is(0, 0, s1, 0),         // released twice: unknown
+			tk(300*m1, 1).is(1, 0, s1, 0),
+			tk(1100*m1, 1).is(1, 0, s1, 0),         // the slot of 100ms expired
+			rl(1300*m1, 1, 300*m1).is(0, 0, s1, 0), // expired at 1.3s: unknown
+			rl(1300*m1, 1, 1100*m1).is(1, 1, s1, 0),
+			tk(1300*m1, 3).is(0, 2, 0, -1),
 		},
 	}}
 	for _, tt := range tests {
@@ -706,7 +735,11 @@ func randomTimeline(r *runner, rng *rand.Rand, ops int) {
 			if len(takes) > 0 && rng.IntN(4) > 0 {
 				takenAt = takes[rng.IntN(len(takes))]
 			}
-			r.apply(refund, now, []int64{cost()}, takenAt)
+			o := refund
+			if p.Kind == algo.Concurrency && rng.IntN(2) == 0 {
+				o = release
+			}
+			r.apply(o, now, []int64{cost()}, takenAt)
 		}
 		if r.t.Failed() {
 			return
@@ -909,6 +942,20 @@ func TestErrors(t *testing.T) {
 			t.Errorf("%v: reply %v, want an rld error", args, v)
 		}
 	}
+	// release is concurrency's alone, and needs a lease id.
+	for _, c := range []struct {
+		kind algo.Kind
+		args []string
+	}{
+		{algo.TokenBucket, []string{"release", "10", "1000000", "0", "0", "1", "5"}},
+		{algo.Concurrency, []string{"release", "10", "1000000", "0", "0", "1"}},
+		{algo.Concurrency, []string{"release", "10", "1000000", "0", "0", "1", "x"}},
+	} {
+		all := append([]string{"EVALSHA", e.shas[c.kind], "1", "{err}k"}, c.args...)
+		if v, ok := e.c.do(all...).(redisError); !ok || !strings.Contains(string(v), "rld") {
+			t.Errorf("%v %v: reply %v, want an rld error", c.kind, c.args, v)
+		}
+	}
 	if e.c.do("EXISTS", "{err}k") != int64(0) {
 		t.Error("a bad call wrote the key")
 	}
@@ -917,7 +964,7 @@ func TestErrors(t *testing.T) {
 func TestSourceNames(t *testing.T) {
 	names := lua.Names()
 	var want []string
-	for _, kind := range []algo.Kind{algo.TokenBucket, algo.GCRA, algo.SlidingLog, algo.SlidingCounter, algo.FixedWindow} {
+	for _, kind := range []algo.Kind{algo.TokenBucket, algo.GCRA, algo.SlidingLog, algo.SlidingCounter, algo.FixedWindow, algo.Concurrency} {
 		want = append(want, kind.String())
 	}
 	if !slices.Equal(names, want) {
