@@ -26,6 +26,13 @@ func fuzzSeeds() [][]byte {
 		Limit: 50, Remaining: 49, ResetMs: 1200, WindowMs: 60000, Quota: 10, QuotaWindowMs: 60000,
 		NextMs: wire.NextUnknown, Rule: []byte("burst")})
 
+	acquire := wire.AppendRequest(nil, &wire.Request{Op: wire.OpAcquire, ID: 7, Cost: 1, Descs: descs("api_key", "k")})
+	acquired := wire.AppendResponse(nil, &wire.Response{Op: wire.OpAcquire, ID: 7, Status: wire.StatusAllowed,
+		Limit: 2, Remaining: 1, Rule: []byte("slots"), Token: []byte("AQEC")})
+	acquireDenied := wire.AppendResponse(nil, &wire.Response{Op: wire.OpAcquire, ID: 8, Status: wire.StatusLimited,
+		Limit: 2, RetryMs: 100, Rule: []byte("slots")})
+	release := wire.AppendRequest(nil, &wire.Request{Op: wire.OpRelease, ID: 9, Token: []byte("AQEC")})
+
 	tooLong := bytes.Clone(req)
 	binary.BigEndian.PutUint32(tooLong, wire.MaxFrame)
 	badCount := bytes.Clone(req)
@@ -37,6 +44,8 @@ func fuzzSeeds() [][]byte {
 
 	return [][]byte{
 		req, res, ping, pong, errRes, peek, admin, adminRes, adminErr, burst,
+		acquire, acquired, acquireDenied, release, release[:len(release)-1],
+		frame(wire.Version, wire.OpRelease, 0, 10, u16(0)), // a RELEASE of no lease
 		frame(wire.Version, wire.OpAdmin, 0, 6), // an ADMIN request without a body
 		cat(req, ping),                          // two frames: neither decoder takes it whole
 		req[:len(req)-1], res[:20], ping[:4],
@@ -61,7 +70,8 @@ func FuzzDecode(f *testing.F) {
 			if out := wire.AppendRequest(nil, &req); !bytes.Equal(out, in) {
 				t.Fatalf("request re-encodes differently:\n in %x\nout %x", in, out)
 			}
-			if len(in) > wire.MaxFrame || len(req.Descs) > wire.MaxDescriptors {
+			if len(in) > wire.MaxFrame || len(req.Descs) > wire.MaxDescriptors || len(req.Token) > wire.MaxTokenLen ||
+				(req.Op == wire.OpRelease) != (len(req.Token) > 0) {
 				t.Fatalf("accepted a frame beyond the limits: %d bytes, %d descriptors", len(in), len(req.Descs))
 			}
 		} else if _, ok := err.(*wire.Error); !ok {
@@ -72,6 +82,9 @@ func FuzzDecode(f *testing.F) {
 		if err := wire.DecodeResponse(in, &res); err == nil {
 			if out := wire.AppendResponse(nil, &res); !bytes.Equal(out, in) {
 				t.Fatalf("response re-encodes differently:\n in %x\nout %x", in, out)
+			}
+			if len(res.Token) > wire.MaxTokenLen || (res.Op != wire.OpAcquire && res.Token != nil) {
+				t.Fatalf("accepted a token of %d bytes in a %#x answer", len(res.Token), res.Op)
 			}
 		} else if _, ok := err.(*wire.Error); !ok {
 			t.Fatalf("DecodeResponse error %v is not a *wire.Error", err)

@@ -16,6 +16,11 @@
 //	u8  count    number of descriptors (≤ MaxDescriptors)
 //	count × { u8 name length, name, u16 value length, value }
 //
+// An ACQUIRE request body is a CHECK's. A RELEASE request body is:
+//
+//	u16 lease length (1 to MaxTokenLen), lease: the token an ACQUIRE
+//	    answer carried
+//
 // A PING request has an empty body. An ADMIN request's body is a JSON
 // object (1 to MaxAdminBody bytes), and its response body is a u16 error
 // code followed by a JSON payload (see AdminResponse). Every other
@@ -34,6 +39,11 @@
 //	u8  rule length, rule name
 //	u16 error code   0 unless status is StatusError
 //	u16 message length, message
+//
+// and, in an ACQUIRE's response only, by:
+//
+//	u16 lease length (0 to MaxTokenLen), lease: the token to RELEASE the
+//	    concurrency slots taken; empty when none was
 //
 // docs/protocol.md has the full description with a worked example.
 package wire
@@ -66,6 +76,9 @@ const (
 	// MaxAdminBody is the longest ADMIN request body (its JSON) and the
 	// longest ADMIN response payload: what fits in a frame.
 	MaxAdminBody = MaxFrame - HeaderSize - 2
+	// MaxTokenLen is the longest token: the lease of an ACQUIRE answer,
+	// given back by RELEASE.
+	MaxTokenLen = 1024
 )
 
 // Op is a frame's operation.
@@ -77,8 +90,8 @@ const (
 	OpPeek    Op = 0x02 // decide, consume nothing
 	OpPing    Op = 0x03 // liveness; answered with StatusAllowed
 	OpReset   Op = 0x04 // reserved: clear a key's state
-	OpAcquire Op = 0x05 // reserved: take a concurrency slot
-	OpRelease Op = 0x06 // reserved: give a concurrency slot back
+	OpAcquire Op = 0x05 // decide as CHECK, and hold concurrency slots
+	OpRelease Op = 0x06 // give an ACQUIRE's concurrency slots back
 	OpSettle  Op = 0x07 // reserved: settle a cost known after the answer
 	OpAdmin   Op = 0x08 // an admin operation: a JSON request, a JSON answer
 
@@ -87,7 +100,7 @@ const (
 )
 
 // IsReserved reports whether op is assigned to a later protocol feature.
-func (op Op) IsReserved() bool { return op >= OpReset && op <= OpSettle }
+func (op Op) IsReserved() bool { return op == OpReset || op == OpSettle }
 
 // NextUnknown is a response's NextMs when the time until quota comes back
 // is not known (or no limit applied): the RateLimit field then has no t.
@@ -201,6 +214,9 @@ var (
 	ErrEmptyAdmin = &Error{CodeMalformed, "admin request without a body"}
 	// ErrAdminTooLarge: an ADMIN request body above MaxAdminBody.
 	ErrAdminTooLarge = &Error{CodeTooLarge, "admin request body too long"}
+	// ErrBadToken: a RELEASE without a lease, or a token longer than
+	// MaxTokenLen.
+	ErrBadToken = &Error{CodeMalformed, "token empty or longer than 1024 bytes"}
 	// ErrNotAdmin: DecodeAdminResponse was given a frame that does not
 	// answer an ADMIN request.
 	ErrNotAdmin = &Error{CodeMalformed, "not an admin response frame"}
@@ -242,6 +258,8 @@ type Request struct {
 	Descs []Descriptor
 	// Body is an ADMIN request's JSON; nil for the other ops.
 	Body []byte
+	// Token is a RELEASE request's lease; nil for the other ops.
+	Token []byte
 }
 
 // Response is a decoded response frame. Rule and Message alias the frame.
@@ -268,6 +286,10 @@ type Response struct {
 	Rule    []byte
 	Code    Code
 	Message []byte
+	// Token is, in the answer to an ACQUIRE, the lease that gives its
+	// concurrency slots back (RELEASE); empty when it took none. Other
+	// answers carry none.
+	Token []byte
 }
 
 // ParseHeader reads the header at the start of b. It needs HeaderSize bytes
@@ -343,7 +365,11 @@ func finishFrame(dst []byte, start int) []byte {
 func AppendRequest(dst []byte, r *Request) []byte {
 	start := len(dst)
 	dst = appendHeader(dst, r.Op, r.Flags, r.ID)
-	if r.Op == OpCheck || r.Op == OpPeek {
+	if r.Op == OpRelease {
+		dst = binary.BigEndian.AppendUint16(dst, uint16(len(r.Token)))
+		dst = append(dst, r.Token...)
+	}
+	if r.Op == OpCheck || r.Op == OpPeek || r.Op == OpAcquire {
 		dst = binary.BigEndian.AppendUint32(dst, r.Cost)
 		dst = append(dst, byte(len(r.Descs)))
 		for _, d := range r.Descs {
@@ -365,7 +391,7 @@ func AppendRequest(dst []byte, r *Request) []byte {
 func DecodeRequest(f []byte, r *Request) error {
 	r.Descs = r.Descs[:0]
 	r.Cost = 0
-	r.Body = nil
+	r.Body, r.Token = nil, nil
 	// The header is read field by field rather than through ParseHeader:
 	// a Header value is copied through memory, which costs more than the
 	// rest of a typical decode.
@@ -406,7 +432,17 @@ func DecodeRequest(f []byte, r *Request) error {
 		}
 		r.Body = b[:len(b):len(b)]
 		return nil
-	case OpCheck, OpPeek:
+	case OpRelease:
+		tok, rest, err := token(b)
+		if err != nil {
+			return err
+		}
+		if len(rest) != 0 {
+			return ErrTrailing
+		}
+		r.Token = tok
+		return nil
+	case OpCheck, OpPeek, OpAcquire:
 	default:
 		if op.IsReserved() {
 			return ErrNotSupported
@@ -460,8 +496,25 @@ func DecodeRequest(f []byte, r *Request) error {
 	return nil
 }
 
+// token reads a u16-length-prefixed token (1 to MaxTokenLen bytes) at the
+// start of b and returns it and the rest of b.
+func token(b []byte) (tok, rest []byte, err error) {
+	if len(b) < 2 {
+		return nil, nil, ErrTruncated
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	if n == 0 || n > MaxTokenLen {
+		return nil, nil, ErrBadToken
+	}
+	if len(b) < 2+n {
+		return nil, nil, ErrTruncated
+	}
+	return b[2 : 2+n : 2+n], b[2+n:], nil
+}
+
 // AppendResponse appends the encoding of r to dst. Rule and Message are
-// cut to MaxRuleLen and MaxMessageLen.
+// cut to MaxRuleLen and MaxMessageLen. The answer to an ACQUIRE ends with
+// its Token (cut to MaxTokenLen); other answers carry none.
 func AppendResponse(dst []byte, r *Response) []byte {
 	start := len(dst)
 	dst = appendHeader(dst, r.Op|OpResponse, r.Flags, r.ID)
@@ -487,6 +540,14 @@ func AppendResponse(dst []byte, r *Response) []byte {
 	}
 	dst = binary.BigEndian.AppendUint16(dst, uint16(len(msg)))
 	dst = append(dst, msg...)
+	if r.Op == OpAcquire {
+		tok := r.Token
+		if len(tok) > MaxTokenLen {
+			tok = tok[:MaxTokenLen]
+		}
+		dst = binary.BigEndian.AppendUint16(dst, uint16(len(tok)))
+		dst = append(dst, tok...)
+	}
 	return finishFrame(dst, start)
 }
 
@@ -543,7 +604,21 @@ func DecodeResponse(f []byte, r *Response) error {
 		return ErrTruncated
 	}
 	r.Message = b[:ml:ml]
-	if len(b) != ml {
+	b = b[ml:]
+	if r.Op == OpAcquire {
+		if len(b) < 2 {
+			return ErrTruncated
+		}
+		n := int(binary.BigEndian.Uint16(b))
+		if n > MaxTokenLen {
+			return ErrBadToken
+		}
+		if len(b) < 2+n {
+			return ErrTruncated
+		}
+		r.Token, b = b[2:2+n:2+n], b[2+n:]
+	}
+	if len(b) != 0 {
 		return ErrTrailing
 	}
 	return nil

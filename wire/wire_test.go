@@ -99,6 +99,9 @@ func cat(p ...[]byte) []byte { return bytes.Join(p, nil) }
 
 func equalRequest(t *testing.T, want, got *wire.Request) {
 	t.Helper()
+	if !bytes.Equal(got.Token, want.Token) {
+		t.Fatalf("token: got %q, want %q", got.Token, want.Token)
+	}
 	if got.Op != want.Op || got.Flags != want.Flags || got.ID != want.ID || got.Cost != want.Cost {
 		t.Fatalf("header/cost: got op=%#x flags=%#x id=%d cost=%d, want op=%#x flags=%#x id=%d cost=%d",
 			got.Op, got.Flags, got.ID, got.Cost, want.Op, want.Flags, want.ID, want.Cost)
@@ -121,7 +124,7 @@ func equalResponse(t *testing.T, want, got *wire.Response) {
 		g.Limit != w.Limit || g.Remaining != w.Remaining || g.ResetMs != w.ResetMs ||
 		g.RetryMs != w.RetryMs || g.WindowMs != w.WindowMs || g.Quota != w.Quota ||
 		g.QuotaWindowMs != w.QuotaWindowMs || g.NextMs != w.NextMs || g.Code != w.Code ||
-		!bytes.Equal(g.Rule, w.Rule) || !bytes.Equal(g.Message, w.Message) {
+		!bytes.Equal(g.Rule, w.Rule) || !bytes.Equal(g.Message, w.Message) || !bytes.Equal(g.Token, w.Token) {
 		t.Fatalf("got %+v, want %+v", *g, *w)
 	}
 }
@@ -159,6 +162,9 @@ func TestRequestRoundTrip(t *testing.T) {
 		{"max name and value", wire.Request{Op: wire.OpPeek, ID: 6, Cost: 2,
 			Descs: descs(repS(wire.MaxNameLen), repS(wire.MaxValueLen))}, wire.HeaderSize + 5 + 1 + 64 + 2 + 1024},
 		{"max frame", wire.Request{Op: wire.OpCheck, ID: 8, Cost: 1, Descs: maxFrameDescs()}, wire.MaxFrame},
+		{"acquire", wire.Request{Op: wire.OpAcquire, ID: 9, Cost: 1, Descs: descs("api_key", "k")}, wire.HeaderSize + 5 + 1 + 7 + 2 + 1},
+		{"release", wire.Request{Op: wire.OpRelease, ID: 10, Token: []byte("AQEC")}, wire.HeaderSize + 2 + 4},
+		{"release of the longest lease", wire.Request{Op: wire.OpRelease, ID: 11, Token: rep(wire.MaxTokenLen)}, wire.HeaderSize + 2 + wire.MaxTokenLen},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -218,7 +224,11 @@ func TestResponseRoundTrip(t *testing.T) {
 		{"blocked", wire.Response{Op: wire.OpCheck, ID: 3, Status: wire.StatusBlocked, Rule: []byte("denylist")}},
 		{"allowed degraded", wire.Response{Op: wire.OpPeek, ID: 4, Flags: wire.FlagDegraded, Status: wire.StatusAllowedDegraded, Limit: 10, Remaining: 3, WindowMs: 3_600_000}},
 		{"error", wire.Response{Op: wire.OpCheck, ID: 5, Status: wire.StatusError, Code: wire.CodeUnavailable, Message: []byte("redis: connection refused")}},
-		{"error on reserved op", wire.Response{Op: wire.OpAcquire, ID: 6, Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")}},
+		{"error on reserved op", wire.Response{Op: wire.OpSettle, ID: 6, Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")}},
+		{"acquire with a lease", wire.Response{Op: wire.OpAcquire, ID: 10, Status: wire.StatusAllowed, Limit: 2, Remaining: 1, Rule: []byte("slots"), Token: []byte("AQEC")}},
+		{"acquire without a lease", wire.Response{Op: wire.OpAcquire, ID: 11, Status: wire.StatusLimited, Limit: 2, RetryMs: 30, Rule: []byte("slots")}},
+		{"acquire with the longest lease", wire.Response{Op: wire.OpAcquire, ID: 12, Status: wire.StatusAllowed, Token: rep(wire.MaxTokenLen)}},
+		{"release", wire.Response{Op: wire.OpRelease, ID: 13, Status: wire.StatusAllowed, Limit: 2, Remaining: 2, Rule: []byte("slots")}},
 		{"ping", wire.Response{Op: wire.OpPing, ID: 7}},
 		{"unknown flags and code kept", wire.Response{Op: wire.OpCheck, ID: 8, Flags: 0xffff, Status: wire.StatusError, Code: 0xffff}},
 		{"max values", wire.Response{Op: 0x7f, ID: 1<<32 - 1, Status: wire.StatusAllowed, Limit: 1<<64 - 1, Remaining: 1<<64 - 1, ResetMs: 1<<32 - 1, RetryMs: 1<<32 - 1, WindowMs: 1<<32 - 1,
@@ -234,7 +244,11 @@ func TestResponseRoundTrip(t *testing.T) {
 				t.Fatalf("AppendResponse overwrote the prefix: %q", b[:len(prefix)])
 			}
 			f := b[len(prefix):]
-			if want := wire.HeaderSize + 50 + len(tt.res.Rule) + len(tt.res.Message); len(f) != want {
+			want := wire.HeaderSize + 50 + len(tt.res.Rule) + len(tt.res.Message)
+			if tt.res.Op == wire.OpAcquire {
+				want += 2 + len(tt.res.Token)
+			}
+			if len(f) != want {
 				t.Fatalf("frame is %d bytes, want %d", len(f), want)
 			}
 			if f[5] != byte(tt.res.Op|wire.OpResponse) {
@@ -371,8 +385,12 @@ func TestDecodeRequestErrors(t *testing.T) {
 		{"op is a response", frame(wire.Version, wire.OpCheck|wire.OpResponse, 0, 7, u32(1), u8(0)), wire.ErrUnknownOp, 7},
 		{"op 0xff", frame(wire.Version, 0xff, 0, 7), wire.ErrUnknownOp, 7},
 		{"reserved RESET", frame(wire.Version, wire.OpReset, 0, 7, u32(1), u8(0)), wire.ErrNotSupported, 7},
-		{"reserved ACQUIRE", frame(wire.Version, wire.OpAcquire, 0, 7), wire.ErrNotSupported, 7},
-		{"reserved RELEASE", frame(wire.Version, wire.OpRelease, 0, 7), wire.ErrNotSupported, 7},
+		{"ACQUIRE without a body", frame(wire.Version, wire.OpAcquire, 0, 7), wire.ErrTruncated, 7},
+		{"RELEASE without a body", frame(wire.Version, wire.OpRelease, 0, 7), wire.ErrTruncated, 7},
+		{"RELEASE of an empty lease", frame(wire.Version, wire.OpRelease, 0, 7, u16(0)), wire.ErrBadToken, 7},
+		{"RELEASE of a lease too long", frame(wire.Version, wire.OpRelease, 0, 7, u16(wire.MaxTokenLen+1), rep(wire.MaxTokenLen+1)), wire.ErrBadToken, 7},
+		{"RELEASE lease truncated", frame(wire.Version, wire.OpRelease, 0, 7, u16(5), rep(4)), wire.ErrTruncated, 7},
+		{"RELEASE trailing", frame(wire.Version, wire.OpRelease, 0, 7, u16(4), rep(5)), wire.ErrTrailing, 7},
 		{"reserved SETTLE", frame(wire.Version, wire.OpSettle, 0, 7, rep(100)), wire.ErrNotSupported, 7},
 		{"flag 0x0001", frame(wire.Version, wire.OpCheck, wire.FlagDegraded, 7, u32(1), u8(0)), wire.ErrBadFlags, 7},
 		{"flag 0x8000", frame(wire.Version, wire.OpPing, 0x8000, 7), wire.ErrBadFlags, 7},
@@ -592,7 +610,7 @@ func TestCodes(t *testing.T) {
 		}
 	}
 	for op := range wire.Op(0xff) {
-		want := op >= wire.OpReset && op <= wire.OpSettle
+		want := op == wire.OpReset || op == wire.OpSettle
 		if op.IsReserved() != want {
 			t.Errorf("Op(%#x).IsReserved() = %v", op, !want)
 		}
