@@ -46,8 +46,8 @@ func fuzzSeeds() [][]byte {
 		req, res, ping, pong, errRes, peek, admin, adminRes, adminErr, burst,
 		acquire, acquired, acquireDenied, release, release[:len(release)-1],
 		frame(wire.Version, wire.OpRelease, 0, 10, u16(0)), // a RELEASE of no lease
-		frame(wire.Version, wire.OpAdmin, 0, 6), // an ADMIN request without a body
-		cat(req, ping),                          // two frames: neither decoder takes it whole
+		frame(wire.Version, wire.OpAdmin, 0, 6),            // an ADMIN request without a body
+		cat(req, ping),                                     // two frames: neither decoder takes it whole
 		req[:len(req)-1], res[:20], ping[:4],
 		tooLong, badCount, emptyName, badStatus,
 		frame(wire.Version, wire.OpReset, 0, 4),
