@@ -74,7 +74,7 @@ const (
 )
 
 // Defaults of a [[rule]]. The default mode depends on the algorithm:
-// ModeStrict for sliding_log, ModeCached for the others.
+// ModeStrict for sliding_log and concurrency, ModeCached for the others.
 const (
 	DefaultAlgorithm = "token_bucket"
 	DefaultFail      = FailOpen
@@ -253,14 +253,19 @@ type Rule struct {
 	// By names the descriptors whose values form the counter key. A
 	// request lacking one of them is not counted by the rule.
 	By []string `toml:"by"`
-	// Algorithm is token_bucket, gcra, sliding_log, sliding_counter or
-	// fixed_window.
+	// Algorithm is token_bucket, gcra, sliding_log, sliding_counter,
+	// fixed_window or concurrency.
 	Algorithm string `toml:"algorithm"`
 	// Limit is the units admitted per Period. With Tiers it is the limit
 	// of requests whose tier is missing or not listed, and may be 0.
 	Limit int64 `toml:"limit"`
-	// Period is the length of the limit's window or refill period.
+	// Period is the length of the limit's window or refill period. A
+	// concurrency rule has none: see Timeout.
 	Period Duration `toml:"period"`
+	// Timeout is, for a concurrency rule only, how long a slot acquired
+	// and not released stays held: a caller that never releases holds
+	// its slots this long at most. Limit is then the slots in flight.
+	Timeout Duration `toml:"timeout"`
 	// Burst is the capacity of token_bucket and gcra; 0 means Limit.
 	Burst int64 `toml:"burst"`
 	// Mode is cached or strict.
@@ -437,7 +442,7 @@ func (c *Config) setDefaults() {
 		}
 		if r.Mode == "" {
 			r.Mode = ModeCached
-			if r.Algorithm == algo.SlidingLog.String() {
+			if r.Algorithm == algo.SlidingLog.String() || r.Algorithm == algo.Concurrency.String() {
 				r.Mode = ModeStrict
 			}
 		}
@@ -477,7 +482,16 @@ func (r *Rule) Kind() algo.Kind {
 // Params returns the parameters of the rule's algorithm with the given
 // limit: Limit, or one of Tiers.
 func (r *Rule) Params(limit int64) algo.Params {
-	return algo.Params{Kind: r.Kind(), Limit: limit, Period: time.Duration(r.Period), Burst: r.Burst}
+	return algo.Params{Kind: r.Kind(), Limit: limit, Period: time.Duration(r.window()), Burst: r.Burst}
+}
+
+// window returns the rule's Period, or its Timeout for a concurrency
+// rule: the Period of its algo.Params.
+func (r *Rule) window() Duration {
+	if r.Kind() == algo.Concurrency {
+		return r.Timeout
+	}
+	return r.Period
 }
 
 // DefaultLimit returns the limit of a request whose tier is missing or not

@@ -133,6 +133,14 @@ func TestInvalid(t *testing.T) {
 			[]string{`x.toml: rule[0] "login": algorithm = "leaky": unknown algorithm "leaky"`}},
 		{"cached sliding log", "[[rule]]\nname = \"log\"\nby = [\"ip\"]\nlimit = 10\nperiod = \"1m\"\nalgorithm = \"sliding_log\"\nmode = \"cached\"\n",
 			[]string{`rule[0] "log": mode = "cached": sliding_log is always strict (a lease would let its log forget admissions early)`}},
+		{"cached concurrency", "[[rule]]\nname = \"cc\"\nby = [\"ip\"]\nlimit = 2\ntimeout = \"30s\"\nalgorithm = \"concurrency\"\nmode = \"cached\"\n",
+			[]string{`rule[0] "cc": mode = "cached": concurrency is always strict`}},
+		{"concurrency with a period", "[[rule]]\nname = \"cc\"\nby = [\"ip\"]\nlimit = 2\nperiod = \"1m\"\nalgorithm = \"concurrency\"\n",
+			[]string{`rule[0] "cc": period = "1m": a concurrency rule has no period`}},
+		{"concurrency without a timeout", "[[rule]]\nname = \"cc\"\nby = [\"ip\"]\nlimit = 2\nalgorithm = \"concurrency\"\n",
+			[]string{`rule[0] "cc": timeout = "0s": a concurrency rule needs a positive timeout`}},
+		{"timeout on a rate rule", rule + "timeout = \"5s\"\n",
+			[]string{`rule[0] "r": timeout = "5s": only a concurrency rule takes a timeout, not token_bucket`}},
 		{"sliding log too large", "[[rule]]\nname = \"log\"\nby = [\"ip\"]\nlimit = 1000000\nperiod = \"1h\"\nalgorithm = \"sliding_log\"\n",
 			[]string{`rule[0] "log": limit = 1000000: sliding_log keeps one entry per admission, so its limit is at most 10000`}},
 		{"index and name", rule + rule + strings.Replace(rule, `"r"`, `"login"`, 1) + "algorithm = \"leaky\"\n",
@@ -287,12 +295,20 @@ limit = 5
 period = "90s"
 tiers = { gold = 50 }
 fail = "closed"
+
+[[rule]]
+name = "exports"
+algorithm = "concurrency"
+by = ["api_key"]
+limit = 2
+timeout = "30s"
 `), "x.toml")
 	require.NoError(t, err)
 	want := []string{
 		"search: token_bucket 30/1m burst 45 by api_key,endpoint match endpoint=/v1/search*,method=GET cached fail=open",
 		"per-tier: token_bucket tier{free=100,pro=1000,enterprise=10000,default=100}/1h by api_key cached fail=open shadow",
 		"login: sliding_log tier{gold=50,default=5}/1m30s by ip strict fail=closed",
+		"exports: concurrency 2 in flight, timeout 30s by api_key strict fail=open",
 	}
 	for i, w := range want {
 		assert.Equal(t, w, c.Rules[i].Summary())

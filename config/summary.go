@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/rld/rld/algo"
 )
 
 // defaultTierLabel names, in a Summary, the limit of a missing or
@@ -37,7 +39,11 @@ func (r *Rule) Summary() string {
 		}
 		fmt.Fprintf(&b, "%s=%d}", defaultTierLabel, r.DefaultLimit())
 	}
-	fmt.Fprintf(&b, "/%s", r.Period)
+	if r.Kind() == algo.Concurrency {
+		fmt.Fprintf(&b, " in flight, timeout %s", r.Timeout)
+	} else {
+		fmt.Fprintf(&b, "/%s", r.Period)
+	}
 	if r.Burst > 0 {
 		fmt.Fprintf(&b, " burst %d", r.Burst)
 	}

@@ -218,6 +218,9 @@ func (r *Rule) validate(p *problems, i int) {
 		if r.Algorithm == algo.SlidingLog.String() {
 			p.add("%s: mode = \"cached\": sliding_log is always strict (a lease would let its log forget admissions early)", at)
 		}
+		if kind == algo.Concurrency {
+			p.add("%s: mode = \"cached\": concurrency is always strict (a slot is held until it is released, not leased)", at)
+		}
 	case ModeStrict:
 	default:
 		p.add("%s: mode = %q: want cached or strict", at, r.Mode)
@@ -231,7 +234,16 @@ func (r *Rule) validate(p *problems, i int) {
 	// checked on their own, and against the period only when both are good
 	// (every such check would repeat the problem).
 	combine := true
-	if r.Period <= 0 {
+	switch {
+	case kind == algo.Concurrency && r.Period != 0:
+		p.add("%s: period = %q: a concurrency rule has no period; its timeout says how long a slot not released is held", at, r.Period)
+		combine = false
+	case kind == algo.Concurrency && r.Timeout <= 0:
+		p.add("%s: timeout = %q: a concurrency rule needs a positive timeout (how long a slot not released is held)", at, r.Timeout)
+		combine = false
+	case kind != algo.Concurrency && r.Timeout != 0:
+		p.add("%s: timeout = %q: only a concurrency rule takes a timeout, not %s", at, r.Timeout, kind)
+	case kind != algo.Concurrency && r.Period <= 0:
 		p.add("%s: period = %q: must be positive", at, r.Period)
 		combine = false
 	}
@@ -247,7 +259,7 @@ func (r *Rule) validate(p *problems, i int) {
 		p.add("%s: limit = %d: must not be negative", at, r.Limit)
 	case r.Limit > 0:
 		if err := r.Params(r.Limit).Validate(); err != nil && combine {
-			p.add("%s: limit = %d, period = %q: %v", at, r.Limit, r.Period, err)
+			p.add("%s: limit = %d, period = %q: %v", at, r.Limit, r.window(), err)
 		}
 		if r.Kind() == algo.SlidingLog && r.Limit > MaxSlidingLogLimit {
 			p.add("%s: limit = %d: sliding_log keeps one entry per admission, so its limit is at most %d (use sliding_counter for higher limits)", at, r.Limit, MaxSlidingLogLimit)
@@ -272,7 +284,7 @@ func (r *Rule) validate(p *problems, i int) {
 			continue
 		}
 		if err := r.Params(limit).Validate(); err != nil && combine {
-			p.add("%s: tiers.%s = %d, period = %q: %v", at, tier, limit, r.Period, err)
+			p.add("%s: tiers.%s = %d, period = %q: %v", at, tier, limit, r.window(), err)
 		}
 		if r.Kind() == algo.SlidingLog && limit > MaxSlidingLogLimit {
 			p.add("%s: tiers.%s = %d: sliding_log limits are at most %d", at, tier, limit, MaxSlidingLogLimit)

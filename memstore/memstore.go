@@ -255,7 +255,7 @@ func consumed(op *algo.Op) bool {
 // that passed Params.Validate (policy does, when it compiles the rules);
 // this is the cheap guard that keeps a bad caller from crashing the daemon.
 func checkParams(p algo.Params) error {
-	if p.Limit <= 0 || p.Period < time.Microsecond || p.Burst < 0 || p.Kind > algo.FixedWindow {
+	if p.Limit <= 0 || p.Period < time.Microsecond || p.Burst < 0 || p.Kind >= algo.NumKinds {
 		return fmt.Errorf("memstore: invalid limit %+v", p)
 	}
 	return nil

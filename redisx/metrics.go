@@ -22,13 +22,14 @@ const (
 	opRefund
 	opReset
 	opGrant
+	opRelease
 	numOps
 )
 
-var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant"}
+var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release"}
 
 // scriptOp is the op argument (ARGV[1]) of the scripts.
-var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant"}
+var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release"}
 
 func (o op) String() string { return opNames[o] }
 

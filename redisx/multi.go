@@ -20,7 +20,7 @@ import (
 )
 
 // The ops Store.Do runs are algo.Ops, of every kind. Do sets Admitted
-// (OpTakeLease), Granted (OpLease, OpTakeLease), Result and Err. N below
+// (OpTakeLease, OpRelease), Granted (OpLease, OpTakeLease), Result and Err. N below
 // 1 counts as 1 for OpTake, OpPeek, OpLease and OpGrant; an OpRefund of
 // less than 1 is invalid (not sent, Err set), since giving back a unit
 // that was never taken would over-admit, and so is an OpTakeLease with
@@ -34,7 +34,7 @@ import (
 // metrics (with the duration of the whole Do).
 var opKindMetric = [algo.NumOpKinds]op{
 	algo.OpTake: opTake, algo.OpPeek: opPeek, algo.OpLease: opLease, algo.OpTakeLease: opBatch,
-	algo.OpRefund: opRefund, algo.OpReset: opReset, algo.OpGrant: opGrant,
+	algo.OpRefund: opRefund, algo.OpReset: opReset, algo.OpGrant: opGrant, algo.OpRelease: opRelease,
 }
 
 // DefaultSyncTimeout bounds a Sync whose context has no deadline: a sync
@@ -55,7 +55,7 @@ func (s *Store) Sync(ctx context.Context, ops []algo.Op) error {
 
 // scriptSHA is the SHA-1 (hex) of each algorithm's script, indexed by
 // algo.Kind: what EVALSHA names and what SCRIPT LOAD replies.
-var scriptSHA = func() (s [algo.FixedWindow + 1]string) {
+var scriptSHA = func() (s [algo.NumKinds]string) {
 	for k := range s {
 		src, _ := lua.Source(algo.Kind(k).String())
 		sum := sha1.Sum([]byte(src))
@@ -341,7 +341,7 @@ func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool
 		for _, c := range o.Costs {
 			b.args = append(b.args, strconv.FormatInt(max(c, 1), 10))
 		}
-	case algo.OpRefund:
+	case algo.OpRefund, algo.OpRelease:
 		b.args = append(b.args, strconv.FormatInt(o.N, 10), strconv.FormatInt(o.TakenAt, 10))
 	default:
 		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10))
@@ -376,6 +376,9 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 		o.Admitted, o.Granted = int(v[0]), v[5]
 		o.Result = result(o.Params, v, v[5] > 0 || int(v[0]) == len(o.Costs))
 	case algo.OpRefund, algo.OpReset, algo.OpGrant:
+		o.Result = result(o.Params, v, false)
+	case algo.OpRelease:
+		o.Admitted = int(v[0])
 		o.Result = result(o.Params, v, false)
 	}
 }
@@ -419,7 +422,7 @@ func doMulti(ctx context.Context, rc rueidis.Client, cmds []rueidis.Completed, r
 // nodes as they are. Errors are ignored: an op whose node still lacks its
 // script meets NOSCRIPT again and goes as EVAL.
 func loadScripts(ctx context.Context, rc rueidis.Client, node string, ops []algo.Op, pending []int) {
-	var need [algo.FixedWindow + 1]bool
+	var need [algo.NumKinds]bool
 	for _, i := range pending {
 		need[ops[i].Params.Kind] = true
 	}

@@ -18,7 +18,7 @@ import (
 // reply means the script did not run, so nothing is applied twice. The
 // retryable variants are not used: a timed-out call may have been
 // applied, and must not be sent again.
-var scripts = func() (s [algo.FixedWindow + 1]*rueidis.Lua) {
+var scripts = func() (s [algo.NumKinds]*rueidis.Lua) {
 	for k := range s {
 		name := algo.Kind(k).String()
 		src, ok := lua.Source(name)
@@ -33,17 +33,18 @@ var scripts = func() (s [algo.FixedWindow + 1]*rueidis.Lua) {
 // kindSuffix ends the Redis key of each algorithm, so that a counter
 // whose rule changes algorithm starts afresh (as in the embedded store)
 // instead of misreading the state the other algorithm left.
-var kindSuffix = [algo.FixedWindow + 1]string{
+var kindSuffix = [algo.NumKinds]string{
 	algo.TokenBucket:    ":tb",
 	algo.GCRA:           ":gcra",
 	algo.SlidingLog:     ":sl",
 	algo.SlidingCounter: ":sc",
 	algo.FixedWindow:    ":fw",
+	algo.Concurrency:    ":cc",
 }
 
 // AppendKey appends to dst the Redis key that holds the state of counter
 // key under algorithm k: prefix, "{", the counter key's bytes, "}", and a
-// suffix naming the algorithm (":tb", ":gcra", ":sl", ":sc", ":fw").
+// suffix naming the algorithm (":tb", ":gcra", ":sl", ":sc", ":fw", ":cc").
 // All the state of a counter lives in that one key; the hash tag puts
 // every algorithm's key of one counter in one Cluster slot.
 func AppendKey(dst []byte, prefix string, key []byte, k algo.Kind) []byte {
@@ -230,7 +231,7 @@ func result(p algo.Params, v []int64, allowed bool) algo.Result {
 // expected to pass Params that passed Params.Validate (policy does); this
 // is the cheap guard that keeps a bad caller's call from reaching Redis.
 func checkParams(p algo.Params) error {
-	if p.Limit <= 0 || p.Period < time.Microsecond || p.Burst < 0 || p.Kind > algo.FixedWindow {
+	if p.Limit <= 0 || p.Period < time.Microsecond || p.Burst < 0 || p.Kind >= algo.NumKinds {
 		return fmt.Errorf("invalid limit %+v", p)
 	}
 	return nil
