@@ -81,5 +81,6 @@ var (
 	}
 	wireCode = [policy.NumCodes]wire.Code{
 		policy.CodeNone: wire.CodeNone, policy.CodeCostTooLarge: wire.CodeCostTooLarge, policy.CodeInternal: wire.CodeInternal,
+		policy.CodeNotFound: wire.CodeNotFound, policy.CodeMalformed: wire.CodeMalformed,
 	}
 )

@@ -59,3 +59,10 @@ var fallbackSeeded = metrics.NewCounter("rld_fallback_seeded_total")
 func AutoBlocks(rule string) *metrics.Counter {
 	return metrics.GetOrCreateCounter(fmt.Sprintf(`rld_auto_blocks_total{rule=%q}`, rule))
 }
+
+// The releases of concurrency slots (Release): leases that gave slots
+// back, and leases that held none any more.
+var (
+	releases        = metrics.NewCounter(`rld_releases_total{result="released"}`)
+	releasesUnknown = metrics.NewCounter(`rld_releases_total{result="unknown"}`)
+)

@@ -139,6 +139,9 @@ func (d *Decision) set(status Status, degraded bool, rule string, res *algo.Resu
 type Scratch struct {
 	keys  []byte  // the counter keys of this check, back to back
 	taken []taken // the non-shadow takes of this check, in rule order
+	// lease and leaseRaw hold the lease of an acquire (AcquireTo), and
+	// its encoding before base64.
+	lease, leaseRaw []byte
 
 	// Batch makes the checks' counts of rld_checks_total wait for Flush,
 	// so that a batch of checks by one rule with one decision costs one
@@ -380,7 +383,7 @@ func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descript
 // Decision is too large to pass in registers, and copying one that was
 // just written stalls the processor.
 func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) {
-	p.check(ctx, now, descs, cost, peek, sc, d, false)
+	p.check(ctx, now, descs, cost, peek, sc, d, false, false)
 }
 
 // TryCheckTo is CheckTo when every store the check needs answers on the
@@ -390,13 +393,14 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 // daemon answers a read batch's checks inline this way, and hands off
 // only those that wait on Redis.
 func (p *Policy) TryCheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) bool {
-	return p.check(ctx, now, descs, cost, peek, sc, d, true)
+	return p.check(ctx, now, descs, cost, peek, sc, d, true, false)
 }
 
 // check is CheckTo, or TryCheckTo when local: then a rule whose store
 // cannot answer on the host makes it give back what it took and report
-// false.
-func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision, local bool) bool {
+// false. With acquire (AcquireTo), the concurrency rules hold the slots
+// they admit; otherwise they only look for a free one.
+func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision, local, acquire bool) bool {
 	if cost <= 0 {
 		cost = 1
 	}
@@ -430,7 +434,7 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 	// tenth of BenchmarkProcess's samples in a CPU profile).
 	var c checking
 	c.ctx, c.now, c.descs, c.cost, c.sc = ctx, now, descs, cost, sc
-	c.peek, c.local = peek, local
+	c.peek, c.local, c.acquire = peek, local, acquire
 	c.best, c.bestTier = -1, -1
 	for i := range p.rules {
 		switch p.step(&c, i, d) {
@@ -465,6 +469,7 @@ type checking struct {
 	descs       []wire.Descriptor
 	cost        int64
 	peek, local bool // local: TryCheckTo
+	acquire     bool // AcquireTo: concurrency rules hold their slots
 	sc          *Scratch
 	// degraded: a rule was decided by its fail mode. slow: a store call
 	// timed out; with a Fallback, the other rules of this check are then
@@ -528,6 +533,12 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		ti = r.limitIndex(ti, key, c.descs, now)
 	}
 	params := r.paramsAt(ti)
+	// A concurrency rule holds slots for an acquire only: a check or a
+	// peek looks for a free slot and holds none (nothing to release).
+	peek, hold := c.peek, true
+	if params.Kind == algo.Concurrency && !c.acquire {
+		peek, hold = true, false
+	}
 	if r.pen != nil && r.pen.penalty {
 		if ra, ok := p.pens.cooldown(r, key, c.descs, c.now.UnixNano(), c.peek); ok {
 			// In a cooldown: refused here, until its end.
@@ -546,7 +557,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 	case c.local:
 		var ok bool
 		if r.local != nil {
-			res, ok = r.local.TakeLocal(key, *params, c.cost, c.now, c.peek)
+			res, ok = r.local.TakeLocal(key, *params, c.cost, c.now, peek)
 		}
 		if !ok || (r.shadow && !res.Allowed) {
 			// A shadow denial is counted at once: left to CheckTo, so
@@ -555,7 +566,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 			return wait
 		}
 	default:
-		res, err = r.store.Take(c.ctx, key, *params, c.cost, c.now, c.peek)
+		res, err = r.store.Take(c.ctx, key, *params, c.cost, c.now, peek)
 		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	}
 	switch {
@@ -564,14 +575,14 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 			sc.count(r.m, decError)
 		} else if !res.Allowed {
 			sc.count(r.m, decShadowLimited)
-		} else {
+		} else if hold {
 			// Refunded with the others when a rule denies, so that
 			// shadow counts show what enforcing the rule would do.
 			sc.take(i, ti, start, len(sc.keys), res.At).shadow = true
 		}
 		return pass // never denies or decides
 	case err != nil && p.fallback != nil:
-		res, err = p.fallback.decide(r.fail, params, key, c.cost, c.now, c.peek, err)
+		res, err = p.fallback.decide(r.fail, params, key, c.cost, c.now, peek, err)
 		if err != nil {
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 			*d = p.storeFailed(r, params, err)
@@ -589,7 +600,9 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 			return decided
 		}
 		c.degraded = true
-		sc.take(i, ti, start, len(sc.keys), res.At).local = true
+		if hold {
+			sc.take(i, ti, start, len(sc.keys), res.At).local = true
+		}
 	case err != nil:
 		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 		*d = p.storeFailed(r, params, err)
@@ -615,7 +628,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		sc.count(r.m, decLimited)
 		d.set(StatusLimited, false, r.name, &res, params)
 		return decided
-	default:
+	case hold:
 		sc.take(i, ti, start, len(sc.keys), res.At)
 	}
 	if c.best < 0 || res.Remaining < d.Result.Remaining {

@@ -51,11 +51,17 @@ const (
 	CodeCostTooLarge
 	// CodeInternal: a store failed, and no fail mode decided.
 	CodeInternal
+	// CodeNotFound: a release named a lease that holds no slot (the Err
+	// wraps ErrUnknownLease).
+	CodeNotFound
+	// CodeMalformed: a release named a lease that does not parse (the
+	// Err wraps ErrBadLease).
+	CodeMalformed
 	// NumCodes is the number of codes.
 	NumCodes
 )
 
-var codeNames = [NumCodes]string{"none", "cost_too_large", "internal"}
+var codeNames = [NumCodes]string{"none", "cost_too_large", "internal", "not_found", "malformed"}
 
 // String returns the code's name, e.g. "internal".
 func (c Code) String() string {

@@ -57,8 +57,22 @@ func (c *Cache) forget(key []byte, discard bool) {
 	liveEntries.Add(-1)
 }
 
-// Do runs an operator's ops as Cache.Do does. It implements
-// policy.Operator.
+// Do runs an operator's ops as Cache.Do does, and releases
+// (algo.OpRelease: the strict face holds nothing of a key, so they go
+// to the store as they are). It implements policy.Operator.
 func (s *Strict) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
-	return s.c.Do(ctx, ops, now)
+	for i := range ops {
+		if ops[i].Kind != algo.OpRelease {
+			return s.c.Do(ctx, ops, now)
+		}
+	}
+	if s.c.closed.Load() {
+		return ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.c.o.Timeout)
+	defer cancel()
+	if err := s.c.b.Sync(ctx, ops); err != nil {
+		return fmt.Errorf("shardcache: strict: %w", err)
+	}
+	return nil
 }

@@ -1,0 +1,110 @@
+package policy
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/memstore"
+)
+
+const concurrencyRules = `
+[[rule]]
+name = "exports"
+algorithm = "concurrency"
+match = { endpoint = "/v1/export" }
+by = ["api_key"]
+limit = 2
+timeout = "30s"
+
+[[rule]]
+name = "per-key"
+by = ["api_key"]
+limit = 5
+period = "1m"
+`
+
+// TestAcquireRelease: an acquire holds a slot until it is released or its
+// timeout passes; a check looks for a free slot and holds none; a denial
+// by another rule releases what the acquire took.
+func TestAcquireRelease(t *testing.T) {
+	p := newPolicy(t, concurrencyRules, memstore.New(memstore.Options{}))
+	ctx := context.Background()
+	var sc Scratch
+	var d Decision
+	export := descs("api_key=k", "endpoint=/v1/export")
+	acquire := func(now time.Time) (Decision, string) {
+		t.Helper()
+		lease := p.AcquireTo(ctx, now, export, 1, &sc, &d)
+		return d, string(lease)
+	}
+
+	d1, l1 := acquire(t0)
+	require.Equal(t, StatusAllowed, d1.Status)
+	require.NotEmpty(t, l1)
+	// A check finds the second slot free, and holds none.
+	d = p.Check(ctx, t0, export, 1, false, &sc)
+	require.Equal(t, StatusAllowed, d.Status)
+	assert.Equal(t, "exports", d.Rule)
+	assert.Equal(t, int64(0), d.Result.Remaining, "a check sees one slot left, and that it would take it")
+	d2, l2 := acquire(t0.Add(time.Millisecond))
+	require.Equal(t, StatusAllowed, d2.Status)
+	assert.NotEqual(t, l1, l2)
+
+	d3, l3 := acquire(t0.Add(2 * time.Millisecond))
+	assert.Equal(t, StatusLimited, d3.Status)
+	assert.Equal(t, "exports", d3.Rule)
+	assert.Equal(t, 30*time.Second-2*time.Millisecond, d3.Result.RetryAfter, "the oldest slot expires then")
+	assert.Empty(t, l3)
+
+	r := p.Release(ctx, t0.Add(3*time.Millisecond), []byte(l1))
+	require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+	assert.Equal(t, "exports", r.Rule)
+	r = p.Release(ctx, t0.Add(3*time.Millisecond), []byte(l1))
+	assert.Equal(t, StatusError, r.Status)
+	assert.Equal(t, CodeNotFound, r.Code)
+	assert.ErrorIs(t, r.Err, ErrUnknownLease)
+
+	// The per-key rate rule has 5 − 2 (acquires) − 1 (check) = 2 left;
+	// then it denies, and the slot the acquire took goes back.
+	d4, l4 := acquire(t0.Add(4 * time.Millisecond))
+	require.Equal(t, StatusAllowed, d4.Status)
+	d = p.Check(ctx, t0.Add(4*time.Millisecond), descs("api_key=k"), 1, false, &sc)
+	require.Equal(t, StatusAllowed, d.Status)
+	d5, l5 := acquire(t0.Add(5 * time.Millisecond))
+	assert.Equal(t, StatusLimited, d5.Status)
+	assert.Equal(t, "exports", d5.Rule, "both slots are held")
+	r = p.Release(ctx, t0.Add(6*time.Millisecond), []byte(l4))
+	require.Equal(t, StatusAllowed, r.Status)
+	d6, l6 := acquire(t0.Add(7 * time.Millisecond))
+	assert.Equal(t, StatusLimited, d6.Status)
+	assert.Equal(t, "per-key", d6.Rule)
+	assert.Empty(t, l5+l6)
+	d = p.Check(ctx, t0.Add(7*time.Millisecond), export, 1, true, &sc)
+	assert.Equal(t, "per-key", d.Rule, "the slot the denied acquire took was released")
+
+	// The slot of l2 expires at its timeout: then it is unknown.
+	r = p.Release(ctx, time.UnixMicro(d2.Result.At).Add(30*time.Second), []byte(l2))
+	assert.Equal(t, CodeNotFound, r.Code)
+
+	for _, bad := range []string{"", "!!", "AQ", "AgE", l1 + "x", l1[:len(l1)-2]} {
+		r = p.Release(ctx, t0, []byte(bad))
+		assert.Equal(t, CodeMalformed, r.Code, "%q", bad)
+		assert.ErrorIs(t, r.Err, ErrBadLease)
+	}
+}
+
+// TestAcquireWithoutConcurrencyRule: an acquire that no concurrency rule
+// counts is a check, with no lease.
+func TestAcquireWithoutConcurrencyRule(t *testing.T) {
+	p := newPolicy(t, concurrencyRules, memstore.New(memstore.Options{}))
+	var sc Scratch
+	var d Decision
+	lease := p.AcquireTo(context.Background(), t0, descs("api_key=k"), 1, &sc, &d)
+	assert.Equal(t, StatusAllowed, d.Status)
+	assert.Equal(t, "per-key", d.Rule)
+	assert.Nil(t, lease)
+}
