@@ -59,6 +59,10 @@ type Result struct {
 	Next     time.Duration
 	Rule     string // the rule that decided; "" when none applied
 	Degraded bool   // decided on local state only
+	// Lease is, for Acquire, what Release takes to give the concurrency
+	// slots back; "" when the acquire holds none (denied, or no
+	// concurrency rule applied).
+	Lease string
 }
 
 // Allowed reports whether the request may go through.
@@ -133,6 +137,27 @@ func (c *Client) Peek(ctx context.Context, descs []Descriptor, cost uint32) (Res
 	return c.do(ctx, wire.OpPeek, descs, cost)
 }
 
+// Acquire answers like Check, and the concurrency rules that apply hold
+// cost slots (0 means 1) until Release of the Result's Lease, or until
+// their timeout: release them when the request is done, whatever its
+// outcome. A call whose ctx ends before the answer may still have taken
+// slots, which are then held until their timeout.
+func (c *Client) Acquire(ctx context.Context, descs []Descriptor, cost uint32) (Result, error) {
+	return c.do(ctx, wire.OpAcquire, descs, cost)
+}
+
+// Release gives back the concurrency slots that Acquire's Result.Lease
+// names. An unknown lease (released already, or expired: the rule's
+// timeout passed) is a *ResponseError with code wire.CodeNotFound, and
+// changes nothing. The Result describes the last limit that got slots
+// back, after the release.
+func (c *Client) Release(ctx context.Context, lease string) (Result, error) {
+	if len(lease) == 0 || len(lease) > wire.MaxTokenLen {
+		return Result{}, fmt.Errorf("%w: a lease of %d bytes, want 1 to %d", ErrTooLarge, len(lease), wire.MaxTokenLen)
+	}
+	return c.call(ctx, wire.OpRelease, nil, 0, lease)
+}
+
 // Ping checks that the daemon answers.
 func (c *Client) Ping(ctx context.Context) error {
 	_, err := c.do(ctx, wire.OpPing, nil, 0)
@@ -163,6 +188,11 @@ func (c *Client) do(ctx context.Context, op wire.Op, descs []Descriptor, cost ui
 	if err := checkLimits(descs); err != nil {
 		return Result{}, err
 	}
+	return c.call(ctx, op, descs, cost, "")
+}
+
+// call sends one request and waits for its answer.
+func (c *Client) call(ctx context.Context, op wire.Op, descs []Descriptor, cost uint32, token string) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err // do not spend quota on a call nobody waits for
 	}
@@ -172,7 +202,7 @@ func (c *Client) do(ctx context.Context, op wire.Op, descs []Descriptor, cost ui
 	}
 	id := c.nextID.Add(1)
 	ch := make(chan answer, 1)
-	if err := cn.send(ctx, id, ch, op, descs, cost); err != nil {
+	if err := cn.send(ctx, id, ch, op, descs, cost, token); err != nil {
 		return Result{}, err
 	}
 	select {
@@ -239,7 +269,7 @@ func (cn *conn) broken() bool {
 // send registers ch for id and writes the request. Writes are grouped: a
 // caller that finds another one writing leaves its request in the buffer
 // for that writer, so concurrent calls share syscalls.
-func (cn *conn) send(ctx context.Context, id uint32, ch chan answer, op wire.Op, descs []Descriptor, cost uint32) error {
+func (cn *conn) send(ctx context.Context, id uint32, ch chan answer, op wire.Op, descs []Descriptor, cost uint32, token string) error {
 	cn.pmu.Lock()
 	if cn.err != nil {
 		err := cn.err
@@ -254,7 +284,7 @@ func (cn *conn) send(ctx context.Context, id uint32, ch chan answer, op wire.Op,
 	for _, d := range descs {
 		cn.reqDescs = append(cn.reqDescs, wire.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)})
 	}
-	req := wire.Request{Op: op, ID: id, Cost: cost, Descs: cn.reqDescs}
+	req := wire.Request{Op: op, ID: id, Cost: cost, Descs: cn.reqDescs, Token: []byte(token)}
 	cn.wbuf = wire.AppendRequest(cn.wbuf, &req)
 	if cn.writing {
 		cn.wmu.Unlock()
@@ -353,6 +383,7 @@ func (cn *conn) readLoop() {
 			Next:        ha.Next,
 			Rule:        lastRule,
 			Degraded:    res.Flags&wire.FlagDegraded != 0,
+			Lease:       string(res.Token),
 		}}
 		if res.Status == wire.StatusError {
 			a.err = &ResponseError{Code: res.Code, Message: string(res.Message)}

@@ -49,6 +49,14 @@ by = ["api_key"]
 algorithm = "sliding_counter"
 limit = 10
 period = "1m"
+
+[[rule]]
+name = "exports"
+match = { endpoint = "/v1/export" }
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 2
+timeout = "1m"
 `
 
 func start(t *testing.T) *daemontest.Server {
@@ -244,4 +252,55 @@ func TestResultRendersTheHTTPFields(t *testing.T) {
 	res = compare("/v1/counter")
 	assert.Equal(t, wire.StatusLimited, res.Status)
 	assert.Equal(t, res.RetryAfter, res.Next)
+}
+
+// TestAcquireRelease: two slots; the third acquire is limited until a
+// release; a lease released twice is unknown.
+func TestAcquireRelease(t *testing.T) {
+	s := start(t)
+	c := client.New(s.Socket)
+	defer c.Close()
+	ctx := context.Background()
+	req := []client.Descriptor{{Name: "api_key", Value: "sk_cc"}, {Name: "endpoint", Value: "/v1/export"}}
+
+	a, err := c.Acquire(ctx, req, 1)
+	require.NoError(t, err)
+	require.True(t, a.Allowed())
+	assert.Equal(t, "exports", a.Rule)
+	assert.NotEmpty(t, a.Lease)
+	b, err := c.Acquire(ctx, req, 1)
+	require.NoError(t, err)
+	require.True(t, b.Allowed())
+	assert.Equal(t, uint64(0), b.Remaining)
+	full, err := c.Acquire(ctx, req, 1)
+	require.NoError(t, err)
+	assert.Equal(t, wire.StatusLimited, full.Status)
+	assert.Empty(t, full.Lease)
+	assert.Greater(t, full.RetryAfter, 59*time.Second, "until the oldest slot's timeout")
+
+	// A check holds no slot: it sees none free.
+	chk, err := c.Check(ctx, req, 1)
+	require.NoError(t, err)
+	assert.Equal(t, wire.StatusLimited, chk.Status)
+
+	r, err := c.Release(ctx, a.Lease)
+	require.NoError(t, err)
+	assert.Equal(t, "exports", r.Rule)
+	_, err = c.Release(ctx, a.Lease)
+	var re *client.ResponseError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, wire.CodeNotFound, re.Code)
+	_, err = c.Release(ctx, "not a lease")
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, wire.CodeMalformed, re.Code)
+
+	again, err := c.Acquire(ctx, req, 1)
+	require.NoError(t, err)
+	assert.True(t, again.Allowed())
+
+	// An acquire that no concurrency rule counts is a check, with no lease.
+	plain, err := c.Acquire(ctx, []client.Descriptor{{Name: "api_key", Value: "sk_cc"}, {Name: "endpoint", Value: "/v1/search"}}, 1)
+	require.NoError(t, err)
+	assert.Equal(t, "search", plain.Rule)
+	assert.Empty(t, plain.Lease)
 }

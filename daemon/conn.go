@@ -298,7 +298,7 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 		*res = wire.Response{Op: req.Op, ID: req.ID, NextMs: wire.NextUnknown}
 		return wire.AppendResponse(out, res)
 	}
-	p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+	fs.decideOn(ctx, p, now)
 	return fs.respond(p, now, out)
 }
 
@@ -319,8 +319,19 @@ func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now tim
 		fs.out = wire.AppendResponse(fs.out[:0], &fs.res)
 		return true
 	}
-	if !p.TryCheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec) {
-		return false
+	switch req.Op {
+	case wire.OpRelease:
+		return false // a store call: decided off the read loop
+	case wire.OpAcquire:
+		lease, ok := p.TryAcquireTo(ctx, now, req.Descs, int64(req.Cost), &fs.sc, &fs.dec)
+		if !ok {
+			return false
+		}
+		fs.res.Token = lease
+	default:
+		if !p.TryCheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec) {
+			return false
+		}
 	}
 	fs.out = fs.respond(p, now, fs.out[:0])
 	return true
@@ -329,9 +340,22 @@ func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now tim
 // decide answers the request that answerLocal left in fs, waiting on the
 // stores as needed, to fs.out.
 func (fs *frameState) decide() {
-	req := &fs.req
-	fs.p.CheckTo(fs.ctx, fs.now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+	fs.decideOn(fs.ctx, fs.p, fs.now)
 	fs.out = fs.respond(fs.p, fs.now, fs.out[:0])
+}
+
+// decideOn decides fs.req, a CHECK, PEEK, ACQUIRE or RELEASE, into fs.dec
+// (and an ACQUIRE's lease into fs.res.Token).
+func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.Time) {
+	req := &fs.req
+	switch req.Op {
+	case wire.OpAcquire:
+		fs.res.Token = p.AcquireTo(ctx, now, req.Descs, int64(req.Cost), &fs.sc, &fs.dec)
+	case wire.OpRelease:
+		fs.dec = p.Release(ctx, now, req.Token)
+	default:
+		p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+	}
 }
 
 // respond appends the answer of fs's request, decided by p at now, to
@@ -344,7 +368,9 @@ func (fs *frameState) respond(p *policy.Policy, now time.Time, out []byte) []byt
 	fillResponse(res, &fs.dec)
 	fs.dec.Err = nil // not kept past its answer
 	res.Op, res.ID = fs.req.Op, fs.req.ID
-	return wire.AppendResponse(out, res)
+	out = wire.AppendResponse(out, res)
+	res.Token = nil // aliases the Scratch: not kept past its answer
+	return out
 }
 
 func (fs *frameState) appendError(out []byte, op wire.Op, id uint32, code wire.Code, msg string) []byte {
