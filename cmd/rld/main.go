@@ -2,6 +2,8 @@
 //
 //	rld [serve] [-config F] [-socket P] [-http A]
 //	rld check [-socket P] [-cost N] [-peek] [-json] name=value…
+//	rld acquire [-socket P] [-cost N] [-json] name=value…
+//	rld release [-socket P] [-json] LEASE
 //	rld config check F
 //	rld admin [-socket P | -http URL -token-file F] [-json] OP [args…]
 //	rld version
@@ -53,6 +55,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(args, stdout, stderr)
 	case "check":
 		return check(args, stdout, stderr)
+	case "acquire":
+		return decideCmd("acquire", args, stdout, stderr)
+	case "release":
+		return release(args, stdout, stderr)
 	case "config":
 		if len(args) > 0 && isHelp(args[0]) {
 			fmt.Fprint(stdout, configCheckHelp)
@@ -88,6 +94,10 @@ usage:
   rld [serve] [-config FILE] [-socket PATH] [-http ADDR]   run the daemon
   rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...
                                      ask the daemon; exit 0 allowed, 1 limited or blocked, 2 error
+  rld acquire [-socket PATH] [-cost N] [-json] name=value...
+                                     as check, holding concurrency slots; prints the lease
+  rld release [-socket PATH] [-json] LEASE
+                                     give an acquire's slots back; exit 0 released, 1 unknown lease
   rld config check FILE              validate a configuration file
   rld admin [-socket PATH | -http URL -token-file FILE] [-json] OP [ARGS...]
                                      run an admin op (explain, top, config); exit 0 ok,
@@ -228,31 +238,48 @@ func defaultSocket() string {
 }
 
 func check(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	return decideCmd("check", args, stdout, stderr)
+}
+
+// decideCmd is rld check, and rld acquire (cmd "acquire"): the same
+// request, which holds concurrency slots and prints their lease.
+func decideCmd(cmd string, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
 	cost := fs.Uint("cost", 1, "units to take")
-	peek := fs.Bool("peek", false, "decide without consuming")
+	peek := new(bool)
+	if cmd == "check" {
+		peek = fs.Bool("peek", false, "decide without consuming")
+	}
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
-	fs.Usage = flagUsage(fs, "rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...",
-		"Ask the daemon whether a request with these descriptors may go through,\n"+
-			"e.g. rld check api_key=sk_123 endpoint=/v1/search. Prints the decision, the\n"+
-			"rule that decided, and the HTTP headers a client would send. Exit status:\n"+
-			"0 allowed, 1 limited or blocked, 2 error. The caller needs write access to\n"+
-			"the socket: be root or a member of the rld group.")
+	if cmd == "check" {
+		fs.Usage = flagUsage(fs, "rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...",
+			"Ask the daemon whether a request with these descriptors may go through,\n"+
+				"e.g. rld check api_key=sk_123 endpoint=/v1/search. Prints the decision, the\n"+
+				"rule that decided, and the HTTP headers a client would send. Exit status:\n"+
+				"0 allowed, 1 limited or blocked, 2 error. The caller needs write access to\n"+
+				"the socket: be root or a member of the rld group.")
+	} else {
+		fs.Usage = flagUsage(fs, "rld acquire [-socket PATH] [-cost N] [-json] name=value...",
+			"Ask as rld check does; the concurrency rules that apply hold -cost slots\n"+
+				"each until 'rld release LEASE', or until their timeout. Prints the answer and\n"+
+				"the line lease=LEASE when slots are held. Exit status: 0 allowed, 1 limited\n"+
+				"or blocked, 2 error.")
+	}
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}
 	if *cost == 0 || *cost > 1<<32-1 {
-		fmt.Fprintf(stderr, "rld check: -cost must be from 1 to 4294967295, got %d\n", *cost)
+		fmt.Fprintf(stderr, "rld %s: -cost must be from 1 to 4294967295, got %d\n", cmd, *cost)
 		return exitError
 	}
 	var descs []client.Descriptor
 	for _, a := range fs.Args() {
 		name, value, ok := strings.Cut(a, "=")
 		if !ok || name == "" {
-			fmt.Fprintf(stderr, "rld check: descriptor %q is not name=value\n", a)
+			fmt.Fprintf(stderr, "rld %s: descriptor %q is not name=value\n", cmd, a)
 			return exitError
 		}
 		descs = append(descs, client.Descriptor{Name: name, Value: value})
@@ -263,18 +290,27 @@ func check(args []string, stdout, stderr io.Writer) int {
 	defer c.Close()
 	var res client.Result
 	var err error
-	if *peek {
+	switch {
+	case cmd == "acquire":
+		res, err = c.Acquire(ctx, descs, uint32(*cost))
+	case *peek:
 		res, err = c.Peek(ctx, descs, uint32(*cost))
-	} else {
+	default:
 		res, err = c.Check(ctx, descs, uint32(*cost))
 	}
+	return printResult(cmd, res, err, *asJSON, stdout, stderr)
+}
+
+// printResult prints the answer of rld check, acquire or release (cmd)
+// and returns the exit status.
+func printResult(cmd string, res client.Result, err error, asJSON bool, stdout, stderr io.Writer) int {
 	var rerr *client.ResponseError
 	if err != nil && !errors.As(err, &rerr) {
-		fmt.Fprintln(stderr, "rld check:", err)
+		fmt.Fprintf(stderr, "rld %s: %v\n", cmd, err)
 		return exitError
 	}
 	decision := res.Status.String()
-	if *asJSON {
+	if asJSON {
 		out := map[string]any{
 			"decision":        decision,
 			"limit":           res.Limit,
@@ -293,6 +329,9 @@ func check(args []string, stdout, stderr io.Writer) int {
 		if rerr != nil {
 			out["error"] = map[string]any{"code": rerr.Code.String(), "message": rerr.Message}
 		}
+		if cmd == "acquire" {
+			out["lease"] = res.Lease
+		}
 		b, _ := json.Marshal(out)
 		fmt.Fprintln(stdout, string(b))
 	} else {
@@ -303,6 +342,9 @@ func check(args []string, stdout, stderr io.Writer) int {
 		if rerr != nil {
 			fmt.Fprintf(stdout, "error: %s: %s\n", rerr.Code, rerr.Message)
 		}
+		if res.Lease != "" {
+			fmt.Fprintf(stdout, "lease=%s\n", res.Lease)
+		}
 		// The fields the HTTP endpoint renders for the same decision:
 		// the frame carries what it renders them from.
 		fields, _ := header.AppendFields(nil, nil, res.Answer(), time.Now())
@@ -311,6 +353,8 @@ func check(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	switch {
+	case cmd == "release" && rerr != nil && rerr.Code == wire.CodeNotFound:
+		return exitDenied
 	case rerr != nil:
 		return exitError
 	case res.Status == wire.StatusLimited || res.Status == wire.StatusBlocked:
@@ -339,4 +383,31 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, cfg.Rules[i].Summary())
 	}
 	return 0
+}
+
+// release is rld release: it gives back the concurrency slots of a lease
+// that rld acquire (or any client's acquire) printed.
+func release(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("release", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
+	fs.Usage = flagUsage(fs, "rld release [-socket PATH] [-json] LEASE",
+		"Give back the concurrency slots of LEASE, which rld acquire printed. Any\n"+
+			"daemon sharing the store releases it. Exit status: 0 released, 1 unknown\n"+
+			"lease (released already, or its timeout passed: nothing changed), 2 error.")
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
+	}
+	if fs.NArg() != 1 || fs.Arg(0) == "" {
+		fmt.Fprintln(stderr, "rld release: want one LEASE")
+		return exitError
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	c := client.New(*socket)
+	defer c.Close()
+	res, err := c.Release(ctx, fs.Arg(0))
+	return printResult("release", res, err, *asJSON, stdout, stderr)
 }
