@@ -24,6 +24,7 @@ type httpScratch struct {
 	vals   []byte
 	body   []byte
 	os     obsScratch
+	lease  []byte // an acquire's lease, for its answer
 }
 
 var httpScratchPool = sync.Pool{New: func() any {
@@ -47,8 +48,10 @@ func (d *Daemon) newHTTPServer() *fasthttp.Server {
 
 func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
-	case "/v1/check", "/v1/auth":
+	case "/v1/check", "/v1/auth", "/v1/acquire":
 		d.serveCheck(ctx)
+	case "/v1/release":
+		d.serveRelease(ctx)
 	case "/metrics":
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
 		writeMetrics(ctx)
@@ -201,7 +204,18 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	p := d.policy.Load()
-	dec := p.Check(context.Background(), now, s.descs, cost, peek, &s.sc)
+	var dec policy.Decision
+	s.lease = nil
+	if string(ctx.Path()) == "/v1/acquire" {
+		if peek {
+			countFrameError(wire.CodeMalformed)
+			httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "an acquire cannot peek")
+			return
+		}
+		s.lease = p.AcquireTo(context.Background(), now, s.descs, cost, &s.sc, &dec)
+	} else {
+		dec = p.Check(context.Background(), now, s.descs, cost, peek, &s.sc)
+	}
 	if !peek {
 		d.ops.obs.observe(p, &dec, s.descs, now, &s.os)
 	}
@@ -209,6 +223,30 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		d.writeAuth(ctx, s, now, &dec)
 		return
 	}
+	d.writeDecision(ctx, s, now, &dec)
+}
+
+// serveRelease answers GET or POST /v1/release?lease=LEASE: it gives
+// back the concurrency slots of a lease that /v1/acquire (or an ACQUIRE
+// on the socket) returned. 200 when released, 404 UNKNOWN_LEASE when the
+// lease holds no slot (released already, or expired), 400 when it does
+// not parse.
+func (d *Daemon) serveRelease(ctx *fasthttp.RequestCtx) {
+	if !ctx.IsGet() && !ctx.IsPost() {
+		httpError(ctx, fasthttp.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "use GET or POST")
+		return
+	}
+	lease := ctx.QueryArgs().Peek("lease")
+	if len(lease) == 0 || len(lease) > wire.MaxTokenLen || ctx.QueryArgs().Len() != 1 {
+		countFrameError(wire.CodeMalformed)
+		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "want one query argument lease, of 1 to "+strconv.Itoa(wire.MaxTokenLen)+" bytes")
+		return
+	}
+	now := time.Now()
+	s := httpScratchPool.Get().(*httpScratch)
+	defer httpScratchPool.Put(s)
+	s.lease = nil
+	dec := d.policy.Load().Release(context.Background(), now, lease)
 	d.writeDecision(ctx, s, now, &dec)
 }
 
@@ -250,6 +288,18 @@ func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now tim
 	case policy.StatusAllowed, policy.StatusAllowedDegraded:
 		ctx.SetStatusCode(fasthttp.StatusOK)
 		ctx.SetContentType("application/json")
+		if len(s.lease) > 0 {
+			// The lease is base64url: it needs no escaping.
+			ctx.Response.Header.SetBytesV("X-RateLimit-Lease", s.lease)
+			b := append(s.body[:0], `{"decision":"`...)
+			b = append(b, dec.Status.String()...)
+			b = append(b, `","lease":"`...)
+			b = append(b, s.lease...)
+			b = append(b, "\"}\n"...)
+			s.body = b
+			ctx.SetBody(b)
+			return
+		}
 		ctx.SetBodyString(`{"decision":"` + dec.Status.String() + `"}` + "\n")
 	case policy.StatusLimited:
 		ctx.SetStatusCode(fasthttp.StatusTooManyRequests)
@@ -274,8 +324,13 @@ func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now tim
 		httpError(ctx, fasthttp.StatusForbidden, "BLOCKED", "request blocked by the deny list")
 	default:
 		status, code := fasthttp.StatusInternalServerError, "INTERNAL"
-		if dec.Code == policy.CodeCostTooLarge {
+		switch dec.Code {
+		case policy.CodeCostTooLarge:
 			status, code = fasthttp.StatusBadRequest, "COST_TOO_LARGE"
+		case policy.CodeNotFound:
+			status, code = fasthttp.StatusNotFound, "UNKNOWN_LEASE"
+		case policy.CodeMalformed:
+			status, code = fasthttp.StatusBadRequest, "BAD_REQUEST"
 		}
 		msg := dec.Code.String()
 		if dec.Err != nil {

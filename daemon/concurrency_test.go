@@ -1,0 +1,67 @@
+package daemon_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const concurrencyConfig = `
+[[rule]]
+name = "exports"
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 2
+timeout = "1m"
+`
+
+// TestHTTPAcquireRelease: /v1/acquire answers with a lease (body and
+// X-RateLimit-Lease), the third concurrent acquire gets 429, and
+// /v1/release gives a slot back; an unknown lease is a 404, a bad one a
+// 400.
+func TestHTTPAcquireRelease(t *testing.T) {
+	s := start(t, concurrencyConfig)
+	get := func(path string) (int, http.Header, map[string]any) {
+		t.Helper()
+		resp, err := http.Get("http://" + s.HTTP + path)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		var body map[string]any
+		require.NoError(t, json.Unmarshal(b, &body), string(b))
+		return resp.StatusCode, resp.Header, body
+	}
+	code, h, body := get("/v1/acquire?api_key=k")
+	require.Equal(t, http.StatusOK, code)
+	lease, _ := body["lease"].(string)
+	require.NotEmpty(t, lease)
+	assert.Equal(t, lease, h.Get("X-RateLimit-Lease"))
+	assert.Equal(t, "1", h.Get("X-RateLimit-Remaining"))
+	code, _, _ = get("/v1/acquire?api_key=k")
+	require.Equal(t, http.StatusOK, code)
+	code, h, _ = get("/v1/acquire?api_key=k")
+	assert.Equal(t, http.StatusTooManyRequests, code)
+	assert.Equal(t, "60", h.Get("Retry-After"))
+	code, _, _ = get("/v1/check?api_key=k")
+	assert.Equal(t, http.StatusTooManyRequests, code, "a check holds nothing, and finds no slot")
+
+	code, _, body = get("/v1/release?lease=" + url.QueryEscape(lease))
+	assert.Equal(t, http.StatusOK, code, body)
+	code, _, body = get("/v1/release?lease=" + url.QueryEscape(lease))
+	assert.Equal(t, http.StatusNotFound, code)
+	assert.Equal(t, "UNKNOWN_LEASE", body["error"].(map[string]any)["code"])
+	code, _, _ = get("/v1/release?lease=nope")
+	assert.Equal(t, http.StatusBadRequest, code)
+	code, _, _ = get("/v1/release")
+	assert.Equal(t, http.StatusBadRequest, code)
+	code, _, _ = get("/v1/acquire?api_key=k&peek=1")
+	assert.Equal(t, http.StatusBadRequest, code)
+	code, _, _ = get("/v1/acquire?api_key=k")
+	assert.Equal(t, http.StatusOK, code, "the released slot is free")
+}
