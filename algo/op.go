@@ -9,7 +9,7 @@ import "strconv"
 // hot-key cache and the test stores pass batches of them.
 type OpKind uint8
 
-// The kinds of Op. Room is left for those to come (set, settle): a new kind is added here, to Apply, to the
+// The kinds of Op. Room is left for those to come (set): a new kind is added here, to Apply, to the
 // scripts, and to the Redis store's script table.
 const (
 	// OpTake decides a cost of N (at least 1) and consumes it when it
@@ -37,6 +37,11 @@ const (
 	// capped as the algorithm defines: see Grant. Its Result is that of
 	// a peek of cost 1 after it, with Allowed false and RetryAfter 0.
 	OpGrant
+	// OpCharge consumes N units (1 to the capacity) whether they fit or
+	// not, as a settle whose cost exceeded its estimate does: see Charge.
+	// Its Result is that of a peek of cost 1 after it, with Allowed false
+	// (its RetryAfter says when a unit fits again).
+	OpCharge
 	// OpRelease gives back N units (at least 1) of the Concurrency
 	// admission made at TakenAt, its lease id: see Release. Admitted is
 	// 1 when the admission held units at the op's time, else 0 and
@@ -50,7 +55,7 @@ const (
 
 var opKindNames = [NumOpKinds]string{
 	OpTake: "take", OpPeek: "peek", OpLease: "lease", OpTakeLease: "takelease", OpRefund: "refund",
-	OpReset: "reset", OpGrant: "grant", OpRelease: "release",
+	OpReset: "reset", OpGrant: "grant", OpCharge: "charge", OpRelease: "release",
 }
 
 // String returns the op's name, as the scripts' ARGV[1] spells it.
@@ -116,6 +121,10 @@ func Apply(op *Op, s *State, now int64) {
 	case OpGrant:
 		Grant(p, s, now, op.N)
 		after(op, s, now)
+	case OpCharge:
+		Charge(p, s, now, op.N)
+		DecideTo(p, s, now, 1, true, &op.Result)
+		op.Result.Allowed = false
 	case OpRelease:
 		op.Admitted = 0
 		if Release(p, s, now, op.TakenAt, op.N) {

@@ -23,7 +23,7 @@ func tokenBucket(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	default:
 		r.RetryAfter = micros(ceilDiv(cost*per-level, p.Limit))
 	}
-	r.Remaining = level / per
+	r.Remaining = max(level, 0) / per // a charge may leave a debt
 	r.Reset = micros(ceilDiv(full-level, p.Limit))
 }
 

@@ -39,6 +39,17 @@ function alg.refund(p, st, now, taken_at, cost)
   return refund_window(p, st, now, taken_at, cost, 'count')
 end
 
+-- charge counts n more units in the current window, up to 2×L
+-- (algo.Charge).
+function alg.charge(p, st, now, n)
+  local start = window_start(now, p.per)
+  local count = 0
+  if st.a == start then count = st.b end
+  st.a, st.b = start, math.min(count + n, 2 * p.limit)
+  redis.call('HSET', key, 'start', int(st.a), 'count', int(st.b))
+  return true
+end
+
 function alg.idle(p, st, now)
   if st.b == 0 then return 0 end
   return math.max(st.a + p.per - now, 0)

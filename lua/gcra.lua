@@ -44,6 +44,15 @@ function alg.refund(p, st, now, taken_at, cost)
   return true
 end
 
+-- charge moves the TAT on by n×e, to now + 2×C×e at the latest
+-- (algo.Charge).
+function alg.charge(p, st, now, n)
+  local e = emission(p)
+  st.a = math.min(math.max(st.a, now) + n * e, now + 2 * p.cap * e)
+  redis.call('SET', key, int(st.a))
+  return true
+end
+
 function alg.idle(p, st, now)
   return math.max(st.a - now, 0)
 end

@@ -101,6 +101,7 @@ end
 --   alg.grant(p, st, now, n) -> wrote
 --                                      optional: algo.Grant, when it is not
 --                                      alg.refund of n units taken at now
+--   alg.charge(p, st, now, n) -> wrote  algo.Charge, written and applied to st
 --   alg.release(p, st, now, at, cost) -> released
 --                                      optional (concurrency): algo.Release
 --   alg.idle(p, st, now) -> µs         an upper bound of the time until st
@@ -210,6 +211,14 @@ local function run(alg)
     end
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, 0, now}
+  elseif op == 'charge' then
+    -- algo.Charge: n units whatever they fit, at most the capacity; the
+    -- reply's retry is that of a peek of cost 1 after it.
+    if alg.charge(p, st, now, math.min(x, p.cap)) then
+      expire(p, alg.idle(p, st, now))
+    end
+    local _, rem, rst, ret = alg.decide(p, st, now, 1, true)
+    return {0, rem, rst, ret, now}
   elseif op == 'release' and alg.release then
     -- algo.Release: ARGV[7] is the admission's time, its lease id.
     local at = arg(7)
@@ -223,5 +232,5 @@ local function run(alg)
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {released and 1 or 0, rem, rst, 0, now}
   end
-  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset, grant or release)')
+  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset, grant, charge or release)')
 end

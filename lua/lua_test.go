@@ -64,6 +64,7 @@ const (
 	reset     = algo.OpReset
 	grant     = algo.OpGrant
 	release   = algo.OpRelease
+	charge    = algo.OpCharge
 )
 
 // step is one call of a timeline, at start+at µs: a take of the batch
@@ -86,6 +87,9 @@ func rf(at, cost, takenAt int64) step {
 }
 func rs(at int64) step    { return step{at: at, op: reset, costs: []int64{1}} }
 func gr(at, n int64) step { return step{at: at, op: grant, costs: []int64{n}} }
+
+// ch is a charge of n units.
+func ch(at, n int64) step { return step{at: at, op: charge, costs: []int64{n}} }
 
 // rl is a release of cost slots of the admission at start+takenAt.
 func rl(at, cost, takenAt int64) step {
@@ -162,6 +166,8 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		want = reply(0, ao.Result, now)
 	case release:
 		want = reply(int64(ao.Admitted), ao.Result, now)
+	case charge:
+		want = reply(0, ao.Result, now)
 	}
 
 	// One transaction: the key cannot expire between the script and the
@@ -211,7 +217,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		t.Errorf("%s: a peek wrote (PTTL %d)", what, pttl)
 	case (o == take || o == lease || o == takelease) && wrote != (got[0] > 0):
 		t.Errorf("%s: admitted %d, yet wrote=%v (PTTL %d)", what, got[0], wrote, pttl)
-	case (o == refund || o == grant || o == release) && !equal(before, r.s) && pttl == -1:
+	case (o == refund || o == grant || o == release || o == charge) && !equal(before, r.s) && pttl == -1:
 		t.Errorf("%s: a %s changed the state but set no TTL", what, o)
 	case o == reset && pttl != -2:
 		t.Errorf("%s: a reset left the key (PTTL %d)", what, pttl)
@@ -615,6 +621,15 @@ func scaledTimeline(p algo.Params) []step {
 		tk(22*P-1, fill),
 		tk(22*P+P/2, 1),
 		gr(22*P+P/2, C),
+		ch(23*P, 1),
+		ch(23*P, C),
+		tk(23*P, 1),
+		ch(23*P+P/3, C),
+		ch(23*P+P/3, C),
+		pk(23*P+P/3, 1),
+		tk(24*P+P/2, 1),
+		ch(26*P, C+5),
+		rs(26*P + 1),
 	}
 }
 
@@ -671,6 +686,12 @@ func randomParams(rng *rand.Rand, kind algo.Kind) algo.Params {
 		}
 	}
 	return p
+}
+
+// chargeExact reports whether a charge's debt keeps every value of p's
+// algorithm exact in Lua: a debt doubles the counts (docs/algorithms.md).
+func chargeExact(p algo.Params) bool {
+	return max(p.Limit, p.Capacity()) <= algo.MaxScaled/4/p.PeriodMicros()
 }
 
 func randomTimeline(r *runner, rng *rand.Rand, ops int) {
@@ -736,8 +757,11 @@ func randomTimeline(r *runner, rng *rand.Rand, ops int) {
 				takenAt = takes[rng.IntN(len(takes))]
 			}
 			o := refund
-			if p.Kind == algo.Concurrency && rng.IntN(2) == 0 {
+			switch {
+			case p.Kind == algo.Concurrency && rng.IntN(2) == 0:
 				o = release
+			case rng.IntN(2) == 0 && chargeExact(p):
+				o = charge
 			}
 			r.apply(o, now, []int64{cost()}, takenAt)
 		}

@@ -60,6 +60,16 @@ function alg.refund(p, st, now, taken_at, cost)
   return refund_window(p, st, now, taken_at, cost, 'cur')
 end
 
+-- charge counts n more units in the current window, up to 2×L
+-- (algo.Charge).
+function alg.charge(p, st, now, n)
+  local start = window_start(now, p.per)
+  local cur, prev = counts(st, start, p.per)
+  st.a, st.b, st.c = start, math.min(cur + n, 2 * p.limit), prev
+  redis.call('HSET', key, 'start', int(st.a), 'cur', int(st.b), 'prev', int(st.c))
+  return true
+end
+
 -- idle: cur counts until two windows after start, prev until one after.
 function alg.idle(p, st, now)
   if st.b > 0 then return math.max(st.a + 2 * p.per - now, 0) end

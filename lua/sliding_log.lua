@@ -126,6 +126,22 @@ function alg.grant(p, st, now, n)
   return true
 end
 
+-- charge logs n units at now, as an admission would, up to 2×L live
+-- units (algo.Charge). st.log holds the live entries.
+function alg.charge(p, st, now, n)
+  local sum, log = 0, st.log
+  for i = 1, #log do sum = sum + log[i].cost end
+  local add = math.min(n, 2 * p.limit - sum)
+  if add <= 0 then return false end
+  if #log > 0 and log[#log].at >= now then
+    log[#log].cost = log[#log].cost + add
+  else
+    log[#log + 1] = {at = now, cost = add}
+  end
+  alg.save(p, st, now)
+  return true
+end
+
 function alg.idle(p, st, now)
   local n = #st.log
   if n == 0 then return 0 end

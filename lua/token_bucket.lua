@@ -39,7 +39,8 @@ function alg.decide(p, st, now, cost, peek)
   else
     retry = ceil_div(cost * per - lv, p.limit)
   end
-  return allowed, quo(lv, per), ceil_div(full - lv, p.limit), retry
+  -- max: a charge may leave a debt.
+  return allowed, quo(math.max(lv, 0), per), ceil_div(full - lv, p.limit), retry
 end
 
 function alg.save(p, st, now)
@@ -52,6 +53,15 @@ function alg.refund(p, st, now, taken_at, cost)
   -- The sum may round above 2^53, but never below full when it exceeds it.
   st.a = math.min(st.a + cost * p.per, full)
   redis.call('HSET', key, 'level', int(st.a))
+  return true
+end
+
+-- charge takes n units whatever the level, down to -C×P (algo.Charge).
+function alg.charge(p, st, now, n)
+  local per, full = p.per, p.cap * p.per
+  local lv = level(p, st, now, full)
+  st.a, st.b = math.max(lv - n * per, -full), math.max(st.b, now)
+  redis.call('HSET', key, 'level', int(st.a), 'at', int(st.b))
   return true
 end
 

@@ -236,7 +236,7 @@ func (s *Store) applyLocked(sh *shard, key []byte, h uint64, op *algo.Op, us int
 // consumes reports whether ops of kind k may admit units, and so write a
 // key's state.
 func consumes(k algo.OpKind) bool {
-	return k == algo.OpTake || k == algo.OpLease || k == algo.OpTakeLease
+	return k == algo.OpTake || k == algo.OpLease || k == algo.OpTakeLease || k == algo.OpCharge
 }
 
 // consumed reports whether op, which Apply ran, admitted any unit.
@@ -246,6 +246,8 @@ func consumed(op *algo.Op) bool {
 		return op.Result.Allowed
 	case algo.OpLease, algo.OpTakeLease:
 		return op.Admitted > 0 || op.Granted > 0
+	case algo.OpCharge:
+		return true
 	}
 	return false
 }

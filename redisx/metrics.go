@@ -23,13 +23,14 @@ const (
 	opReset
 	opGrant
 	opRelease
+	opCharge
 	numOps
 )
 
-var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release"}
+var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge"}
 
 // scriptOp is the op argument (ARGV[1]) of the scripts.
-var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release"}
+var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge"}
 
 func (o op) String() string { return opNames[o] }
 

@@ -34,7 +34,7 @@ import (
 // metrics (with the duration of the whole Do).
 var opKindMetric = [algo.NumOpKinds]op{
 	algo.OpTake: opTake, algo.OpPeek: opPeek, algo.OpLease: opLease, algo.OpTakeLease: opBatch,
-	algo.OpRefund: opRefund, algo.OpReset: opReset, algo.OpGrant: opGrant, algo.OpRelease: opRelease,
+	algo.OpRefund: opRefund, algo.OpReset: opReset, algo.OpGrant: opGrant, algo.OpRelease: opRelease, algo.OpCharge: opCharge,
 }
 
 // DefaultSyncTimeout bounds a Sync whose context has no deadline: a sync
@@ -375,7 +375,7 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 	case algo.OpTakeLease:
 		o.Admitted, o.Granted = int(v[0]), v[5]
 		o.Result = result(o.Params, v, v[5] > 0 || int(v[0]) == len(o.Costs))
-	case algo.OpRefund, algo.OpReset, algo.OpGrant:
+	case algo.OpRefund, algo.OpReset, algo.OpGrant, algo.OpCharge:
 		o.Result = result(o.Params, v, false)
 	case algo.OpRelease:
 		o.Admitted = int(v[0])

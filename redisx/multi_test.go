@@ -89,7 +89,7 @@ func TestDo(t *testing.T) {
 	}
 	ops = append(ops,
 		algo.Op{Kind: algo.OpPeek, Key: []byte("bad"), Params: algo.Params{Limit: 0, Period: time.Second}, N: 1},
-		algo.Op{Kind: 7, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 1},
+		algo.Op{Kind: algo.NumOpKinds, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 1},
 		algo.Op{Kind: algo.OpRefund, Key: []byte("bad"), Params: algo.Params{Limit: 1, Period: time.Second}, N: 0},
 	)
 	require.NoError(t, rs.Do(ctx, ops))
