@@ -60,8 +60,8 @@ type Result struct {
 	Rule     string // the rule that decided; "" when none applied
 	Degraded bool   // decided on local state only
 	// Lease is, for Acquire, what Release takes to give the concurrency
-	// slots back; "" when the acquire holds none (denied, or no
-	// concurrency rule applied).
+	// slots back and Settle to correct the cost; "" when the acquire
+	// took nothing (denied, or no rule counted it).
 	Lease string
 }
 
@@ -147,15 +147,30 @@ func (c *Client) Acquire(ctx context.Context, descs []Descriptor, cost uint32) (
 }
 
 // Release gives back the concurrency slots that Acquire's Result.Lease
-// names. An unknown lease (released already, or expired: the rule's
-// timeout passed) is a *ResponseError with code wire.CodeNotFound, and
-// changes nothing. The Result describes the last limit that got slots
-// back, after the release.
+// names: Settle at the estimate. An unknown lease (released or settled
+// already, or expired: the rule's timeout passed) is a *ResponseError
+// with code wire.CodeNotFound, and changes nothing. The Result describes
+// the last limit that got slots back, after the release; a lease that
+// holds no slot releases nothing and is allowed with no rule.
 func (c *Client) Release(ctx context.Context, lease string) (Result, error) {
 	if len(lease) == 0 || len(lease) > wire.MaxTokenLen {
 		return Result{}, fmt.Errorf("%w: a lease of %d bytes, want 1 to %d", ErrTooLarge, len(lease), wire.MaxTokenLen)
 	}
 	return c.call(ctx, wire.OpRelease, nil, 0, lease)
+}
+
+// Settle ends the request that Acquire's Result.Lease names, whose cost
+// was an estimate, at its actual cost (0 means 1): the rate rules'
+// units are corrected by the difference (charged beyond the estimate,
+// which may put a key in debt, or refunded below it), and its
+// concurrency slots go back. A lease is settled or released once; an
+// unknown one (settled already, or older than an hour) is a
+// *ResponseError with code wire.CodeNotFound, and changes nothing.
+func (c *Client) Settle(ctx context.Context, lease string, actual uint32) (Result, error) {
+	if len(lease) == 0 || len(lease) > wire.MaxTokenLen {
+		return Result{}, fmt.Errorf("%w: a lease of %d bytes, want 1 to %d", ErrTooLarge, len(lease), wire.MaxTokenLen)
+	}
+	return c.call(ctx, wire.OpSettle, nil, actual, lease)
 }
 
 // Ping checks that the daemon answers.

@@ -298,9 +298,23 @@ func TestAcquireRelease(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, again.Allowed())
 
-	// An acquire that no concurrency rule counts is a check, with no lease.
-	plain, err := c.Acquire(ctx, []client.Descriptor{{Name: "api_key", Value: "sk_cc"}, {Name: "endpoint", Value: "/v1/search"}}, 1)
+	// An acquire that no concurrency rule counts is a check whose lease
+	// names its units: settling it at 4 charges 3 more.
+	search := []client.Descriptor{{Name: "api_key", Value: "sk_cc"}, {Name: "endpoint", Value: "/v1/search"}}
+	plain, err := c.Acquire(ctx, search, 1)
 	require.NoError(t, err)
 	assert.Equal(t, "search", plain.Rule)
-	assert.Empty(t, plain.Lease)
+	assert.Equal(t, uint64(29), plain.Remaining)
+	require.NotEmpty(t, plain.Lease)
+	st, err := c.Settle(ctx, plain.Lease, 4)
+	require.NoError(t, err)
+	assert.Equal(t, "search", st.Rule)
+	peek, err := c.Peek(ctx, search, 1)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(30-4-1), peek.Remaining)
+	_, err = c.Settle(ctx, plain.Lease, 4)
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, wire.CodeNotFound, re.Code, "settled once")
+	_, err = c.Settle(ctx, "", 4)
+	assert.ErrorIs(t, err, client.ErrTooLarge)
 }

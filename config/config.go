@@ -201,6 +201,12 @@ type Store struct {
 	// PasswordFile names a file holding the password; a trailing newline
 	// is ignored. It is read when the daemon starts.
 	PasswordFile string `toml:"password_file"`
+	// LeaseKeyFile names a file holding the key (16 bytes or more) that
+	// signs the leases of acquires, which release and settle verify. The
+	// daemons of a fleet share one so that any of them, restarted or
+	// not, takes any lease; unset, each daemon signs with a random key
+	// of its own until it stops. It is read when the daemon starts.
+	LeaseKeyFile string `toml:"lease_key_file"`
 	// KeyPrefix starts every Redis key rld writes.
 	KeyPrefix string `toml:"key_prefix"`
 	// Timeout bounds every Redis call: a check never waits longer on
@@ -224,6 +230,26 @@ type Store struct {
 	// BreakerCooldown is how long an open breaker sends no call before
 	// it lets a probe go.
 	BreakerCooldown Duration `toml:"breaker_cooldown"`
+}
+
+// MinLeaseKey is the shortest key that lease_key_file may hold.
+const MinLeaseKey = 16
+
+// LeaseKey returns the content of LeaseKeyFile without its trailing
+// newline, or nil when it is not set.
+func (s *Store) LeaseKey() ([]byte, error) {
+	if s.LeaseKeyFile == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(s.LeaseKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read store.lease_key_file=%q: %w", s.LeaseKeyFile, err)
+	}
+	b = []byte(strings.TrimRight(string(b), "\r\n"))
+	if len(b) < MinLeaseKey {
+		return nil, fmt.Errorf("store.lease_key_file=%q: a key of %d bytes, want at least %d", s.LeaseKeyFile, len(b), MinLeaseKey)
+	}
+	return b, nil
 }
 
 // UsesRedis reports whether the store is Redis rather than the embedded

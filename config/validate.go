@@ -140,6 +140,9 @@ func (s *Store) validate(p *problems) {
 			p.add("store.password_file = %q: %v", s.PasswordFile, errors.Unwrap(err))
 		}
 	}
+	if _, err := s.LeaseKey(); err != nil {
+		p.add("%v", err)
+	}
 	if strings.ContainsAny(s.KeyPrefix, "{}") {
 		p.add("store.key_prefix = %q: must not contain { or } (rld puts each counter key in a {hash tag})", s.KeyPrefix)
 	}

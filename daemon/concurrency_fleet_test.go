@@ -138,11 +138,17 @@ func runConcurrencyFleet(t *testing.T, store string) {
 	require.Positive(t, refused.Load(), "200 callers never met the limit of %d", slotsLimit)
 
 	// Every slot came back: the whole limit fits at once.
-	r, err := clients[0].Acquire(ctx, key("sk_fleet"), slotsLimit)
-	require.NoError(t, err)
-	require.True(t, r.Allowed(), "%+v", r)
-	_, err = clients[2].Release(ctx, r.Lease)
-	require.NoError(t, err)
+	var all []string
+	for range slotsLimit {
+		r, err := clients[0].Acquire(ctx, key("sk_fleet"), 1)
+		require.NoError(t, err)
+		require.True(t, r.Allowed(), "%+v", r)
+		all = append(all, r.Lease)
+	}
+	for _, l := range all {
+		_, err := clients[2].Release(ctx, l)
+		require.NoError(t, err)
+	}
 
 	// A caller process holding every slot is SIGKILLed: its slots stay
 	// held until their timeout, then come back.
@@ -154,7 +160,7 @@ func runConcurrencyFleet(t *testing.T, store string) {
 	t.Cleanup(func() { _ = holder.Process.Kill(); _ = holder.Wait() })
 	held := waitLine(t, out, "held ")
 	heldAt := time.Now()
-	r, err = clients[1].Acquire(ctx, key("sk_caller"), 1)
+	r, err := clients[1].Acquire(ctx, key("sk_caller"), 1)
 	require.NoError(t, err)
 	require.Equal(t, wire.StatusLimited, r.Status, "the holder's slots: %s", held)
 	require.NoError(t, holder.Process.Kill())
@@ -222,8 +228,9 @@ func waitFree(t *testing.T, c *client.Client, descs []client.Descriptor, since t
 }
 
 // TestConcurrencyHolder is the caller process that runConcurrencyFleet
-// SIGKILLs: with RLD_TEST_HOLDER=socket|api_key|n it acquires n slots,
-// prints "held LEASE" and waits to be killed. Otherwise it is skipped.
+// SIGKILLs: with RLD_TEST_HOLDER=socket|api_key|n it acquires n slots
+// (one per acquire), prints "held" and waits to be killed. Otherwise it
+// is skipped.
 func TestConcurrencyHolder(t *testing.T) {
 	spec := os.Getenv("RLD_TEST_HOLDER")
 	if spec == "" {
@@ -234,9 +241,11 @@ func TestConcurrencyHolder(t *testing.T) {
 	n, err := strconv.Atoi(parts[2])
 	require.NoError(t, err)
 	c := client.New(parts[0])
-	r, err := c.Acquire(context.Background(), []client.Descriptor{{Name: "api_key", Value: parts[1]}}, uint32(n))
-	require.NoError(t, err)
-	require.True(t, r.Allowed(), "%+v", r)
-	fmt.Printf("held %s\n", r.Lease)
+	for range n {
+		r, err := c.Acquire(context.Background(), []client.Descriptor{{Name: "api_key", Value: parts[1]}}, 1)
+		require.NoError(t, err)
+		require.True(t, r.Allowed(), "%+v", r)
+	}
+	fmt.Printf("held %d slots\n", n)
 	select {} // until SIGKILL
 }

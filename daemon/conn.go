@@ -320,8 +320,8 @@ func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now tim
 		return true
 	}
 	switch req.Op {
-	case wire.OpRelease:
-		return false // a store call: decided off the read loop
+	case wire.OpRelease, wire.OpSettle:
+		return false // store calls: decided off the read loop
 	case wire.OpAcquire:
 		lease, ok := p.TryAcquireTo(ctx, now, req.Descs, int64(req.Cost), &fs.sc, &fs.dec)
 		if !ok {
@@ -344,7 +344,7 @@ func (fs *frameState) decide() {
 	fs.out = fs.respond(fs.p, fs.now, fs.out[:0])
 }
 
-// decideOn decides fs.req, a CHECK, PEEK, ACQUIRE or RELEASE, into fs.dec
+// decideOn decides fs.req, a CHECK, PEEK, ACQUIRE, RELEASE or SETTLE, into fs.dec
 // (and an ACQUIRE's lease into fs.res.Token).
 func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.Time) {
 	req := &fs.req
@@ -353,6 +353,8 @@ func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.T
 		fs.res.Token = p.AcquireTo(ctx, now, req.Descs, int64(req.Cost), &fs.sc, &fs.dec)
 	case wire.OpRelease:
 		fs.dec = p.Release(ctx, now, req.Token)
+	case wire.OpSettle:
+		fs.dec = p.Settle(ctx, now, req.Token, int64(req.Cost))
 	default:
 		p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
 	}

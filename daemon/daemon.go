@@ -142,6 +142,11 @@ const redisStartTimeout = time.Second
 // with no answers at all, for an outage that may be over in seconds. A configuration that
 // Redis rejects (a wrong password) does stop it: waiting will not help.
 func (d *Daemon) openStore(sc *config.Store) error {
+	key, err := sc.LeaseKey()
+	if err != nil {
+		return err
+	}
+	defer func() { d.stores.LeaseKey = key }()
 	if !sc.UsesRedis() {
 		d.mem = memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
 		d.stores = policy.Stores{Cached: d.mem}

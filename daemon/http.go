@@ -50,7 +50,7 @@ func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 	switch string(ctx.Path()) {
 	case "/v1/check", "/v1/auth", "/v1/acquire":
 		d.serveCheck(ctx)
-	case "/v1/release":
+	case "/v1/release", "/v1/settle":
 		d.serveRelease(ctx)
 	case "/metrics":
 		ctx.SetContentType("text/plain; version=0.0.4; charset=utf-8")
@@ -228,25 +228,43 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 
 // serveRelease answers GET or POST /v1/release?lease=LEASE: it gives
 // back the concurrency slots of a lease that /v1/acquire (or an ACQUIRE
-// on the socket) returned. 200 when released, 404 UNKNOWN_LEASE when the
-// lease holds no slot (released already, or expired), 400 when it does
-// not parse.
+// on the socket) returned; and /v1/settle?lease=LEASE&cost=N, which
+// settles it at its actual cost N (0 means 1). 200 when released or
+// settled, 404 UNKNOWN_LEASE when the lease holds nothing any more
+// (released or settled already, or expired), 400 when it does not parse.
 func (d *Daemon) serveRelease(ctx *fasthttp.RequestCtx) {
 	if !ctx.IsGet() && !ctx.IsPost() {
 		httpError(ctx, fasthttp.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "use GET or POST")
 		return
 	}
-	lease := ctx.QueryArgs().Peek("lease")
-	if len(lease) == 0 || len(lease) > wire.MaxTokenLen || ctx.QueryArgs().Len() != 1 {
+	settle := string(ctx.Path()) == "/v1/settle"
+	args := ctx.QueryArgs()
+	lease := args.Peek("lease")
+	want, cost := 1, uint64(0)
+	if settle {
+		want = 2
+		var err error
+		if cost, err = strconv.ParseUint(string(args.Peek("cost")), 10, 32); err != nil {
+			countFrameError(wire.CodeMalformed)
+			httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "cost must be a whole number from 0 to 4294967295 (0 means 1), got "+strconv.Quote(string(args.Peek("cost"))))
+			return
+		}
+	}
+	if len(lease) == 0 || len(lease) > wire.MaxTokenLen || args.Len() != want {
 		countFrameError(wire.CodeMalformed)
-		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "want one query argument lease, of 1 to "+strconv.Itoa(wire.MaxTokenLen)+" bytes")
+		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "want the query arguments lease (1 to "+strconv.Itoa(wire.MaxTokenLen)+" bytes), and cost for /v1/settle, only")
 		return
 	}
 	now := time.Now()
 	s := httpScratchPool.Get().(*httpScratch)
 	defer httpScratchPool.Put(s)
 	s.lease = nil
-	dec := d.policy.Load().Release(context.Background(), now, lease)
+	var dec policy.Decision
+	if settle {
+		dec = d.policy.Load().Settle(context.Background(), now, lease, int64(cost))
+	} else {
+		dec = d.policy.Load().Release(context.Background(), now, lease)
+	}
 	d.writeDecision(ctx, s, now, &dec)
 }
 

@@ -66,3 +66,10 @@ var (
 	releases        = metrics.NewCounter(`rld_releases_total{result="released"}`)
 	releasesUnknown = metrics.NewCounter(`rld_releases_total{result="unknown"}`)
 )
+
+// The units that settles charged beyond their estimates, and refunded
+// below them.
+var (
+	settleCharged  = metrics.NewCounter(`rld_settle_units_total{op="charge"}`)
+	settleRefunded = metrics.NewCounter(`rld_settle_units_total{op="refund"}`)
+)

@@ -214,6 +214,10 @@ type Stores struct {
 	// embedded store, which does not fail) answers a store error with a
 	// StatusError decision, code internal.
 	Fallback *Fallback
+	// LeaseKey signs the leases of acquires (HMAC-SHA256), which
+	// Release and Settle verify: the daemons of a fleet share it. Nil:
+	// a random key of this process, the same for every Policy.
+	LeaseKey []byte
 	// Penalties keeps the penalty state of the keys of rules with a
 	// penalty or a block_after, and asks for their automatic blocks;
 	// the Policies compiled over one share it. Nil: each Policy keeps its
@@ -535,9 +539,14 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 	params := r.paramsAt(ti)
 	// A concurrency rule holds slots for an acquire only: a check or a
 	// peek looks for a free slot and holds none (nothing to release).
-	peek, hold := c.peek, true
-	if params.Kind == algo.Concurrency && !c.acquire {
-		peek, hold = true, false
+	// It holds (or looks for) one slot per request, whatever the cost:
+	// the cost is the rate rules' units.
+	peek, hold, cost := c.peek, true, c.cost
+	if params.Kind == algo.Concurrency {
+		cost = 1
+		if !c.acquire {
+			peek, hold = true, false
+		}
 	}
 	if r.pen != nil && r.pen.penalty {
 		if ra, ok := p.pens.cooldown(r, key, c.descs, c.now.UnixNano(), c.peek); ok {
@@ -557,7 +566,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 	case c.local:
 		var ok bool
 		if r.local != nil {
-			res, ok = r.local.TakeLocal(key, *params, c.cost, c.now, peek)
+			res, ok = r.local.TakeLocal(key, *params, cost, c.now, peek)
 		}
 		if !ok || (r.shadow && !res.Allowed) {
 			// A shadow denial is counted at once: left to CheckTo, so
@@ -566,7 +575,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 			return wait
 		}
 	default:
-		res, err = r.store.Take(c.ctx, key, *params, c.cost, c.now, peek)
+		res, err = r.store.Take(c.ctx, key, *params, cost, c.now, peek)
 		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	}
 	switch {
@@ -582,7 +591,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		}
 		return pass // never denies or decides
 	case err != nil && p.fallback != nil:
-		res, err = p.fallback.decide(r.fail, params, key, c.cost, c.now, peek, err)
+		res, err = p.fallback.decide(r.fail, params, key, cost, c.now, peek, err)
 		if err != nil {
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 			*d = p.storeFailed(r, params, err)
@@ -662,6 +671,10 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 			continue
 		}
 		op := o.paramsAt(o.limitIndex(o.tier(descs), sc.keys[start:], descs, now.UnixNano()))
+		cost := cost
+		if op.Kind == algo.Concurrency {
+			cost = 1 // one slot per request
+		}
 		var ores algo.Result
 		var err error
 		if local {
@@ -729,6 +742,10 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, sl
 		takenAt := now
 		if t.at != 0 { // a store that does not say when it decided: now
 			takenAt = time.UnixMicro(t.at)
+		}
+		cost := cost
+		if params.Kind == algo.Concurrency {
+			cost = 1 // the slot of this request, not its cost
 		}
 		switch {
 		case t.local:

@@ -18,9 +18,22 @@ import (
 // Err as Backend.Sync does (which bounds its own time when ctx has no
 // deadline); now is not read (the store's clock decides). It implements
 // policy.Operator.
+//
+// The ops of a lease's settle or release (algo.OpCharge, algo.OpRefund,
+// algo.OpRelease) go to the store as they are, within the Timeout: what
+// the cache holds of the key (its lease, already counted at the store)
+// stays; a refund shows in the key's checks once its lease runs out.
 func (c *Cache) Do(ctx context.Context, ops []algo.Op, _ time.Time) error {
 	if c.closed.Load() {
 		return ErrClosed
+	}
+	if direct(ops) {
+		ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+		defer cancel()
+		if err := c.b.Sync(ctx, ops); err != nil {
+			return fmt.Errorf("shardcache: %w", err)
+		}
+		return nil
 	}
 	for i := range ops {
 		if k := ops[i].Kind; k != algo.OpReset && k != algo.OpGrant {
@@ -57,22 +70,21 @@ func (c *Cache) forget(key []byte, discard bool) {
 	liveEntries.Add(-1)
 }
 
-// Do runs an operator's ops as Cache.Do does, and releases
-// (algo.OpRelease: the strict face holds nothing of a key, so they go
-// to the store as they are). It implements policy.Operator.
-func (s *Strict) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
+// direct reports whether every op is one of a lease's, which Do sends to
+// the store as it is.
+func direct(ops []algo.Op) bool {
 	for i := range ops {
-		if ops[i].Kind != algo.OpRelease {
-			return s.c.Do(ctx, ops, now)
+		switch ops[i].Kind {
+		case algo.OpCharge, algo.OpRefund, algo.OpRelease:
+		default:
+			return false
 		}
 	}
-	if s.c.closed.Load() {
-		return ErrClosed
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.c.o.Timeout)
-	defer cancel()
-	if err := s.c.b.Sync(ctx, ops); err != nil {
-		return fmt.Errorf("shardcache: strict: %w", err)
-	}
-	return nil
+	return len(ops) > 0
+}
+
+// Do runs an operator's ops, and a lease's, as Cache.Do does. It
+// implements policy.Operator.
+func (s *Strict) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
+	return s.c.Do(ctx, ops, now)
 }

@@ -167,7 +167,7 @@ func corpusCases() []corpusLine {
 		case wire.CodeUnknownOp:
 			op = 0x09
 		case wire.CodeNotSupported:
-			op = wire.OpSettle
+			op = wire.OpReset
 		}
 		dec("error-"+c.String(), wire.Response{Op: op, ID: 200 + uint32(c), Status: wire.StatusError,
 			NextMs: unknown, Code: c, Message: []byte("detail for " + c.String())})

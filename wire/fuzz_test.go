@@ -15,7 +15,7 @@ func fuzzSeeds() [][]byte {
 	res, _ := hex.DecodeString(goldenResponseHex)
 	ping := wire.AppendRequest(nil, &wire.Request{Op: wire.OpPing, ID: 1})
 	pong := wire.AppendResponse(nil, &wire.Response{Op: wire.OpPing, ID: 1})
-	errRes := wire.AppendResponse(nil, &wire.Response{Op: wire.OpSettle, ID: 2,
+	errRes := wire.AppendResponse(nil, &wire.Response{Op: wire.OpReset, ID: 2,
 		Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")})
 	peek := wire.AppendRequest(nil, &wire.Request{Op: wire.OpPeek, ID: 3, Descs: descs("k", "")})
 	admin := wire.AppendRequest(nil, &wire.Request{Op: wire.OpAdmin, ID: 4, Body: []byte(`{"op":"config"}`)})
@@ -32,6 +32,7 @@ func fuzzSeeds() [][]byte {
 	acquireDenied := wire.AppendResponse(nil, &wire.Response{Op: wire.OpAcquire, ID: 8, Status: wire.StatusLimited,
 		Limit: 2, RetryMs: 100, Rule: []byte("slots")})
 	release := wire.AppendRequest(nil, &wire.Request{Op: wire.OpRelease, ID: 9, Token: []byte("AQEC")})
+	settle := wire.AppendRequest(nil, &wire.Request{Op: wire.OpSettle, ID: 11, Cost: 42, Token: []byte("AQEC")})
 
 	tooLong := bytes.Clone(req)
 	binary.BigEndian.PutUint32(tooLong, wire.MaxFrame)
@@ -44,7 +45,7 @@ func fuzzSeeds() [][]byte {
 
 	return [][]byte{
 		req, res, ping, pong, errRes, peek, admin, adminRes, adminErr, burst,
-		acquire, acquired, acquireDenied, release, release[:len(release)-1],
+		acquire, acquired, acquireDenied, release, release[:len(release)-1], settle, settle[:15],
 		frame(wire.Version, wire.OpRelease, 0, 10, u16(0)), // a RELEASE of no lease
 		frame(wire.Version, wire.OpAdmin, 0, 6),            // an ADMIN request without a body
 		cat(req, ping),                                     // two frames: neither decoder takes it whole
@@ -71,7 +72,7 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("request re-encodes differently:\n in %x\nout %x", in, out)
 			}
 			if len(in) > wire.MaxFrame || len(req.Descs) > wire.MaxDescriptors || len(req.Token) > wire.MaxTokenLen ||
-				(req.Op == wire.OpRelease) != (len(req.Token) > 0) {
+				(req.Op == wire.OpRelease || req.Op == wire.OpSettle) != (len(req.Token) > 0) {
 				t.Fatalf("accepted a frame beyond the limits: %d bytes, %d descriptors", len(in), len(req.Descs))
 			}
 		} else if _, ok := err.(*wire.Error); !ok {

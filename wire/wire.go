@@ -21,6 +21,11 @@
 //	u16 lease length (1 to MaxTokenLen), lease: the token an ACQUIRE
 //	    answer carried
 //
+// and a SETTLE request body is:
+//
+//	u32 cost     the request's actual cost; 0 means 1
+//	u16 lease length (1 to MaxTokenLen), lease
+//
 // A PING request has an empty body. An ADMIN request's body is a JSON
 // object (1 to MaxAdminBody bytes), and its response body is a u16 error
 // code followed by a JSON payload (see AdminResponse). Every other
@@ -92,7 +97,7 @@ const (
 	OpReset   Op = 0x04 // reserved: clear a key's state
 	OpAcquire Op = 0x05 // decide as CHECK, and hold concurrency slots
 	OpRelease Op = 0x06 // give an ACQUIRE's concurrency slots back
-	OpSettle  Op = 0x07 // reserved: settle a cost known after the answer
+	OpSettle  Op = 0x07 // settle an ACQUIRE's cost, known after its answer, and release it
 	OpAdmin   Op = 0x08 // an admin operation: a JSON request, a JSON answer
 
 	// OpResponse marks a response frame.
@@ -100,7 +105,7 @@ const (
 )
 
 // IsReserved reports whether op is assigned to a later protocol feature.
-func (op Op) IsReserved() bool { return op == OpReset || op == OpSettle }
+func (op Op) IsReserved() bool { return op == OpReset }
 
 // NextUnknown is a response's NextMs when the time until quota comes back
 // is not known (or no limit applied): the RateLimit field then has no t.
@@ -258,7 +263,8 @@ type Request struct {
 	Descs []Descriptor
 	// Body is an ADMIN request's JSON; nil for the other ops.
 	Body []byte
-	// Token is a RELEASE request's lease; nil for the other ops.
+	// Token is a RELEASE or SETTLE request's lease; nil for the other
+	// ops. A SETTLE's Cost is the actual cost.
 	Token []byte
 }
 
@@ -365,7 +371,10 @@ func finishFrame(dst []byte, start int) []byte {
 func AppendRequest(dst []byte, r *Request) []byte {
 	start := len(dst)
 	dst = appendHeader(dst, r.Op, r.Flags, r.ID)
-	if r.Op == OpRelease {
+	if r.Op == OpSettle {
+		dst = binary.BigEndian.AppendUint32(dst, r.Cost)
+	}
+	if r.Op == OpRelease || r.Op == OpSettle {
 		dst = binary.BigEndian.AppendUint16(dst, uint16(len(r.Token)))
 		dst = append(dst, r.Token...)
 	}
@@ -432,7 +441,13 @@ func DecodeRequest(f []byte, r *Request) error {
 		}
 		r.Body = b[:len(b):len(b)]
 		return nil
-	case OpRelease:
+	case OpRelease, OpSettle:
+		if op == OpSettle {
+			if len(b) < 4 {
+				return ErrTruncated
+			}
+			r.Cost, b = binary.BigEndian.Uint32(b), b[4:]
+		}
 		tok, rest, err := token(b)
 		if err != nil {
 			return err

@@ -164,6 +164,7 @@ func TestRequestRoundTrip(t *testing.T) {
 		{"max frame", wire.Request{Op: wire.OpCheck, ID: 8, Cost: 1, Descs: maxFrameDescs()}, wire.MaxFrame},
 		{"acquire", wire.Request{Op: wire.OpAcquire, ID: 9, Cost: 1, Descs: descs("api_key", "k")}, wire.HeaderSize + 5 + 1 + 7 + 2 + 1},
 		{"release", wire.Request{Op: wire.OpRelease, ID: 10, Token: []byte("AQEC")}, wire.HeaderSize + 2 + 4},
+		{"settle", wire.Request{Op: wire.OpSettle, ID: 12, Cost: 250, Token: []byte("AQEC")}, wire.HeaderSize + 4 + 2 + 4},
 		{"release of the longest lease", wire.Request{Op: wire.OpRelease, ID: 11, Token: rep(wire.MaxTokenLen)}, wire.HeaderSize + 2 + wire.MaxTokenLen},
 	}
 	for _, tt := range tests {
@@ -224,7 +225,7 @@ func TestResponseRoundTrip(t *testing.T) {
 		{"blocked", wire.Response{Op: wire.OpCheck, ID: 3, Status: wire.StatusBlocked, Rule: []byte("denylist")}},
 		{"allowed degraded", wire.Response{Op: wire.OpPeek, ID: 4, Flags: wire.FlagDegraded, Status: wire.StatusAllowedDegraded, Limit: 10, Remaining: 3, WindowMs: 3_600_000}},
 		{"error", wire.Response{Op: wire.OpCheck, ID: 5, Status: wire.StatusError, Code: wire.CodeUnavailable, Message: []byte("redis: connection refused")}},
-		{"error on reserved op", wire.Response{Op: wire.OpSettle, ID: 6, Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")}},
+		{"error on reserved op", wire.Response{Op: wire.OpReset, ID: 6, Status: wire.StatusError, Code: wire.CodeNotSupported, Message: []byte("op reserved")}},
 		{"acquire with a lease", wire.Response{Op: wire.OpAcquire, ID: 10, Status: wire.StatusAllowed, Limit: 2, Remaining: 1, Rule: []byte("slots"), Token: []byte("AQEC")}},
 		{"acquire without a lease", wire.Response{Op: wire.OpAcquire, ID: 11, Status: wire.StatusLimited, Limit: 2, RetryMs: 30, Rule: []byte("slots")}},
 		{"acquire with the longest lease", wire.Response{Op: wire.OpAcquire, ID: 12, Status: wire.StatusAllowed, Token: rep(wire.MaxTokenLen)}},
@@ -391,7 +392,10 @@ func TestDecodeRequestErrors(t *testing.T) {
 		{"RELEASE of a lease too long", frame(wire.Version, wire.OpRelease, 0, 7, u16(wire.MaxTokenLen+1), rep(wire.MaxTokenLen+1)), wire.ErrBadToken, 7},
 		{"RELEASE lease truncated", frame(wire.Version, wire.OpRelease, 0, 7, u16(5), rep(4)), wire.ErrTruncated, 7},
 		{"RELEASE trailing", frame(wire.Version, wire.OpRelease, 0, 7, u16(4), rep(5)), wire.ErrTrailing, 7},
-		{"reserved SETTLE", frame(wire.Version, wire.OpSettle, 0, 7, rep(100)), wire.ErrNotSupported, 7},
+		{"SETTLE without a lease", frame(wire.Version, wire.OpSettle, 0, 7, u32(5)), wire.ErrTruncated, 7},
+		{"SETTLE cut in its cost", frame(wire.Version, wire.OpSettle, 0, 7, u16(1)), wire.ErrTruncated, 7},
+		{"SETTLE of an empty lease", frame(wire.Version, wire.OpSettle, 0, 7, u32(5), u16(0)), wire.ErrBadToken, 7},
+		{"SETTLE trailing", frame(wire.Version, wire.OpSettle, 0, 7, u32(5), u16(1), rep(2)), wire.ErrTrailing, 7},
 		{"flag 0x0001", frame(wire.Version, wire.OpCheck, wire.FlagDegraded, 7, u32(1), u8(0)), wire.ErrBadFlags, 7},
 		{"flag 0x8000", frame(wire.Version, wire.OpPing, 0x8000, 7), wire.ErrBadFlags, 7},
 		{"ping with body", frame(wire.Version, wire.OpPing, 0, 7, u8(0)), wire.ErrTrailing, 7},
@@ -610,7 +614,7 @@ func TestCodes(t *testing.T) {
 		}
 	}
 	for op := range wire.Op(0xff) {
-		want := op == wire.OpReset || op == wire.OpSettle
+		want := op == wire.OpReset
 		if op.IsReserved() != want {
 			t.Errorf("Op(%#x).IsReserved() = %v", op, !want)
 		}

@@ -58,4 +58,16 @@ timeout = "1m"
 	code, out = run1("acquire", "-socket", s.Socket, "api_key=k")
 	assert.Equal(t, exitAllowed, code, out)
 	assert.Contains(t, out, "\nlease=")
+	lease := out[strings.Index(out, "\nlease=")+len("\nlease="):]
+	lease = lease[:strings.IndexByte(lease, '\n')]
+
+	// rld settle releases too, once.
+	code, out = run1("settle", "-socket", s.Socket, lease, "3")
+	assert.Equal(t, exitAllowed, code, out)
+	code, out = run1("settle", "-socket", s.Socket, lease, "3")
+	assert.Equal(t, exitDenied, code, out)
+	code, out = run1("settle", "-socket", s.Socket, lease, "-3")
+	assert.Equal(t, exitError, code, out)
+	code, out = run1("acquire", "-socket", s.Socket, "api_key=k")
+	assert.Equal(t, exitAllowed, code, out)
 }

@@ -4,6 +4,7 @@
 //	rld check [-socket P] [-cost N] [-peek] [-json] name=value…
 //	rld acquire [-socket P] [-cost N] [-json] name=value…
 //	rld release [-socket P] [-json] LEASE
+//	rld settle [-socket P] [-json] LEASE COST
 //	rld config check F
 //	rld admin [-socket P | -http URL -token-file F] [-json] OP [args…]
 //	rld version
@@ -22,6 +23,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -59,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return decideCmd("acquire", args, stdout, stderr)
 	case "release":
 		return release(args, stdout, stderr)
+	case "settle":
+		return settle(args, stdout, stderr)
 	case "config":
 		if len(args) > 0 && isHelp(args[0]) {
 			fmt.Fprint(stdout, configCheckHelp)
@@ -98,6 +102,8 @@ usage:
                                      as check, holding concurrency slots; prints the lease
   rld release [-socket PATH] [-json] LEASE
                                      give an acquire's slots back; exit 0 released, 1 unknown lease
+  rld settle [-socket PATH] [-json] LEASE COST
+                                     correct an acquire's cost to COST and release it; exit as release
   rld config check FILE              validate a configuration file
   rld admin [-socket PATH | -http URL -token-file FILE] [-json] OP [ARGS...]
                                      run an admin op (explain, top, config); exit 0 ok,
@@ -353,7 +359,7 @@ func printResult(cmd string, res client.Result, err error, asJSON bool, stdout, 
 		}
 	}
 	switch {
-	case cmd == "release" && rerr != nil && rerr.Code == wire.CodeNotFound:
+	case (cmd == "release" || cmd == "settle") && rerr != nil && rerr.Code == wire.CodeNotFound:
 		return exitDenied
 	case rerr != nil:
 		return exitError
@@ -410,4 +416,38 @@ func release(args []string, stdout, stderr io.Writer) int {
 	defer c.Close()
 	res, err := c.Release(ctx, fs.Arg(0))
 	return printResult("release", res, err, *asJSON, stdout, stderr)
+}
+
+// settle is rld settle: it corrects the cost of an acquire (its lease)
+// to the request's actual cost, and releases its slots.
+func settle(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("settle", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
+	fs.Usage = flagUsage(fs, "rld settle [-socket PATH] [-json] LEASE COST",
+		"End the request that LEASE (printed by rld acquire -cost ESTIMATE) names, at its\n"+
+			"actual COST: the rate rules are charged the part above the estimate (a key may\n"+
+			"go into debt) or refunded the part below, and its concurrency slots go back.\n"+
+			"Exit status: 0 settled, 1 unknown lease (settled or released already, or\n"+
+			"older than an hour: nothing changed), 2 error.")
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
+	}
+	if fs.NArg() != 2 || fs.Arg(0) == "" {
+		fmt.Fprintln(stderr, "rld settle: want LEASE COST")
+		return exitError
+	}
+	cost, err := strconv.ParseUint(fs.Arg(1), 10, 32)
+	if err != nil {
+		fmt.Fprintf(stderr, "rld settle: COST must be from 0 to 4294967295, got %q\n", fs.Arg(1))
+		return exitError
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	c := client.New(*socket)
+	defer c.Close()
+	res, err := c.Settle(ctx, fs.Arg(0), uint32(cost))
+	return printResult("settle", res, err, *asJSON, stdout, stderr)
 }

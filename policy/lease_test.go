@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,7 +99,8 @@ func TestAcquireRelease(t *testing.T) {
 }
 
 // TestAcquireWithoutConcurrencyRule: an acquire that no concurrency rule
-// counts is a check, with no lease.
+// counts is a check whose lease names the units it took: releasing it
+// holds nothing to give back.
 func TestAcquireWithoutConcurrencyRule(t *testing.T) {
 	p := newPolicy(t, concurrencyRules, memstore.New(memstore.Options{}))
 	var sc Scratch
@@ -106,5 +108,86 @@ func TestAcquireWithoutConcurrencyRule(t *testing.T) {
 	lease := p.AcquireTo(context.Background(), t0, descs("api_key=k"), 1, &sc, &d)
 	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "per-key", d.Rule)
-	assert.Nil(t, lease)
+	require.NotEmpty(t, lease)
+	r := p.Release(context.Background(), t0, lease)
+	assert.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+	assert.Equal(t, RuleNone, r.Rule)
+
+	// The allow list decides without counting: nothing to name.
+	p = newPolicy(t, "allow = [\"api_key=ok\"]\n"+concurrencyRules, memstore.New(memstore.Options{}))
+	assert.Nil(t, p.AcquireTo(context.Background(), t0, descs("api_key=ok", "endpoint=/v1/export"), 1, &sc, &d))
+}
+
+const settleRules = `
+[[rule]]
+name = "tokens"
+match = { endpoint = "/v1/chat" }
+by = ["api_key"]
+limit = 100
+period = "1h"
+
+[[rule]]
+name = "exports"
+algorithm = "concurrency"
+match = { endpoint = "/v1/chat", slot = "yes" }
+by = ["api_key"]
+limit = 1
+timeout = "1m"
+`
+
+// TestSettle: an acquire at an estimate, settled at the actual cost,
+// charges or refunds the difference, once; a charge may put the key in
+// debt.
+func TestSettle(t *testing.T) {
+	for _, kind := range []string{"token_bucket", "gcra", "fixed_window", "sliding_counter", "sliding_log"} {
+		t.Run(kind, func(t *testing.T) {
+			p := newPolicy(t, strings.Replace(settleRules, `period = "1h"`, `period = "1h"`+"\nalgorithm = \""+kind+"\"", 1), memstore.New(memstore.Options{}))
+			ctx := context.Background()
+			var sc Scratch
+			var d Decision
+			chat := descs("api_key=k", "endpoint=/v1/chat", "slot=yes")
+			remaining := func(at time.Time) int64 {
+				t.Helper()
+				d := p.Check(ctx, at, descs("api_key=k", "endpoint=/v1/chat"), 1, true, &sc)
+				require.Equal(t, "tokens", d.Rule)
+				return d.Result.Remaining + 1 // a peek counts the unit it asks for
+			}
+			now := t0.Add(time.Minute)
+			lease := string(p.AcquireTo(ctx, now, chat, 10, &sc, &d))
+			require.Equal(t, StatusAllowed, d.Status)
+			assert.Equal(t, int64(90), remaining(now))
+			r := p.Settle(ctx, now, []byte(lease), 25)
+			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+			assert.Equal(t, int64(75), remaining(now), "charged 15 more")
+			r = p.Settle(ctx, now, []byte(lease), 1)
+			assert.Equal(t, CodeNotFound, r.Code, "settled once")
+			assert.Equal(t, int64(75), remaining(now))
+			r = p.Release(ctx, now, []byte(lease))
+			assert.Equal(t, CodeNotFound, r.Code, "released with its settle")
+
+			lease = string(p.AcquireTo(ctx, now, chat, 10, &sc, &d))
+			require.Equal(t, StatusAllowed, d.Status, "the settle released the slot")
+			r = p.Settle(ctx, now, []byte(lease), 4)
+			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+			assert.Equal(t, int64(71), remaining(now), "refunded 6")
+
+			// Into debt: later checks are refused.
+			lease = string(p.AcquireTo(ctx, now, chat, 1, &sc, &d))
+			r = p.Settle(ctx, now, []byte(lease), 100)
+			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+			d = p.Check(ctx, now, descs("api_key=k", "endpoint=/v1/chat"), 1, false, &sc)
+			assert.Equal(t, StatusLimited, d.Status)
+			assert.Positive(t, d.Result.RetryAfter)
+
+			// Too old, or signed by another key: unknown, nothing changes.
+			lease = string(p.AcquireTo(ctx, now.Add(time.Hour), descs("api_key=j", "endpoint=/v1/chat", "slot=yes"), 1, &sc, &d))
+			r = p.Settle(ctx, now.Add(2*time.Hour+time.Second), []byte(lease), 50)
+			assert.Equal(t, CodeNotFound, r.Code)
+			other := newPolicy(t, settleRules, memstore.New(memstore.Options{}))
+			other.stores.LeaseKey = []byte("another fleet's lease key")
+			r = other.Settle(ctx, now.Add(time.Hour), []byte(lease), 50)
+			assert.Equal(t, CodeNotFound, r.Code)
+			assert.ErrorIs(t, r.Err, ErrUnknownLease)
+		})
+	}
 }
