@@ -1,0 +1,181 @@
+package daemon_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
+)
+
+// The settle fleet's limits: a token bucket of settleCapacity units that
+// refills one unit every 36 s, so that a run of a few seconds refills
+// less than one.
+const (
+	settleCapacity = 10000
+	settlePeriod   = 100 * time.Hour
+	settleCallers  = 10
+	settleRequests = 30 // per caller and mode
+)
+
+func settleConfig(store, keyFile, mode string) string {
+	return fmt.Sprintf(`[server]
+max_connections = 1000
+
+[store]
+%s
+timeout = %q
+lease_key_file = %q
+
+[[rule]]
+name = "settle-strict"
+match = { alg = "strict" }
+by = ["api_key"]
+limit = %d
+period = %q
+mode = "strict"
+
+[[rule]]
+name = "settle-cached"
+match = { alg = "cached" }
+by = ["api_key"]
+limit = %d
+period = %q
+mode = %q
+`, store, fleetTimeout, keyFile, settleCapacity, settlePeriod, settleCapacity, settlePeriod, mode)
+}
+
+// TestSettleFleet: three daemons on one Redis with one lease key; callers
+// acquire at an estimate of 1 and settle at random actual costs, through
+// any daemon, while one daemon is restarted: each key is charged exactly
+// the sum of the actual costs (within the refill of the run), through a
+// strict rule and a cached one.
+func TestSettleFleet(t *testing.T) {
+	srv := redistest.Standalone(t)
+	keyFile := filepath.Join(t.TempDir(), "lease.key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("a lease key shared by the fleet\n"), 0o600))
+	store := fmt.Sprintf("redis = [%q]", srv.Addr)
+	cfg := settleConfig(store, keyFile, "cached")
+	var fleet []*daemontest.Process
+	for range 3 {
+		p, err := daemontest.StartProcess(cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		fleet = append(fleet, p)
+	}
+	clients := make([]*client.Client, len(fleet))
+	for i, p := range fleet {
+		clients[i] = client.New(p.Socket)
+		t.Cleanup(func() { clients[i].Close() })
+	}
+	ctx := context.Background()
+	modes := []string{"strict", "cached"}
+	descs := func(mode string) []client.Descriptor {
+		return []client.Descriptor{{Name: "api_key", Value: "sk_settle"}, {Name: "alg", Value: mode}}
+	}
+
+	// Daemon 0 is restarted halfway: while it is, no call is sent to it
+	// (inFlight counts those under way), and the leases it gave are
+	// settled through the others, or through it once it is back.
+	var restarting atomic.Bool
+	var inFlight [3]atomic.Int64
+	var done atomic.Int64
+	var sums [2]atomic.Int64 // the actual costs settled, by mode
+	pick := func(rng *rand.Rand) int {
+		for {
+			i := rng.IntN(len(clients))
+			inFlight[i].Add(1)
+			if i == 0 && restarting.Load() {
+				inFlight[i].Add(-1)
+				continue
+			}
+			return i
+		}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for c := range settleCallers {
+		for m, mode := range modes {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(c), uint64(m)))
+				for range settleRequests {
+					i := pick(rng)
+					r, err := clients[i].Acquire(ctx, descs(mode), 1)
+					inFlight[i].Add(-1)
+					if err != nil || !r.Allowed() || r.Lease == "" {
+						t.Errorf("%s: acquire through daemon %d: %+v, %v", mode, i, r, err)
+						return
+					}
+					actual := 1 + rng.Int64N(20)
+					for {
+						j := pick(rng)
+						_, err := clients[j].Settle(ctx, r.Lease, uint32(actual))
+						inFlight[j].Add(-1)
+						if errors.Is(err, client.ErrConnLost) {
+							continue // the daemon went away meanwhile: settle elsewhere
+						}
+						if err != nil {
+							t.Errorf("%s: settle through daemon %d: %v", mode, j, err)
+							return
+						}
+						break
+					}
+					sums[m].Add(actual)
+					done.Add(1)
+				}
+			})
+		}
+	}
+	// Restart daemon 0 (SIGTERM: it returns its leases) once a third of
+	// the requests are done.
+	for done.Load() < settleCallers*settleRequests*2/3 && !t.Failed() {
+		time.Sleep(5 * time.Millisecond) // polling the callers' progress
+	}
+	restarting.Store(true)
+	for inFlight[0].Load() > 0 {
+		time.Sleep(time.Millisecond) // polling for its calls to end
+	}
+	require.NoError(t, fleet[0].Term(10*time.Second))
+	require.NoError(t, fleet[0].Restart())
+	restarting.Store(false)
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	// The cached daemons return their leases when they stop.
+	for _, p := range fleet {
+		require.NoError(t, p.Term(10*time.Second))
+	}
+	checker := start1(t, settleConfig(store, keyFile, "strict"))
+	c := client.New(checker.Socket)
+	defer c.Close()
+	refill := int64(elapsed/(settlePeriod/settleCapacity)) + 1
+	for m, mode := range modes {
+		r, err := c.Peek(ctx, descs(mode), 1)
+		require.NoError(t, err)
+		charged := int64(settleCapacity) - int64(r.Remaining) - 1 // the peek counts its unit
+		t.Logf("%s: settled %d units, charged %d (refill of the run: at most %d)", mode, sums[m].Load(), charged, refill)
+		assert.LessOrEqual(t, charged, sums[m].Load(), "%s: charged more than settled", mode)
+		assert.GreaterOrEqual(t, charged, sums[m].Load()-refill, "%s: charged less than settled", mode)
+	}
+}
+
+// start1 starts an in-process daemon on config.
+func start1(t *testing.T, config string) *daemontest.Server {
+	t.Helper()
+	s, err := daemontest.Start(config)
+	require.NoError(t, err)
+	t.Cleanup(s.Close)
+	return s
+}
