@@ -27,9 +27,11 @@ const corpusPath = "../clients/testdata/golden.tsv"
 // (LuaJIT's only number type) represents every integer up to it exactly.
 const maxExact = 1 << 53
 
-// corpusLine is one case of the corpus, of one of four kinds.
+// corpusLine is one case of the corpus, of one of seven kinds.
 type corpusLine struct {
-	kind string // "encode", "encode_error", "decode", "decode_error"
+	// "encode", "encode_error", "encode_lease", "encode_lease_error",
+	// "decode", "decode_acquire", "decode_error"
+	kind string
 	name string
 	req  wire.Request // encode, encode_error
 	cost uint64       // encode, encode_error: may exceed uint32 for encode_error
@@ -52,6 +54,19 @@ func corpusCases() []corpusLine {
 	}
 	dec := func(name string, r wire.Response) {
 		lines = append(lines, corpusLine{kind: "decode", name: name, res: r,
+			hex: wire.AppendResponse(nil, &r)})
+	}
+	encLease := func(name string, op wire.Op, id uint32, cost uint32, lease []byte) {
+		lines = append(lines, corpusLine{kind: "encode_lease", name: name,
+			req: wire.Request{Op: op, ID: id, Cost: cost, Token: lease}, cost: uint64(cost)})
+	}
+	encLeaseErr := func(name, what string, op wire.Op, id uint32, cost uint32, lease []byte) {
+		lines = append(lines, corpusLine{kind: "encode_lease_error", name: name, what: what,
+			req: wire.Request{Op: op, ID: id, Cost: cost, Token: lease}, cost: uint64(cost)})
+	}
+	decAcquire := func(name string, r wire.Response) {
+		r.Op = wire.OpAcquire
+		lines = append(lines, corpusLine{kind: "decode_acquire", name: name, res: r,
 			hex: wire.AppendResponse(nil, &r)})
 	}
 	decErr := func(name, what string, f []byte) {
@@ -91,6 +106,10 @@ func corpusCases() []corpusLine {
 	enc("duplicate-names", wire.OpCheck, 16, 2, d("ip", "192.0.2.1"), d("ip", "192.0.2.2"))
 	enc("max-frame", wire.OpCheck, 17, 1, maxFrameDescs()...)
 
+	enc("acquire", wire.OpAcquire, 30, 1, d("api_key", "sk_123"), d("endpoint", "/v1/export"))
+	enc("acquire-estimate-500", wire.OpAcquire, 31, 500, d("api_key", "sk_123"), d("endpoint", "/v1/chat"))
+	enc("acquire-no-descriptors", wire.OpAcquire, 32, 0)
+
 	encErr("33-descriptors", "more than 32 descriptors", wire.OpCheck, 20, 1, many(wire.MaxDescriptors+1)...)
 	encErr("name-empty", "descriptor name empty", wire.OpCheck, 21, 1, d("", "v"))
 	encErr("name-65-bytes", "descriptor name of 65 bytes", wire.OpCheck, 22, 1, d(strings.Repeat("n", wire.MaxNameLen+1), "v"))
@@ -101,6 +120,19 @@ func corpusCases() []corpusLine {
 	encErr("frame-16385-bytes", "frame of 16385 bytes, above 16384", wire.OpCheck, 25, 1, over...)
 	encErr("frame-17468-bytes", "16 descriptors at the name and value limits: a frame of 17468 bytes", wire.OpPeek, 26, 1, bigDescs(16)...)
 	encErr("peek-33-descriptors", "PEEK with more than 32 descriptors", wire.OpPeek, 27, 1, many(wire.MaxDescriptors+1)...)
+	encErr("acquire-33-descriptors", "ACQUIRE with more than 32 descriptors", wire.OpAcquire, 28, 1, many(wire.MaxDescriptors+1)...)
+
+	// RELEASE and SETTLE carry a lease, which clients pass on as they got it.
+	lease := []byte("AgHr9ILet56YA1cJF4ip_E7VAuv0gt63npgDAB6Ajs4cAA1zZWFyY2gABXNrX2NjS9pZ0PX_mHKmNPgT37OUyw")
+	encLease("release", wire.OpRelease, 40, 0, lease)
+	encLease("release-lease-1-byte", wire.OpRelease, 41, 0, []byte("A"))
+	encLease("release-lease-1024-bytes", wire.OpRelease, 42, 0, bytes.Repeat([]byte("L"), wire.MaxTokenLen))
+	encLease("settle", wire.OpSettle, 43, 1234, lease)
+	encLease("settle-cost-0", wire.OpSettle, 44, 0, lease)
+	encLease("settle-cost-max", wire.OpSettle, math.MaxUint32, math.MaxUint32, lease)
+	encLeaseErr("release-lease-empty", "RELEASE of an empty lease", wire.OpRelease, 45, 0, nil)
+	encLeaseErr("release-lease-1025-bytes", "RELEASE of a lease of 1025 bytes", wire.OpRelease, 46, 0, bytes.Repeat([]byte("L"), wire.MaxTokenLen+1))
+	encLeaseErr("settle-lease-empty", "SETTLE of an empty lease", wire.OpSettle, 47, 5, nil)
 
 	// Responses.
 	const unknown = wire.NextUnknown
@@ -172,6 +204,26 @@ func corpusCases() []corpusLine {
 		dec("error-"+c.String(), wire.Response{Op: op, ID: 200 + uint32(c), Status: wire.StatusError,
 			NextMs: unknown, Code: c, Message: []byte("detail for " + c.String())})
 	}
+	dec("released", wire.Response{Op: wire.OpRelease, ID: 40, Status: wire.StatusAllowed,
+		Limit: 2, Remaining: 1, ResetMs: 29000, WindowMs: 30000, Quota: 2, QuotaWindowMs: 30000, NextMs: unknown, Rule: []byte("exports")})
+	dec("release-unknown", wire.Response{Op: wire.OpRelease, ID: 41, Status: wire.StatusError, NextMs: unknown,
+		Code: wire.CodeNotFound, Message: []byte("policy: release: unknown or expired lease")})
+	dec("settled", wire.Response{Op: wire.OpSettle, ID: 43, Status: wire.StatusAllowed,
+		Limit: 100000, Remaining: 98766, ResetMs: 44456, WindowMs: 3600000, Quota: 100000, QuotaWindowMs: 3600000,
+		NextMs: 36, Rule: []byte("tokens")})
+	decAcquire("acquired", wire.Response{ID: 30, Status: wire.StatusAllowed,
+		Limit: 2, Remaining: 1, ResetMs: 30000, WindowMs: 30000, Quota: 2, QuotaWindowMs: 30000, NextMs: unknown,
+		Rule: []byte("exports"), Token: lease})
+	decAcquire("acquire-limited", wire.Response{ID: 33, Status: wire.StatusLimited,
+		Limit: 2, Remaining: 0, ResetMs: 29000, RetryMs: 12000, WindowMs: 30000, Quota: 2, QuotaWindowMs: 30000,
+		NextMs: 12000, Rule: []byte("exports")})
+	decAcquire("acquire-degraded", wire.Response{ID: 34, Flags: wire.FlagDegraded, Status: wire.StatusAllowedDegraded,
+		Limit: 1, Remaining: 0, ResetMs: 30000, WindowMs: 30000, Quota: 1, QuotaWindowMs: 30000, NextMs: unknown,
+		Rule: []byte("exports"), Token: []byte("AgE")})
+	decAcquire("acquire-error", wire.Response{ID: 35, Status: wire.StatusError, NextMs: unknown,
+		Code: wire.CodeMalformed, Message: []byte("field runs past end of frame")})
+	decAcquire("acquire-lease-1024-bytes", wire.Response{ID: 36, Status: wire.StatusAllowed, NextMs: unknown,
+		Rule: []byte("r"), Token: bytes.Repeat([]byte("L"), wire.MaxTokenLen)})
 	dec("error-no-message", wire.Response{Op: wire.OpCheck, ID: 220, Status: wire.StatusError, NextMs: unknown, Code: wire.CodeInternal})
 	dec("error-unknown-code", wire.Response{Op: wire.OpCheck, ID: 221, Status: wire.StatusError, NextMs: unknown, Code: 999, Message: []byte("a later version")})
 	dec("error-op-0x7f", wire.Response{Op: 0x7f, ID: 222, Status: wire.StatusError, NextMs: unknown, Code: wire.CodeUnknownOp, Message: []byte("unknown op")})
@@ -248,6 +300,22 @@ func corpusCases() []corpusLine {
 	decErr("message-past-end", "message length 5 with 3 message bytes", raw(309, fixed(0), []byte{0, 7, 0, 5}, []byte("abc")))
 	decErr("message-cut", "an error answer whose last byte is missing", errMsg[:len(errMsg)-1])
 	decErr("code-cut", "the body ends inside the error code", raw(310, fixed(0), []byte{0}))
+	acquired := wire.AppendResponse(nil, &wire.Response{Op: wire.OpAcquire, ID: 320, Status: wire.StatusAllowed,
+		Limit: 2, Remaining: 1, NextMs: unknown, Rule: []byte("exports"), Token: []byte("AgEC")})
+	noLease := bytes.Clone(acquired[:len(acquired)-6])
+	binary.BigEndian.PutUint32(noLease, uint32(len(noLease)-4))
+	decErr("acquire-without-lease", "an ACQUIRE answer that ends after its message, with no lease length", noLease)
+	decErr("acquire-lease-cut", "an ACQUIRE answer whose lease is one byte short", acquired[:len(acquired)-1])
+	longLease := wire.AppendResponse(nil, &wire.Response{Op: wire.OpAcquire, ID: 321, Status: wire.StatusAllowed,
+		NextMs: unknown, Token: bytes.Repeat([]byte("L"), wire.MaxTokenLen)})
+	longLease = append(longLease, 'L')
+	binary.BigEndian.PutUint16(longLease[len(longLease)-wire.MaxTokenLen-3:], wire.MaxTokenLen+1)
+	binary.BigEndian.PutUint32(longLease, uint32(len(longLease)-4))
+	decErr("acquire-lease-1025-bytes", "an ACQUIRE answer with a lease of 1025 bytes", longLease)
+	released := wire.AppendResponse(nil, &wire.Response{Op: wire.OpRelease, ID: 322, Status: wire.StatusAllowed, NextMs: unknown})
+	released = append(released, 0, 0)
+	binary.BigEndian.PutUint32(released, uint32(len(released)-4))
+	decErr("release-with-lease-length", "a RELEASE answer followed by two bytes: only ACQUIRE answers carry a lease", released)
 	return lines
 }
 
@@ -267,7 +335,10 @@ const corpusHeader = `# rld wire protocol, version 1: golden frames for client t
 #
 # encode        NAME  ID  OP  COST  DESCS  HEX
 # encode_error  NAME  ID  OP  COST  DESCS  WHAT
+# encode_lease  NAME  ID  OP  COST  LEASEHEX  HEX
+# encode_lease_error  NAME  ID  OP  COST  LEASEHEX  WHAT
 # decode        NAME  HEX  ID  OP  FLAGS  STATUS  LIMIT  REMAINING  RESET  RETRY  WINDOW  QUOTA  QUOTAWINDOW  NEXT  RULEHEX  CODE  MSGHEX
+# decode_acquire  NAME  HEX  ID  OP  FLAGS  STATUS  LIMIT  REMAINING  RESET  RETRY  WINDOW  QUOTA  QUOTAWINDOW  NEXT  RULEHEX  CODE  MSGHEX  LEASEHEX
 # decode_error  NAME  HEX  WHAT
 `
 
@@ -308,13 +379,22 @@ func formatCorpus(lines []corpusLine) []byte {
 		case "encode_error":
 			f = []string{l.name, fmt.Sprint(l.req.ID), fmt.Sprint(uint8(l.req.Op)), fmt.Sprint(l.cost),
 				formatDescs(l.req.Descs), l.what}
-		case "decode":
+		case "encode_lease":
+			f = []string{l.name, fmt.Sprint(l.req.ID), fmt.Sprint(uint8(l.req.Op)), fmt.Sprint(l.cost),
+				hexOrDash(l.req.Token), hex.EncodeToString(wire.AppendRequest(nil, &l.req))}
+		case "encode_lease_error":
+			f = []string{l.name, fmt.Sprint(l.req.ID), fmt.Sprint(uint8(l.req.Op)), fmt.Sprint(l.cost),
+				hexOrDash(l.req.Token), l.what}
+		case "decode", "decode_acquire":
 			r := l.res
 			f = []string{l.name, hex.EncodeToString(l.hex), fmt.Sprint(r.ID), fmt.Sprint(uint8(r.Op | wire.OpResponse)),
 				fmt.Sprint(r.Flags), fmt.Sprint(uint8(r.Status)), fmt.Sprint(r.Limit), fmt.Sprint(r.Remaining),
 				fmt.Sprint(r.ResetMs), fmt.Sprint(r.RetryMs), fmt.Sprint(r.WindowMs), fmt.Sprint(r.Quota),
 				fmt.Sprint(r.QuotaWindowMs), fmt.Sprint(r.NextMs), hexOrDash(r.Rule),
 				fmt.Sprint(uint16(r.Code)), hexOrDash(r.Message)}
+			if l.kind == "decode_acquire" {
+				f = append(f, hexOrDash(r.Token))
+			}
 		case "decode_error":
 			f = []string{l.name, hexOrDash(l.hex), l.what}
 		}
@@ -384,7 +464,11 @@ func TestCorpus(t *testing.T) {
 				verifyEncode(t, l.fields)
 			case "encode_error":
 				verifyEncodeError(t, l.fields)
-			case "decode":
+			case "encode_lease":
+				verifyEncodeLease(t, l.fields)
+			case "encode_lease_error":
+				verifyEncodeLeaseError(t, l.fields)
+			case "decode", "decode_acquire":
 				r := verifyDecode(t, l.fields)
 				statuses[r.Status] = true
 				codes[r.Code] = true
@@ -395,7 +479,7 @@ func TestCorpus(t *testing.T) {
 			}
 		})
 	}
-	for _, k := range []string{"encode", "encode_error", "decode", "decode_error"} {
+	for _, k := range []string{"encode", "encode_error", "encode_lease", "encode_lease_error", "decode", "decode_acquire", "decode_error"} {
 		if kinds[k] == 0 {
 			t.Errorf("the corpus has no %s line", k)
 		}
@@ -509,8 +593,49 @@ func verifyEncodeError(t *testing.T, f []string) {
 	}
 }
 
+// parseLeaseRequest reads the ID, OP, COST and LEASEHEX fields.
+func parseLeaseRequest(t *testing.T, f []string) wire.Request {
+	t.Helper()
+	return wire.Request{
+		ID:    uint32(parseUint(t, f[2], 32)),
+		Op:    wire.Op(parseUint(t, f[3], 8)),
+		Cost:  uint32(parseUint(t, f[4], 32)),
+		Token: parseHex(t, f[5]),
+	}
+}
+
+func verifyEncodeLease(t *testing.T, f []string) {
+	fieldCount(t, f, 7)
+	r := parseLeaseRequest(t, f)
+	if r.Op != wire.OpRelease && r.Op != wire.OpSettle {
+		t.Fatalf("OP %d: encode_lease is for RELEASE and SETTLE", r.Op)
+	}
+	want := parseHex(t, f[6])
+	if got := wire.AppendRequest(nil, &r); !bytes.Equal(got, want) {
+		t.Fatalf("AppendRequest:\n got %x\nwant %x", got, want)
+	}
+	var back wire.Request
+	if err := wire.DecodeRequest(want, &back); err != nil {
+		t.Fatalf("the daemon's decoder refuses the frame: %v", err)
+	}
+	equalRequest(t, &r, &back)
+}
+
+func verifyEncodeLeaseError(t *testing.T, f []string) {
+	fieldCount(t, f, 7)
+	r := parseLeaseRequest(t, f)
+	var back wire.Request
+	if err := wire.DecodeRequest(wire.AppendRequest(nil, &r), &back); err == nil && len(r.Token) <= wire.MaxTokenLen {
+		t.Fatalf("the daemon's decoder accepts this request: it must not be in encode_lease_error")
+	}
+}
+
 func verifyDecode(t *testing.T, f []string) wire.Response {
-	fieldCount(t, f, 18)
+	n := 18
+	if f[0] == "decode_acquire" {
+		n = 19
+	}
+	fieldCount(t, f, n)
 	frame := parseHex(t, f[2])
 	op := parseUint(t, f[4], 8)
 	want := wire.Response{
@@ -530,6 +655,14 @@ func verifyDecode(t *testing.T, f []string) wire.Response {
 		Code:          wire.Code(parseUint(t, f[16], 16)),
 		Message:       parseHex(t, f[17]),
 	}
+	if n == 19 {
+		want.Token = parseHex(t, f[18])
+		if want.Op != wire.OpAcquire {
+			t.Fatalf("decode_acquire of OP %d", op)
+		}
+	} else if want.Op == wire.OpAcquire {
+		t.Fatalf("an ACQUIRE answer belongs in decode_acquire")
+	}
 	if op&uint64(wire.OpResponse) == 0 {
 		t.Fatalf("OP %d lacks the response bit", op)
 	}
@@ -545,6 +678,9 @@ func verifyDecode(t *testing.T, f []string) wire.Response {
 	}
 	if len(got.Message) == 0 {
 		got.Message = nil
+	}
+	if len(got.Token) == 0 {
+		got.Token = nil
 	}
 	equalResponse(t, &want, &got)
 	if enc := wire.AppendResponse(nil, &want); !bytes.Equal(enc, frame) {
@@ -564,7 +700,7 @@ func verifyDecode(t *testing.T, f []string) wire.Response {
 				r.Limit == got.Limit && r.Remaining == got.Remaining && r.ResetMs == got.ResetMs &&
 				r.RetryMs == got.RetryMs && r.WindowMs == got.WindowMs && r.Quota == got.Quota &&
 				r.QuotaWindowMs == got.QuotaWindowMs && r.NextMs == got.NextMs && r.Code == got.Code &&
-				bytes.Equal(r.Rule, got.Rule) && bytes.Equal(r.Message, got.Message) {
+				bytes.Equal(r.Rule, got.Rule) && bytes.Equal(r.Message, got.Message) && bytes.Equal(r.Token, got.Token) {
 				t.Fatalf("byte %d ^ %#x decodes to the same answer", i, x)
 			}
 		}

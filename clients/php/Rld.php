@@ -21,6 +21,9 @@ final class Rld
     public const OP_CHECK = 1;
     public const OP_PEEK = 2;
     public const OP_PING = 3;
+    public const OP_ACQUIRE = 5;
+    public const OP_RELEASE = 6;
+    public const OP_SETTLE = 7;
 
     public const ALLOWED = 0;
     public const LIMITED = 1;
@@ -37,6 +40,10 @@ final class Rld
     private const MAX_NAME = 64;
     private const MAX_VALUE = 1024;
     private const MAX_MESSAGE = 1024;
+    private const MAX_LEASE = 1024;
+
+    /** @var array<string, true> the leases settled by this object, which withSlot() does not release */
+    private array $settled = [];
 
     private static int $nextId = 0;
 
@@ -82,6 +89,61 @@ final class Rld
     public function ping(): ?array
     {
         return $this->exchange(self::OP_PING, [], 0);
+    }
+
+    /**
+     * acquire answers as check() does, and the concurrency rules that
+     * apply hold a slot until release() or settle() of the answer's
+     * 'lease' ('' when it took nothing), or their timeout. $cost may be
+     * an estimate that settle() corrects. Prefer withSlot(), which
+     * releases in a finally block.
+     */
+    public function acquire(array $descriptors, int $cost = 1): ?array
+    {
+        return $this->exchange(self::OP_ACQUIRE, $descriptors, $cost);
+    }
+
+    /** release gives back the slots of an acquire's lease; an unknown lease answers error not_found (code 14). */
+    public function release(string $lease): ?array
+    {
+        return $this->exchange(self::OP_RELEASE, [], 0, $lease);
+    }
+
+    /**
+     * settle ends an acquire at its actual cost: the difference from its
+     * estimate is charged or refunded, and its slots go back.
+     */
+    public function settle(string $lease, int $cost): ?array
+    {
+        $this->settled[$lease] = true;
+        return $this->exchange(self::OP_SETTLE, [], $cost, $lease);
+    }
+
+    /**
+     * withSlot acquires, and when allowed calls $work with the answer and
+     * returns what it returns, releasing the lease in a finally block
+     * (unless $work settled it). When the acquire is refused it returns
+     * $refused($answer) instead, holding nothing; when the daemon cannot
+     * be asked, $work runs (fail open) or $refused(null) does (fail
+     * closed), as for enforce().
+     */
+    public function withSlot(array $descriptors, callable $work, callable $refused, int $cost = 1): mixed
+    {
+        $res = $this->acquire($descriptors, $cost);
+        if ($res === null || ($res['status'] === self::ERROR && in_array($res['code'], [7, 8, 11], true))) {
+            return $this->failOpen ? $work($res) : $refused(null);
+        }
+        if (!$res['allowed']) {
+            return $refused($res);
+        }
+        try {
+            return $work($res);
+        } finally {
+            if ($res['lease'] !== '' && !isset($this->settled[$res['lease']])) {
+                $this->release($res['lease']);
+            }
+            unset($this->settled[$res['lease']]);
+        }
     }
 
     /**
@@ -158,11 +220,11 @@ final class Rld
         return $d;
     }
 
-    private function exchange(int $op, array $descriptors, int $cost): ?array
+    private function exchange(int $op, array $descriptors, int $cost, string $lease = ''): ?array
     {
         self::$nextId = (self::$nextId + 1) & 0xffffffff;
         $id = self::$nextId;
-        $frame = self::encode($id, $op, $cost, $descriptors);
+        $frame = self::encode($id, $op, $cost, $descriptors, $lease);
         for ($attempt = 1; ; $attempt++) {
             $err = null;
             $res = $this->roundTrip($frame, $id, $err);
@@ -279,14 +341,27 @@ final class Rld
     }
 
     /**
-     * encode returns the request frame. CHECK and PEEK carry cost and
-     * descriptors; other ops have an empty body. It throws
-     * InvalidArgumentException for a request the protocol cannot carry.
+     * encode returns the request frame. CHECK, PEEK and ACQUIRE carry cost
+     * and descriptors; RELEASE carries $lease, and SETTLE cost and $lease;
+     * a PING has an empty body. It throws InvalidArgumentException for a
+     * request the protocol cannot carry.
      */
-    public static function encode(int $id, int $op, int $cost, array $descriptors): string
+    public static function encode(int $id, int $op, int $cost, array $descriptors, string $lease = ''): string
     {
         $body = '';
-        if ($op === self::OP_CHECK || $op === self::OP_PEEK) {
+        if ($op === self::OP_RELEASE || $op === self::OP_SETTLE) {
+            if ($lease === '' || strlen($lease) > self::MAX_LEASE) {
+                throw new InvalidArgumentException('lease of ' . strlen($lease) . ' bytes (1 to 1024)');
+            }
+            if ($op === self::OP_SETTLE) {
+                if ($cost < 0 || $cost > 0xffffffff) {
+                    throw new InvalidArgumentException("cost $cost does not fit in 4 bytes");
+                }
+                $body = pack('N', $cost);
+            }
+            $body .= pack('n', strlen($lease)) . $lease;
+        }
+        if ($op === self::OP_CHECK || $op === self::OP_PEEK || $op === self::OP_ACQUIRE) {
             if ($cost < 0 || $cost > 0xffffffff) {
                 throw new InvalidArgumentException("cost $cost does not fit in 4 bytes");
             }
@@ -318,7 +393,8 @@ final class Rld
      * into [id, op (as sent, e.g. 129), flags, status, limit, remaining,
      * reset, retry, window (milliseconds), quota, quota_window
      * (milliseconds), next (milliseconds, 4294967295 when the daemon does
-     * not know when quota comes back), rule, code, message]. Unknown
+     * not know when quota comes back), rule, code, message, lease (an
+     * ACQUIRE answer's, '' for the others)]. Unknown
      * flag bits are passed through. It throws UnexpectedValueException
      * for a frame that breaks the protocol.
      */
@@ -362,6 +438,23 @@ final class Rld
         if ($t['ml'] > self::MAX_MESSAGE) {
             throw new UnexpectedValueException("message of {$t['ml']} bytes, more than 1024");
         }
+        $lease = '';
+        if ($h['op'] === (self::OP_ACQUIRE | 0x80)) {
+            // An ACQUIRE answer ends with its lease: u16 length, bytes.
+            $q = $p + 4 + $t['ml'];
+            if ($n < $q + 2) {
+                throw new UnexpectedValueException('ACQUIRE answer without its lease length');
+            }
+            $ll = unpack('n', $f, $q)[1];
+            if ($ll > self::MAX_LEASE) {
+                throw new UnexpectedValueException("lease of $ll bytes, more than 1024");
+            }
+            if ($n !== $q + 2 + $ll) {
+                throw new UnexpectedValueException("lease of $ll bytes with " . ($n - $q - 2) . ' bytes left');
+            }
+            $lease = substr($f, $q + 2, $ll);
+            $n = $q;
+        }
         if ($n !== $p + 4 + $t['ml']) {
             throw new UnexpectedValueException($n < $p + 4 + $t['ml']
                 ? "message of {$t['ml']} bytes runs past the end"
@@ -383,6 +476,7 @@ final class Rld
             'rule' => substr($f, 58, $rl),
             'code' => $t['code'],
             'message' => substr($f, $p + 4, $t['ml']),
+            'lease' => $lease,
         ];
     }
 

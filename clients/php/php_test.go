@@ -70,6 +70,14 @@ match = { endpoint = "/check.php" }
 by = ["api_key"]
 limit = 5
 period = "1h"
+
+[[rule]]
+name = "slot"
+match = { endpoint = "/slot.php" }
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 1
+timeout = "1m"
 `
 
 // fpm is a running php-fpm.
@@ -308,4 +316,45 @@ func TestPHPFPM(t *testing.T) {
 func TestPHPKillUnderLoad(t *testing.T) {
 	s := start(t)
 	nginxtest.KillUnderLoad(t, s.nginx.URL+"/check.php", "hello from php\n", 100, 30*time.Second, s.rld.Kill, s.rld.Restart)
+}
+
+// TestPHPSlot: slot.php holds rld's one slot per key while it works
+// (withSlot): a second request meanwhile gets 429, and the slot is free
+// again when the first ends, also when its work threw.
+func TestPHPSlot(t *testing.T) {
+	s := start(t)
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", s.httpSock)
+	}}}
+	// free reports whether the key's slot is free: a check of a
+	// concurrency rule looks for one and holds none.
+	free := func(key string) bool {
+		resp, err := c.Get("http://rld/v1/check?peek=1&endpoint=/slot.php&api_key=" + key)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	slow := make(chan nginxtest.Reply, 1)
+	go func() { slow <- nginxtest.Get(t, s.nginx.URL+"/slot.php?ms=3000", "X-API-Key", "s1") }()
+	deadline := time.Now().Add(10 * time.Second)
+	for free("s1") {
+		require.True(t, time.Now().Before(deadline), "the slow request never held its slot")
+		time.Sleep(10 * time.Millisecond) // polling for the slot to be taken
+	}
+	r := get(t, s.nginx.URL+"/slot.php", "X-API-Key", "s1")
+	assert.Equal(t, 429, r.Status, r.Body)
+	assert.Equal(t, "busy\n", r.Body)
+	assert.NotEmpty(t, r.Header.Get("Retry-After"))
+	r = <-slow
+	require.Equal(t, 200, r.Status, "%s\n%s", r.Body, s.fpm.phpLog())
+	assert.Equal(t, "done\n", r.Body)
+	assert.True(t, free("s1"), "released when the page ended")
+
+	r = get(t, s.nginx.URL+"/slot.php?fail=1", "X-API-Key", "s1")
+	assert.Equal(t, 500, r.Status)
+	assert.Contains(t, s.fpm.phpLog(), "the work failed")
+	assert.True(t, free("s1"), "released in the finally block")
+	r = get(t, s.nginx.URL+"/slot.php", "X-API-Key", "s1")
+	assert.Equal(t, 200, r.Status, r.Body)
 }

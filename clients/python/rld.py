@@ -9,6 +9,15 @@ One file, standard library only, Python 3.9+. It speaks rld's binary protocol
     if not result.allowed:
         ...  # answer 429 with result.headers()
 
+A request that should hold a slot of a concurrency limit while it runs, or
+whose cost is known only once it is done, is acquired and then released or
+settled; the context manager does it:
+
+    with client.acquiring({"api_key": key, "endpoint": "/v1/export"}) as a:
+        if not a.allowed:
+            ...  # answer 429 with a.result.headers()
+        ...      # the request; a.settle(actual_cost) when its cost was an estimate
+
 Client is thread-safe and pipelines the calls of many threads on one
 connection; AsyncClient does the same for asyncio. When the daemon is
 unreachable or slow, a call fails open by default: it answers allowed, marked
@@ -33,7 +42,7 @@ import time
 from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 __all__ = [
-    "ASGIMiddleware", "AsyncClient", "Client", "DecodeError", "EncodeError", "FrameBuffer", "Response",
+    "ASGIMiddleware", "Acquisition", "AsyncClient", "Client", "DecodeError", "EncodeError", "FrameBuffer", "Response",
     "Result", "RldError", "Unavailable", "WSGIMiddleware", "decode_response", "encode_request",
 ]
 __version__ = "1.0.0"
@@ -52,8 +61,10 @@ MAX_COST = 0xFFFFFFFF
 MAX_ID = 0xFFFFFFFF
 MAX_RULE = 255
 MAX_MESSAGE = 1024
+MAX_LEASE = 1024
 
 OP_CHECK, OP_PEEK, OP_PING = 1, 2, 3
+OP_ACQUIRE, OP_RELEASE, OP_SETTLE = 5, 6, 7
 OP_RESPONSE = 0x80
 FLAG_DEGRADED = 0x0001
 #: A response's next_ms when the time until quota comes back is not known.
@@ -63,7 +74,7 @@ ALLOWED, LIMITED, BLOCKED, ALLOWED_DEGRADED, ERROR = range(5)
 STATUS_NAMES = ("allowed", "limited", "blocked", "allowed-degraded", "error")
 CODE_NAMES = ("none", "malformed", "frame_too_large", "unknown_op", "bad_version", "too_large",
               "cost_too_large", "internal", "overloaded", "not_supported", "bad_flags", "unavailable",
-              "bad_cost")
+              "bad_cost", "forbidden", "not_found")
 CODE_INTERNAL, CODE_OVERLOADED, CODE_UNAVAILABLE = 7, 8, 11
 # Error answers that mean the daemon could not decide right now: they follow
 # the fail mode, like an unreachable daemon. Other error codes say that the
@@ -137,21 +148,38 @@ def _check_body(cost: int, descriptors: Descriptors) -> bytes:
     return _CHECK_BODY.pack(cost, len(parts)) + b"".join(parts)
 
 
+def _lease_body(op: int, cost: int, lease: Any) -> bytes:
+    """Returns the body of a RELEASE or SETTLE, or raises EncodeError."""
+    raw = _raw(lease, "lease")
+    if not 1 <= len(raw) <= MAX_LEASE:
+        raise EncodeError(f"lease of {len(raw)} bytes, want 1 to {MAX_LEASE}")
+    head = b""
+    if op == OP_SETTLE:
+        if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
+            raise EncodeError(f"cost {cost!r} is not a whole number from 0 to {MAX_COST}")
+        head = struct.pack(">I", cost)
+    return head + _U16.pack(len(raw)) + raw
+
+
 def _frame(op: int, req_id: int, body: bytes) -> bytes:
     return _HEADER.pack(8 + len(body), VERSION, op, 0, req_id) + body
 
 
-def encode_request(op: int, req_id: int, cost: int = 1, descriptors: Descriptors = None) -> bytes:
+def encode_request(op: int, req_id: int, cost: int = 1, descriptors: Descriptors = None,
+                   lease: Any = None) -> bytes:
     """Returns the frame of a request, or raises EncodeError when it breaks
-    the protocol's limits. op is OP_CHECK, OP_PEEK or OP_PING (a PING has no
-    body: cost and descriptors are ignored). Names and values are str
-    (sent as UTF-8) or bytes."""
+    the protocol's limits. op is OP_CHECK, OP_PEEK, OP_ACQUIRE, OP_PING (a
+    PING has no body: cost and descriptors are ignored), OP_RELEASE or
+    OP_SETTLE (which send lease, and a SETTLE its cost). Names and values
+    are str (sent as UTF-8) or bytes."""
     if isinstance(req_id, bool) or not isinstance(req_id, int) or not 0 <= req_id <= MAX_ID:
         raise EncodeError(f"id {req_id!r} is not a whole number from 0 to {MAX_ID}")
     if op == OP_PING:
         return _frame(op, req_id, b"")
-    if op not in (OP_CHECK, OP_PEEK):
-        raise EncodeError(f"op {op!r} is not CHECK, PEEK or PING")
+    if op in (OP_RELEASE, OP_SETTLE):
+        return _frame(op, req_id, _lease_body(op, cost, b"" if lease is None else lease))
+    if op not in (OP_CHECK, OP_PEEK, OP_ACQUIRE):
+        raise EncodeError(f"op {op!r} is not CHECK, PEEK, ACQUIRE, RELEASE, SETTLE or PING")
     return _frame(op, req_id, _check_body(cost, descriptors))
 
 
@@ -176,6 +204,7 @@ class Response(NamedTuple):
     rule: bytes
     code: int
     message: bytes
+    lease: bytes = b""  # an ACQUIRE answer's lease; no other answer carries one
 
 
 def decode_response(frame: Union[bytes, bytearray, memoryview]) -> Response:
@@ -208,10 +237,23 @@ def decode_response(frame: Union[bytes, bytearray, memoryview]) -> Response:
     p += 4
     if msg_len > MAX_MESSAGE:
         raise DecodeError(f"message of {msg_len} bytes, longer than {MAX_MESSAGE}")
+    lease = b""
+    if op == OP_ACQUIRE | OP_RESPONSE:
+        # An ACQUIRE answer ends with its lease: u16 length, bytes.
+        q = p + msg_len
+        if n < q + 2:
+            raise DecodeError("ACQUIRE answer without its lease length")
+        (lease_len,) = _U16.unpack_from(frame, q)
+        if lease_len > MAX_LEASE:
+            raise DecodeError(f"lease of {lease_len} bytes, longer than {MAX_LEASE}")
+        if n != q + 2 + lease_len:
+            raise DecodeError(f"lease of {lease_len} bytes with {n - q - 2} bytes left in the frame")
+        lease = bytes(frame[q + 2:])
+        n = q
     if n != p + msg_len:
         raise DecodeError(f"message of {msg_len} bytes with {n - p} bytes left in the frame")
     return Response(rid, op, flags, status, limit, remaining, reset, retry, window, quota, quota_window, next_ms,
-                    rule, code, bytes(frame[p:]))
+                    rule, code, bytes(frame[p:p + msg_len]), lease)
 
 
 class FrameBuffer:
@@ -268,17 +310,20 @@ class Result:
     limit is the deciding limit's capacity (its burst, when it has one);
     quota per quota_window_ms is the rate a client pacing itself evenly is
     never refused at; next_ms is the time until quota comes back
-    (RateLimit's t), None when not known.
+    (RateLimit's t), None when not known. lease is, for an acquire, what
+    release and settle take ("" when it took nothing).
     """
 
     __slots__ = ("status", "limit", "remaining", "reset_ms", "retry_after_ms", "window_ms", "_rule",
-                 "flags", "code", "message", "failed", "failed_open", "quota", "quota_window_ms", "next_ms")
+                 "flags", "code", "message", "failed", "failed_open", "quota", "quota_window_ms", "next_ms",
+                 "lease")
 
     def __init__(self, status: int, limit: int = 0, remaining: int = 0, reset_ms: int = 0,
                  retry_after_ms: int = 0, window_ms: int = 0, rule: bytes = b"", flags: int = 0,
                  code: int = 0, message: str = "", failed: bool = False, failed_open: bool = False,
-                 quota: int = 0, quota_window_ms: int = 0, next_ms: Optional[int] = None):
+                 quota: int = 0, quota_window_ms: int = 0, next_ms: Optional[int] = None, lease: str = ""):
         self.status = status
+        self.lease = lease
         self.limit = limit
         self.remaining = remaining
         self.reset_ms = reset_ms
@@ -299,7 +344,7 @@ class Result:
         """Returns the result a decoded response carries."""
         return cls(r.status, r.limit, r.remaining, r.reset_ms, r.retry_ms, r.window_ms, r.rule, r.flags,
                    r.code, r.message.decode("utf-8", "replace"), quota=r.quota, quota_window_ms=r.quota_window_ms,
-                   next_ms=None if r.next_ms == NEXT_UNKNOWN else r.next_ms)
+                   next_ms=None if r.next_ms == NEXT_UNKNOWN else r.next_ms, lease=r.lease.decode("ascii", "replace"))
 
     @property
     def allowed(self) -> bool:
@@ -455,6 +500,8 @@ class _Base:
         return self._fail.count
 
     def _bodies(self, op: int, batch: Batch, cost: int) -> List[bytes]:
+        if op in (OP_RELEASE, OP_SETTLE):
+            return [_lease_body(op, cost, lease) for lease in batch]  # the batch holds leases
         return [_check_body(cost, d) for d in batch] if op != OP_PING else [b"" for _ in batch]
 
     def _connect_allowed(self) -> None:
@@ -610,6 +657,29 @@ class Client(_Base):
         raises, counts or logs."""
         return not self._call(OP_PING, [None], 0, timeout, _probe)[0].failed
 
+    def acquire(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
+        """Answers as check does, and the concurrency rules that apply hold
+        a slot until release or settle of the result's lease (or their
+        timeout). cost may be an estimate, corrected by settle. Prefer
+        acquiring(), which releases."""
+        return self._call(OP_ACQUIRE, [descriptors], cost, timeout)[0]
+
+    def release(self, lease: str, timeout: Optional[float] = None) -> Result:
+        """Gives back the slots of an acquire's lease. An unknown lease
+        (released or settled already, expired) answers error not_found."""
+        return self._call(OP_RELEASE, [lease], 0, timeout)[0]
+
+    def settle(self, lease: str, cost: int, timeout: Optional[float] = None) -> Result:
+        """Ends an acquire at its actual cost: the difference from its
+        estimate is charged or refunded, and its slots go back."""
+        return self._call(OP_SETTLE, [lease], cost, timeout)[0]
+
+    def acquiring(self, descriptors: Descriptors = None, cost: int = 1,
+                  timeout: Optional[float] = None) -> "Acquisition":
+        """A context manager that acquires on entry and releases on exit
+        (unless settled meanwhile), whatever happens in between."""
+        return Acquisition(self, descriptors, cost, timeout)
+
     def check_many(self, batch: Batch, cost: int = 1, timeout: Optional[float] = None) -> List[Result]:
         """Checks several requests at once, pipelined in one write; returns
         their results in order. timeout bounds the whole batch."""
@@ -676,6 +746,39 @@ class Client(_Base):
             else:
                 out.append(fail.answer(w.response))
         return out
+
+
+class Acquisition:
+    """An acquire, released on exit: see Client.acquiring.
+
+    result is the acquire's Result and allowed whether the request may go
+    through; settle(cost) ends it at its actual cost instead of releasing.
+    A refused (or failed-open) acquire holds nothing, and nothing is sent
+    on exit.
+    """
+
+    def __init__(self, client: "Client", descriptors: Descriptors, cost: int, timeout: Optional[float]):
+        self._client, self._args = client, (descriptors, cost, timeout)
+        self.result: Optional[Result] = None
+        self.done: Optional[Result] = None  # the release's or settle's result
+
+    @property
+    def allowed(self) -> bool:
+        return self.result is not None and self.result.allowed
+
+    def __enter__(self) -> "Acquisition":
+        self.result = self._client.acquire(*self._args)
+        return self
+
+    def settle(self, cost: int) -> Result:
+        """Settles the acquire at its actual cost (once)."""
+        if self.done is None and self.result is not None and self.result.lease:
+            self.done = self._client.settle(self.result.lease, cost, self._args[2])
+        return self.done if self.done is not None else Result(ALLOWED)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.done is None and self.result is not None and self.result.lease:
+            self.done = self._client.release(self.result.lease, self._args[2])
 
 
 # ---------------------------------------------------------------- asyncio
@@ -766,6 +869,18 @@ class AsyncClient(_Base):
     async def ping(self, timeout: Optional[float] = None) -> bool:
         """Like Client.ping."""
         return not (await self._call(OP_PING, [None], 0, timeout, _probe))[0].failed
+
+    async def acquire(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
+        """Like Client.acquire."""
+        return (await self._call(OP_ACQUIRE, [descriptors], cost, timeout))[0]
+
+    async def release(self, lease: str, timeout: Optional[float] = None) -> Result:
+        """Like Client.release."""
+        return (await self._call(OP_RELEASE, [lease], 0, timeout))[0]
+
+    async def settle(self, lease: str, cost: int, timeout: Optional[float] = None) -> Result:
+        """Like Client.settle."""
+        return (await self._call(OP_SETTLE, [lease], cost, timeout))[0]
 
     async def check_many(self, batch: Batch, cost: int = 1, timeout: Optional[float] = None) -> List[Result]:
         """Like Client.check_many."""

@@ -25,7 +25,7 @@ function descs(string $field): array
     return $list;
 }
 
-const FIELDS = ['id', 'op', 'flags', 'status', 'limit', 'remaining', 'reset', 'retry', 'window', 'quota', 'quota_window', 'next', 'rule', 'code', 'message'];
+const FIELDS = ['id', 'op', 'flags', 'status', 'limit', 'remaining', 'reset', 'retry', 'window', 'quota', 'quota_window', 'next', 'rule', 'code', 'message', 'lease'];
 
 function differs(array $a, array $b): ?string
 {
@@ -38,6 +38,7 @@ function differs(array $a, array $b): ?string
 }
 
 $fails = [];
+$kinds = [];
 $cases = 0;
 $flips = 0;
 foreach (file($argv[1], FILE_IGNORE_NEW_LINES) as $line) {
@@ -47,6 +48,7 @@ foreach (file($argv[1], FILE_IGNORE_NEW_LINES) as $line) {
     $t = explode("\t", $line);
     [$kind, $name] = [$t[0], $t[1] ?? '?'];
     $cases++;
+    $kinds[$kind] = true;
     switch ($kind) {
         case 'encode':
             try {
@@ -65,13 +67,32 @@ foreach (file($argv[1], FILE_IGNORE_NEW_LINES) as $line) {
             } catch (InvalidArgumentException $e) {
             }
             break;
+        case 'encode_lease':
+            try {
+                $hex = bin2hex(Rld::encode((int) $t[2], (int) $t[3], (int) $t[4], [], unhex($t[5])));
+                if ($hex !== $t[6]) {
+                    $fails[] = "FAIL $name encoded " . substr($hex, 0, 120) . ' want ' . substr($t[6], 0, 120);
+                }
+            } catch (InvalidArgumentException $e) {
+                $fails[] = "FAIL $name encode error: " . $e->getMessage();
+            }
+            break;
+        case 'encode_lease_error':
+            try {
+                Rld::encode((int) $t[2], (int) $t[3], (int) $t[4], [], unhex($t[5]));
+                $fails[] = "FAIL $name encoded a frame; want an error: {$t[6]}";
+            } catch (InvalidArgumentException $e) {
+            }
+            break;
         case 'decode':
+        case 'decode_acquire':
             $frame = unhex($t[2]);
             $want = [
                 'id' => (int) $t[3], 'op' => (int) $t[4], 'flags' => (int) $t[5], 'status' => (int) $t[6],
                 'limit' => (int) $t[7], 'remaining' => (int) $t[8], 'reset' => (int) $t[9], 'retry' => (int) $t[10],
                 'window' => (int) $t[11], 'quota' => (int) $t[12], 'quota_window' => (int) $t[13], 'next' => (int) $t[14],
                 'rule' => unhex($t[15]), 'code' => (int) $t[16], 'message' => unhex($t[17]),
+                'lease' => $kind === 'decode_acquire' ? unhex($t[18]) : '',
             ];
             try {
                 $got = Rld::decode($frame);
@@ -105,6 +126,11 @@ foreach (file($argv[1], FILE_IGNORE_NEW_LINES) as $line) {
             break;
         default:
             $fails[] = "FAIL $name unknown kind $kind";
+    }
+}
+foreach (['encode', 'encode_error', 'encode_lease', 'encode_lease_error', 'decode', 'decode_acquire', 'decode_error'] as $k) {
+    if (!isset($kinds[$k])) {
+        $fails[] = "FAIL the corpus has no $k line";
     }
 }
 if ($fails) {

@@ -37,10 +37,11 @@ def load():
     return lines
 
 
-def fields(r):
-    """The decoded fields a decode line lists, in its order."""
-    return (r.id, r.op, r.flags, r.status, r.limit, r.remaining, r.reset_ms, r.retry_ms, r.window_ms,
-            r.quota, r.quota_window_ms, r.next_ms, r.rule, r.code, r.message)
+def fields(r, acquire=False):
+    """The decoded fields a decode (or decode_acquire) line lists, in its order."""
+    f = (r.id, r.op, r.flags, r.status, r.limit, r.remaining, r.reset_ms, r.retry_ms, r.window_ms,
+         r.quota, r.quota_window_ms, r.next_ms, r.rule, r.code, r.message)
+    return f + (r.lease,) if acquire else f
 
 
 class CorpusTest(unittest.TestCase):
@@ -55,7 +56,8 @@ class CorpusTest(unittest.TestCase):
 
     def test_kinds(self):
         kinds = {f[0] for _, f in self.lines}
-        self.assertEqual(kinds, {"encode", "encode_error", "decode", "decode_error"})
+        self.assertEqual(kinds, {"encode", "encode_error", "encode_lease", "encode_lease_error",
+                                 "decode", "decode_acquire", "decode_error"})
 
     def test_encode(self):
         for no, f in self.of_kind("encode"):
@@ -64,6 +66,22 @@ class CorpusTest(unittest.TestCase):
                 _, _, rid, op, cost, ds, want = f
                 got = rld.encode_request(int(op), int(rid), int(cost), descs(ds))
                 self.assertEqual(got.hex(), want)
+
+    def test_encode_lease(self):
+        for no, f in self.of_kind("encode_lease"):
+            with self.subTest(line=no, name=f[1]):
+                self.assertEqual(len(f), 7)
+                _, _, rid, op, cost, lease, want = f
+                got = rld.encode_request(int(op), int(rid), int(cost), lease=unhex(lease))
+                self.assertEqual(got.hex(), want)
+
+    def test_encode_lease_error(self):
+        for no, f in self.of_kind("encode_lease_error"):
+            with self.subTest(line=no, name=f[1]):
+                self.assertEqual(len(f), 7)
+                _, _, rid, op, cost, lease, _ = f
+                with self.assertRaises(rld.EncodeError):
+                    rld.encode_request(int(op), int(rid), int(cost), lease=unhex(lease))
 
     def test_encode_dict_and_str(self):
         # The worked example, with a dict of str as an application writes it.
@@ -91,16 +109,19 @@ class CorpusTest(unittest.TestCase):
         self.assertEqual(c.failures, 0)
 
     def decode_lines(self):
-        for no, f in self.of_kind("decode"):
-            self.assertEqual(len(f), 18, f"line {no}")
-            frame = bytes.fromhex(f[2])
-            want = tuple(int(x) for x in f[3:15]) + (unhex(f[15]), int(f[16]), unhex(f[17]))
-            yield no, f[1], frame, want
+        for kind, n in (("decode", 18), ("decode_acquire", 19)):
+            for no, f in self.of_kind(kind):
+                self.assertEqual(len(f), n, f"line {no}")
+                frame = bytes.fromhex(f[2])
+                want = tuple(int(x) for x in f[3:15]) + (unhex(f[15]), int(f[16]), unhex(f[17]))
+                if n == 19:
+                    want += (unhex(f[18]),)
+                yield no, f[1], frame, want
 
     def test_decode(self):
         for no, name, frame, want in self.decode_lines():
             with self.subTest(line=no, name=name):
-                self.assertEqual(fields(rld.decode_response(frame)), want)
+                self.assertEqual(fields(rld.decode_response(frame), len(want) == 16), want)
 
     def test_decode_error(self):
         for no, f in self.of_kind("decode_error"):
@@ -132,7 +153,7 @@ class CorpusTest(unittest.TestCase):
                         bad = bytearray(frame)
                         bad[i] ^= x
                         try:
-                            got = fields(rld.decode_response(bytes(bad)))
+                            got = fields(rld.decode_response(bytes(bad)), len(want) == 16)
                         except rld.DecodeError:
                             continue
                         self.assertNotEqual(got, want, f"byte {i} ^ {x:#x} decodes to the same answer")

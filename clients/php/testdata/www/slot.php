@@ -1,0 +1,23 @@
+<?php
+// A page that holds a slot of rld's concurrency limit while it works
+// (docs/clients.md): withSlot() releases it in a finally block.
+require $_SERVER['RLD_CLIENT'] ?? '/usr/share/rld/Rld.php';
+
+$rld = new Rld($_SERVER['RLD_SOCKET'] ?? '/run/rld/rld.sock', timeout: (float) ($_SERVER['RLD_TIMEOUT'] ?? 0.005));
+echo $rld->withSlot(
+    Rld::requestDescriptors('X-API-Key'),
+    function (?array $res): string {
+        usleep((int) ($_GET['ms'] ?? 0) * 1000); // the page's work
+        if (isset($_GET['fail'])) {
+            throw new RuntimeException('the work failed');
+        }
+        return "done\n";
+    },
+    function (?array $res): string {
+        http_response_code($res === null ? 503 : 429);
+        foreach ($res === null ? [] : Rld::headers($res) as $name => $value) {
+            header($name . ': ' . $value);
+        }
+        return "busy\n";
+    },
+);
