@@ -5,10 +5,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,6 +89,14 @@ match = { endpoint = "/limited" }
 by = ["api_key"]
 limit = 5
 period = "1h"
+
+[[rule]]
+name = "export"
+match = { endpoint = "/export" }
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 2
+timeout = "1m"
 `
 
 // get is nginxtest.Get.
@@ -134,8 +144,9 @@ type lua struct {
 }
 
 // startLua starts rld and nginx with the recipe; extra is added to each
-// access call's options.
-func startLua(t *testing.T, extra string) (*daemontest.Process, *lua) {
+// access call's options. The recipe's application (/export) is backend,
+// or nothing when it is "".
+func startLua(t *testing.T, extra string, backend ...string) (*daemontest.Process, *lua) {
 	sockDir, err := os.MkdirTemp("", "rldh")
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
@@ -147,7 +158,11 @@ func startLua(t *testing.T, extra string) (*daemontest.Process, *lua) {
 	require.NoError(t, err)
 	// The recipe, with the test's paths and port, and a timeout for a
 	// shared machine.
-	conf := strings.NewReplacer("/run/rld/rld.sock", p.Socket, "/var/www/html", www(t),
+	app := "127.0.0.1:1"
+	if len(backend) > 0 {
+		app = backend[0]
+	}
+	conf := strings.NewReplacer("/run/rld/rld.sock", p.Socket, "/var/www/html", www(t), "127.0.0.1:8081", app,
 		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 5,", "timeout = 1000, log_interval = 60,"+extra,
 		"    # How many checks", peekLocation).Replace(string(recipe))
 	n := nginxtest.Start(t, true, strings.ReplaceAll(conf, "/run/rld/rld.sock", p.Socket))
@@ -286,4 +301,90 @@ func TestLuaKillUnderLoad(t *testing.T) {
 func testLuaKillUnderLoad(t *testing.T, mode string) {
 	p, n := startLua(t, mode)
 	nginxtest.KillUnderLoad(t, n.URL+"/free", "hello from free\n", 200, 20*time.Second, p.Kill, p.Restart)
+}
+
+// TestLuaConcurrency: the recipe's /export holds one of rld's two slots
+// per API key from access to log phase. With a slow application, the
+// third concurrent request gets 429; the slots come back when the
+// requests end, and when a client aborts its request.
+func TestLuaConcurrency(t *testing.T) {
+	// The application answers once the gate in force is closed.
+	var gate atomic.Pointer[chan struct{}]
+	first := make(chan struct{})
+	gate.Store(&first)
+	var entered atomic.Int64
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		entered.Add(1)
+		select {
+		case <-*gate.Load():
+		case <-r.Context().Done(): // nginx gave up on it
+		}
+		io.WriteString(w, "exported\n")
+	}))
+	t.Cleanup(app.Close)
+	_, n := startLua(t, "", strings.TrimPrefix(app.URL, "http://"))
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", n.httpSock)
+	}}}
+	// free returns how many of key's slots are free, from the daemon:
+	// its checks hold none.
+	free := func(key string) int {
+		resp, err := c.Get("http://rld/v1/check?peek=1&endpoint=/export&api_key=" + key)
+		require.NoError(t, err)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return 0
+		}
+		r, err := strconv.Atoi(resp.Header.Get("X-RateLimit-Remaining"))
+		require.NoError(t, err)
+		return r + 1 // a peek counts the slot it would take
+	}
+	waitFree := func(key string, want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for free(key) != want {
+			require.True(t, time.Now().Before(deadline), "%s: %d slots free, want %d\n%s", key, free(key), want, n.ErrorLog())
+			time.Sleep(10 * time.Millisecond) // polling: the log phase releases in a timer
+		}
+	}
+
+	// Two slow requests hold both slots: the third gets 429.
+	done := make(chan nginxtest.Reply, 2)
+	for range 2 {
+		go func() { done <- nginxtest.Get(t, n.URL+"/export", "X-API-Key", "e1") }()
+	}
+	waitFree("e1", 0)
+	r := get(t, n.URL+"/export", "X-API-Key", "e1")
+	assert.Equal(t, 429, r.Status, r.Body)
+	assert.Equal(t, "2", r.Header.Get("X-RateLimit-Limit"))
+	assert.Equal(t, "60", r.Header.Get("Retry-After"))
+	assert.Equal(t, int64(2), entered.Load(), "the refused request never reached the application")
+	close(first)
+	for range 2 {
+		r := <-done
+		assert.Equal(t, 200, r.Status, r.Body)
+		assert.Equal(t, "exported\n", r.Body)
+	}
+	waitFree("e1", 2)
+
+	// A client that aborts its request gives its slot back.
+	second := make(chan struct{})
+	gate.Store(&second)
+	defer close(second)
+	ctx, cancel := context.WithCancel(context.Background())
+	aborted := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "GET", n.URL+"/export", nil)
+		req.Header.Set("X-API-Key", "e2")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		aborted <- err
+	}()
+	waitFree("e2", 1)
+	cancel()
+	require.Error(t, <-aborted)
+	waitFree("e2", 2)
 }

@@ -23,6 +23,8 @@ local _M = { _VERSION = "1.0" }
 
 -- Ops, statuses and limits of the protocol (docs/protocol.md).
 _M.OP_CHECK, _M.OP_PEEK, _M.OP_PING = 1, 2, 3
+_M.OP_ACQUIRE, _M.OP_RELEASE, _M.OP_SETTLE = 5, 6, 7
+local MAX_LEASE = 1024
 _M.ALLOWED, _M.LIMITED, _M.BLOCKED, _M.ALLOWED_DEGRADED, _M.ERROR = 0, 1, 2, 3, 4
 _M.STATUS_NAMES = { [0] = "allowed", "limited", "blocked", "allowed-degraded", "error" }
 _M.ERROR_NAMES = { [0] = "none", "malformed", "frame_too_large", "unknown_op", "bad_version",
@@ -95,13 +97,30 @@ end
 local has_buffer, strbuf = pcall(require, "string.buffer")
 local ebuf = has_buffer and strbuf.new(512) or nil
 
---- encode(id, op, cost, descs) returns the request frame (a string), or
--- nil and an error for a request the protocol cannot carry (more than 32
--- descriptors, an empty or 65-byte name, a 1025-byte value, a cost that
--- does not fit in 4 bytes, a frame over 16384 bytes). CHECK (1) and PEEK
--- (2) carry cost and descriptors; other ops have an empty body.
-function _M.encode(id, op, cost, descs)
-    if op ~= 1 and op ~= 2 then
+--- encode(id, op, cost, descs, lease) returns the request frame (a
+-- string), or nil and an error for a request the protocol cannot carry
+-- (more than 32 descriptors, an empty or 65-byte name, a 1025-byte value,
+-- a cost that does not fit in 4 bytes, a frame over 16384 bytes, a lease
+-- that is empty or over 1024 bytes). CHECK (1), PEEK (2) and ACQUIRE (5)
+-- carry cost and descriptors; RELEASE (6) carries lease, and SETTLE (7)
+-- cost and lease; other ops have an empty body.
+function _M.encode(id, op, cost, descs, lease)
+    if op == 6 or op == 7 then
+        if type(lease) ~= "string" or #lease == 0 or #lease > MAX_LEASE then
+            return nil, "lease of " .. (type(lease) == "string" and #lease or 0) .. " bytes (1 to 1024)"
+        end
+        local head = ""
+        if op == 7 then
+            cost = cost or 1
+            if type(cost) ~= "number" or cost < 0 or cost > MAX_U32 or cost ~= floor(cost) then
+                return nil, "cost " .. tostring(cost) .. " is not a whole number from 0 to 4294967295"
+            end
+            head = u32(cost)
+        end
+        local body = head .. u16(#lease) .. lease
+        return u32(8 + #body) .. char(1, op, 0, 0) .. u32(id) .. body
+    end
+    if op ~= 1 and op ~= 2 and op ~= 5 then
         return u32(8) .. char(1, op, 0, 0) .. u32(id)
     end
     cost = cost or 1
@@ -158,7 +177,8 @@ end
 
 --- decode(frame) decodes a complete response frame (length prefix
 -- included) into a table {id, op, flags, status, limit, remaining, reset,
--- retry, window, quota, quota_window, next, rule, code, message} (times in
+-- retry, window, quota, quota_window, next, rule, code, message, lease}
+-- (lease: an ACQUIRE answer's, "" for the others; times in
 -- milliseconds; op is the byte as sent, e.g. 129; next is 4294967295 when
 -- the daemon does not know when quota comes back), or returns nil and an
 -- error. Unknown flag bits are passed through. A limit, remaining or
@@ -207,6 +227,23 @@ function _M.decode(f)
     if n < p + 3 + ml then
         return nil, "message of " .. ml .. " bytes runs past the end"
     end
+    local lease = ""
+    if op == 0x85 then
+        -- An ACQUIRE answer ends with its lease: u16 length, bytes.
+        local q = p + 4 + ml
+        if n < q + 1 then
+            return nil, "ACQUIRE answer without its lease length"
+        end
+        local ll = rd16(f, q)
+        if ll > MAX_LEASE then
+            return nil, "lease of " .. ll .. " bytes, more than 1024"
+        end
+        if n ~= q + 1 + ll then
+            return nil, "lease of " .. ll .. " bytes with " .. (n - q - 1) .. " bytes left"
+        end
+        lease = sub(f, q + 2, n)
+        n = q - 1
+    end
     if n > p + 3 + ml then
         return nil, "bytes left over after the message"
     end
@@ -230,6 +267,7 @@ function _M.decode(f)
         rule = sub(f, 59, 58 + rl),
         code = rd16(f, p),
         message = sub(f, p + 4, p + 3 + ml),
+        lease = lease,
     }
 end
 
@@ -267,10 +305,10 @@ end
 
 -- exchange sends one request and returns the decoded answer, or nil and
 -- an error.
-function Client:exchange(op, descs, cost)
+function Client:exchange(op, descs, cost, lease)
     next_id = (next_id + 1) % 4294967296
     local id = next_id
-    local frame, err = _M.encode(id, op, cost, descs)
+    local frame, err = _M.encode(id, op, cost, descs, lease)
     if not frame then
         return nil, err
     end
@@ -546,6 +584,25 @@ function Client:ping()
     return self:exchange(3)
 end
 
+--- acquire(descriptors, cost) answers as check does, and the concurrency
+-- rules that apply hold a slot until release or settle of the answer's
+-- .lease ("" when it took nothing), or their timeout.
+function Client:acquire(descs, cost)
+    return self:exchange(5, descs, cost)
+end
+
+--- release(lease) gives back the slots of an acquire's lease. An unknown
+-- lease answers status ERROR, code 14 (not_found).
+function Client:release(lease)
+    return self:exchange(6, nil, 0, lease)
+end
+
+--- settle(lease, cost) ends an acquire at its actual cost: the difference
+-- from its estimate is charged or refunded, and its slots go back.
+function Client:settle(lease, cost)
+    return self:exchange(7, nil, cost, lease)
+end
+
 _M.Client = Client
 
 -- Header rendering, the same as rld's HTTP endpoint (package header).
@@ -805,7 +862,9 @@ end
 -- dict opts.shared_dict and logged at most once per log_interval seconds.
 -- opts: the options of new(), of descriptors(), and cost (a number or a
 -- function returning one), fail_open, fail_status, shared_dict,
--- log_interval.
+-- log_interval; and acquire: true to acquire instead of check, holding
+-- the concurrency rules' slots until release() in the log phase (the
+-- lease is kept in ngx.ctx.rld_lease).
 function _M.access(opts)
     opts = opts or {}
     local c = client_for(opts)
@@ -813,7 +872,15 @@ function _M.access(opts)
     if type(cost) == "function" then
         cost = cost()
     end
-    local res, err = c:check(_M.descriptors(opts), cost)
+    local res, err
+    if opts.acquire then
+        res, err = c:acquire(_M.descriptors(opts), cost)
+        if res and res.lease ~= "" then
+            ngx.ctx.rld_lease = res.lease
+        end
+    else
+        res, err = c:check(_M.descriptors(opts), cost)
+    end
     if res and res.status == 4 then
         res, err = nil, "error answer " .. (_M.ERROR_NAMES[res.code] or tostring(res.code)) .. ": " .. res.message
     end
@@ -847,6 +914,47 @@ function _M.access(opts)
         return ngx.exit(ngx.HTTP_OK)
     end
     return res
+end
+
+-- release_timer releases a lease off the request: the log phase cannot
+-- use cosockets.
+local function release_timer(premature, opts, lease, cost)
+    local c = client_for(opts)
+    local res, err
+    if cost then
+        res, err = c:settle(lease, cost)
+    else
+        res, err = c:release(lease)
+    end
+    if not res then
+        failed(opts, err)
+    elseif res.status == 4 and res.code ~= 14 then
+        failed(opts, "release answered " .. (_M.ERROR_NAMES[res.code] or tostring(res.code)) .. ": " .. res.message)
+    end
+end
+
+--- release(opts) gives back, from log_by_lua_block, the slots that
+-- access({acquire = true}) took for this request: when it ends, whether
+-- it succeeded, failed, or the client aborted. It runs in a timer (the
+-- log phase cannot use cosockets). opts are access()'s; opts.settle_cost
+-- (a number or a function returning one), when set, settles the lease at
+-- that actual cost instead. A lease that is never released expires at
+-- its rule's timeout.
+function _M.release(opts)
+    opts = opts or {}
+    local lease = ngx.ctx.rld_lease
+    if not lease then
+        return
+    end
+    ngx.ctx.rld_lease = nil
+    local cost = opts.settle_cost
+    if type(cost) == "function" then
+        cost = cost()
+    end
+    local ok, err = ngx.timer.at(0, release_timer, opts, lease, cost)
+    if not ok then
+        failed(opts, "cannot start the release timer: " .. tostring(err))
+    end
 end
 
 return _M

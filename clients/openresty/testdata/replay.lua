@@ -42,7 +42,7 @@ local function descs(field)
     return list
 end
 
-local FIELDS = { "id", "op", "flags", "status", "limit", "remaining", "reset", "retry", "window", "quota", "quota_window", "next", "rule", "code", "message" }
+local FIELDS = { "id", "op", "flags", "status", "limit", "remaining", "reset", "retry", "window", "quota", "quota_window", "next", "rule", "code", "message", "lease" }
 
 local function same(a, b)
     for _, k in ipairs(FIELDS) do
@@ -53,7 +53,7 @@ local function same(a, b)
     return true
 end
 
-local fails, cases, flips = {}, 0, 0
+local fails, cases, flips, kinds = {}, 0, 0, {}
 local function fail(...)
     fails[#fails + 1] = table.concat({ "FAIL", ... }, " ")
 end
@@ -64,6 +64,7 @@ for line in f:lines() do
         local t = split(line, "\t")
         local kind, name = t[1], t[2]
         cases = cases + 1
+        kinds[kind] = true
         if kind == "encode" then
             local frame, err = rld.encode(tonumber(t[3]), tonumber(t[4]), tonumber(t[5]), descs(t[6]))
             if not frame then
@@ -76,7 +77,19 @@ for line in f:lines() do
             if frame then
                 fail(name, "encoded a frame; want an error:", t[7])
             end
-        elseif kind == "decode" then
+        elseif kind == "encode_lease" then
+            local frame, err = rld.encode(tonumber(t[3]), tonumber(t[4]), tonumber(t[5]), nil, unhex(t[6]))
+            if not frame then
+                fail(name, "encode error:", err)
+            elseif tohex(frame) ~= t[7] then
+                fail(name, "encoded", tohex(frame):sub(1, 120), "want", t[7]:sub(1, 120))
+            end
+        elseif kind == "encode_lease_error" then
+            local frame = rld.encode(tonumber(t[3]), tonumber(t[4]), tonumber(t[5]), nil, unhex(t[6]))
+            if frame then
+                fail(name, "encoded a frame; want an error:", t[7])
+            end
+        elseif kind == "decode" or kind == "decode_acquire" then
             local frame = unhex(t[3])
             local want = {
                 id = tonumber(t[4]), op = tonumber(t[5]), flags = tonumber(t[6]), status = tonumber(t[7]),
@@ -84,6 +97,7 @@ for line in f:lines() do
                 retry = tonumber(t[11]), window = tonumber(t[12]), quota = tonumber(t[13]),
                 quota_window = tonumber(t[14]), next = tonumber(t[15]), rule = unhex(t[16]),
                 code = tonumber(t[17]), message = unhex(t[18]),
+                lease = kind == "decode_acquire" and unhex(t[19]) or "",
             }
             local got, err = rld.decode(frame)
             if not got then
@@ -116,6 +130,11 @@ for line in f:lines() do
     end
 end
 f:close()
+for _, k in ipairs({ "encode", "encode_error", "encode_lease", "encode_lease_error", "decode", "decode_acquire", "decode_error" }) do
+    if not kinds[k] then
+        fail("the corpus has no", k, "line")
+    end
+end
 if #fails > 0 then
     ngx.say(table.concat(fails, "\n"))
 else
