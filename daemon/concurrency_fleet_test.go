@@ -249,3 +249,60 @@ func TestConcurrencyHolder(t *testing.T) {
 	fmt.Printf("held %d slots\n", n)
 	select {} // until SIGKILL
 }
+
+// TestConcurrencyOutage: three daemons on one Redis, which is paused:
+// a fail-open concurrency rule holds slots on each daemon's local state at
+// its fair share (limit ÷ daemons), answered allowed-degraded, and a
+// release of such a slot frees it there.
+func TestConcurrencyOutage(t *testing.T) {
+	srv := redistest.Standalone(t)
+	cfg := fmt.Sprintf(`[store]
+redis = [%q]
+timeout = "20ms"
+
+[[rule]]
+name = "slots"
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 6
+timeout = "1m"
+fail = "open"
+`, srv.Addr)
+	var procs []*daemontest.Process
+	for range 3 {
+		p, err := daemontest.StartProcess(cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		procs = append(procs, p)
+	}
+	for i, p := range procs {
+		redistest.WaitFor(t, fmt.Sprintf("daemon %d to count 3 live daemons", i), func() bool {
+			return strings.Contains(p.Logs(), "daemons=3")
+		})
+	}
+	c := client.New(procs[0].Socket)
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	key := []client.Descriptor{{Name: "api_key", Value: "sk_outage"}}
+
+	srv.Pause()
+	t.Cleanup(srv.Resume)
+	var leases []string
+	for range 2 {
+		r, err := c.Acquire(ctx, key, 1)
+		require.NoError(t, err)
+		require.Equal(t, wire.StatusAllowedDegraded, r.Status, "%+v", r)
+		assert.True(t, r.Degraded)
+		leases = append(leases, r.Lease)
+	}
+	r, err := c.Acquire(ctx, key, 1)
+	require.NoError(t, err)
+	assert.Equal(t, wire.StatusLimited, r.Status, "the fair share is 6 ÷ 3 = 2: %+v", r)
+	assert.True(t, r.Degraded)
+	rel, err := c.Release(ctx, leases[0])
+	require.NoError(t, err, "a slot of the local state is released there")
+	assert.True(t, rel.Degraded)
+	r, err = c.Acquire(ctx, key, 1)
+	require.NoError(t, err)
+	assert.Equal(t, wire.StatusAllowedDegraded, r.Status, "%+v", r)
+}
