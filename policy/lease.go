@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -164,9 +165,14 @@ func (p *Policy) lease(ctx context.Context, now time.Time, cost int64, sc *Scrat
 		raw = binary.AppendUvarint(raw, uint64(t.end-t.start))
 		raw = append(raw, sc.keys[t.start:t.end]...)
 	}
-	mac := hmac.New(sha256.New, p.leaseKey())
-	mac.Write(raw)
-	raw = mac.Sum(raw)[:len(raw)+leaseTag]
+	key := p.leaseKey()
+	if sc.mac == nil || !bytes.Equal(sc.macKey, key) {
+		sc.mac, sc.macKey = hmac.New(sha256.New, key), key
+	} else {
+		sc.mac.Reset()
+	}
+	sc.mac.Write(raw)
+	raw = sc.mac.Sum(raw)[:len(raw)+leaseTag]
 	sc.leaseRaw = raw
 	size := base64.RawURLEncoding.EncodedLen(len(raw))
 	if size > wire.MaxTokenLen {

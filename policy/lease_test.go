@@ -191,3 +191,26 @@ func TestSettle(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkAcquireRelease: an acquire of a concurrency and a rate rule on
+// the embedded store, and its release.
+func BenchmarkAcquireRelease(b *testing.B) {
+	rules := strings.Replace(settleRules, "limit = 100\nperiod = \"1h\"", "limit = 1000000000\nperiod = \"1s\"", 1)
+	p := newPolicy(b, rules, memstore.New(memstore.Options{}))
+	ctx := context.Background()
+	var sc Scratch
+	var d Decision
+	chat := descs("api_key=k", "endpoint=/v1/chat", "slot=yes")
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(time.Microsecond)
+		lease := p.AcquireTo(ctx, now, chat, 1, &sc, &d)
+		if d.Status != StatusAllowed {
+			b.Fatalf("%+v", d)
+		}
+		if r := p.Release(ctx, now, lease); r.Status != StatusAllowed {
+			b.Fatalf("%+v", r)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"slices"
 	"time"
 
@@ -140,8 +141,10 @@ type Scratch struct {
 	keys  []byte  // the counter keys of this check, back to back
 	taken []taken // the non-shadow takes of this check, in rule order
 	// lease and leaseRaw hold the lease of an acquire (AcquireTo), and
-	// its encoding before base64.
+	// its encoding before base64; mac signs it, under macKey.
 	lease, leaseRaw []byte
+	mac             hash.Hash
+	macKey          []byte
 
 	// Batch makes the checks' counts of rld_checks_total wait for Flush,
 	// so that a batch of checks by one rule with one decision costs one
