@@ -8,7 +8,7 @@
 // # Operations
 //
 // Every store speaks one vocabulary: an Op (take, peek, lease, take-lease,
-// refund, reset, grant, release) on one key, and Apply, which runs it on an algorithm's State and
+// refund, reset, grant, charge, release) on one key, and Apply, which runs it on an algorithm's State and
 // is its specification. memstore decides with the same functions, the Redis
 // scripts implement each OpKind as their ARGV[1] op (the lua package's
 // differential tests hold them to Apply), the Redis store (redisx) takes a

@@ -9,7 +9,7 @@
 //	KEYS[1]  the counter's key; the script touches no other key, so it is
 //	         Cluster-safe. All state of a counter lives in that key.
 //	ARGV[1]  op: "take", "takelease", "peek", "lease", "refund", "reset",
-//	         "grant", or for concurrency.lua "release"
+//	         "grant", "charge", or for concurrency.lua "release"
 //	ARGV[2]  limit L (>= 1)
 //	ARGV[3]  period P in µs (>= 1)
 //	ARGV[4]  burst: the capacity of token_bucket and gcra; "0" means L.
@@ -38,6 +38,8 @@
 //	grant    ARGV[6] = n: n units more of the current quota, capped at a
 //	         fresh key's (algo.Grant: a refund of n units taken now, or
 //	         for sliding_log the oldest live admissions go first).
+//	charge   ARGV[6] = n: n units (capped at the capacity) taken whether
+//	         they fit or not, up to a debt of one capacity (algo.Charge).
 //	release  ARGV[6] = cost, ARGV[7] = lease id: the now_us of the take
 //	         that admitted the slots (concurrency.lua only): algo.Release.
 //
@@ -63,6 +65,8 @@
 //	         retry-after of a take of cost 1.
 //	release  admitted 1 if the admission was in flight and gave its slots
 //	         back, else 0 (nothing changed); the rest as refund.
+//	charge   admitted 0; remaining, reset_us and retry_after_us of a peek
+//	         of cost 1 after the op.
 //	refund, reset, grant
 //	         admitted 0; remaining and reset_us of a peek of cost 1 after
 //	         the op; retry_after_us 0.

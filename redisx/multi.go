@@ -21,7 +21,8 @@ import (
 
 // The ops Store.Do runs are algo.Ops, of every kind. Do sets Admitted
 // (OpTakeLease, OpRelease), Granted (OpLease, OpTakeLease), Result and Err. N below
-// 1 counts as 1 for OpTake, OpPeek, OpLease and OpGrant; an OpRefund of
+// 1 counts as 1 for OpTake, OpPeek, OpLease, OpGrant, OpCharge and
+// OpRelease; an OpRefund of
 // less than 1 is invalid (not sent, Err set), since giving back a unit
 // that was never taken would over-admit, and so is an OpTakeLease with
 // no Costs or an N below 0. Key is the counter key, as given to
