@@ -163,8 +163,8 @@ func (c *Client) Release(ctx context.Context, lease string) (Result, error) {
 // was an estimate, at its actual cost (0 means 1): the rate rules'
 // units are corrected by the difference (charged beyond the estimate,
 // which may put a key in debt, or refunded below it), and its
-// concurrency slots go back. A lease is settled or released once; an
-// unknown one (settled already, or older than an hour) is a
+// concurrency slots go back. A lease is settled once; an unknown one
+// (settled already, or acquired more than 10 minutes ago) is a
 // *ResponseError with code wire.CodeNotFound, and changes nothing.
 func (c *Client) Settle(ctx context.Context, lease string, actual uint32) (Result, error) {
 	if len(lease) == 0 || len(lease) > wire.MaxTokenLen {

@@ -31,8 +31,10 @@ var (
 )
 
 // MaxLeaseAge is how long after its acquire a lease may be settled: a
-// later Settle is refused (ErrUnknownLease) and changes nothing.
-const MaxLeaseAge = time.Hour
+// later Settle is refused (ErrUnknownLease) and changes nothing. A daemon
+// remembers each lease it settled this long (8 bytes and a map entry), to
+// refuse a second settle of it.
+const MaxLeaseAge = 10 * time.Minute
 
 // leaseVersion is the first byte of an encoded lease.
 const leaseVersion = 2
@@ -196,7 +198,7 @@ type leaseEntry struct {
 // parsedLease is a lease, decoded and verified.
 type parsedLease struct {
 	cost, issued int64
-	tag          string // the signature: the lease's identity
+	tag          uint64 // the start of the signature: the lease's identity
 	signed       bool   // the signature holds under the key
 	entries      []leaseEntry
 }
@@ -264,23 +266,24 @@ func parseLease(lease, key []byte) (parsedLease, error) {
 	mac := hmac.New(sha256.New, key)
 	mac.Write(body)
 	pl.signed = hmac.Equal(mac.Sum(nil)[:leaseTag], tag)
-	pl.cost, pl.issued, pl.tag = int64(cost), int64(issued), string(tag)
+	pl.cost, pl.issued, pl.tag = int64(cost), int64(issued), binary.BigEndian.Uint64(tag)
 	return pl, nil
 }
 
-// settledLeases remembers the leases this process released or settled,
-// until MaxLeaseAge after their acquire, so that a second Settle of one
-// is refused rather than charged or refunded twice. The Policies of a
-// daemon share it.
+// settledLeases remembers the leases this process settled, until
+// MaxLeaseAge after their acquire, so that a second Settle of one is
+// refused rather than charged or refunded twice. (A release needs no
+// record: the slots it frees are gone after it.) The Policies of a daemon
+// share it.
 var settledLeases = struct {
 	mu    sync.Mutex       // guards m and sweep
-	m     map[string]int64 // lease tag → unix µs until which it is kept
+	m     map[uint64]int64 // lease tag → unix µs until which it is kept
 	sweep int64            // unix µs of the next sweep of m
-}{m: make(map[string]int64)}
+}{m: make(map[uint64]int64)}
 
 // markSettled records the lease tag, issued at issued (unix µs), as
 // settled at now, and reports false when it was already.
-func markSettled(tag string, issued, now int64) bool {
+func markSettled(tag uint64, issued, now int64) bool {
 	s := &settledLeases
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -300,7 +303,7 @@ func markSettled(tag string, issued, now int64) bool {
 }
 
 // unmarkSettled forgets that the lease tag was settled.
-func unmarkSettled(tag string) {
+func unmarkSettled(tag uint64) {
 	settledLeases.mu.Lock()
 	delete(settledLeases.m, tag)
 	settledLeases.mu.Unlock()
@@ -321,7 +324,8 @@ func (p *Policy) Release(ctx context.Context, now time.Time, lease []byte) Decis
 // acquire's cost (the estimate) to actual, at least 1: the difference is
 // charged (algo.Charge: the key may go into debt, and its checks are then
 // refused until it has refilled) or refunded (algo.Refund). Each lease
-// is settled or released once.
+// is settled once (on a daemon: see settledLeases); a release after it
+// finds its slots gone.
 //
 // Its Decision is allowed, by the last rule it changed, with that limit's
 // numbers after the change; or an error: CodeMalformed for a lease that
@@ -348,8 +352,8 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 		err = fmt.Errorf("%w: not signed with this daemon's lease key (give the fleet one: store.lease_key_file)", ErrUnknownLease)
 	case err == nil && now.UnixMicro()-pl.issued > MaxLeaseAge.Microseconds():
 		err = fmt.Errorf("%w: acquired more than %s ago", ErrUnknownLease, MaxLeaseAge)
-	case err == nil && !markSettled(pl.tag, pl.issued, now.UnixMicro()):
-		err = fmt.Errorf("%w: released or settled already", ErrUnknownLease)
+	case err == nil && settle && !markSettled(pl.tag, pl.issued, now.UnixMicro()):
+		err = fmt.Errorf("%w: settled already", ErrUnknownLease)
 	}
 	if err != nil {
 		releasesUnknown.Inc()
@@ -414,7 +418,9 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 			}
 			if err != nil {
 				r.m.inc(decError)
-				unmarkSettled(pl.tag) // what was not done may be tried again
+				if settle {
+					unmarkSettled(pl.tag) // what was not done may be tried again
+				}
 				return Decision{Status: StatusError, Code: CodeInternal, Rule: r.name, Period: op.Params.Period,
 					Err: fmt.Errorf("policy: %s: rule %q: %w", what, r.name, err)}
 			}

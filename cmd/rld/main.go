@@ -431,7 +431,7 @@ func settle(args []string, stdout, stderr io.Writer) int {
 			"actual COST: the rate rules are charged the part above the estimate (a key may\n"+
 			"go into debt) or refunded the part below, and its concurrency slots go back.\n"+
 			"Exit status: 0 settled, 1 unknown lease (settled or released already, or\n"+
-			"older than an hour: nothing changed), 2 error.")
+			"older than 10 minutes: nothing changed), 2 error.")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}
