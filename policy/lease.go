@@ -39,6 +39,9 @@ const MaxLeaseAge = 10 * time.Minute
 // leaseVersion is the first byte of an encoded lease.
 const leaseVersion = 2
 
+// leaseEncoding reads leases: strict, so that one lease has one spelling.
+var leaseEncoding = base64.RawURLEncoding.Strict()
+
 // leaseTag is the length of a lease's signature: HMAC-SHA256, truncated.
 const leaseTag = 16
 
@@ -208,7 +211,7 @@ type parsedLease struct {
 // (another daemon's with another key, or forged) is not signed.
 func parseLease(lease, key []byte) (parsedLease, error) {
 	var pl parsedLease
-	raw, err := base64.RawURLEncoding.AppendDecode(nil, lease)
+	raw, err := leaseEncoding.AppendDecode(nil, lease)
 	if err != nil || len(raw) < 1+leaseTag || raw[0] != leaseVersion {
 		return pl, ErrBadLease
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -213,4 +214,40 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			b.Fatalf("%+v", r)
 		}
 	}
+}
+
+// FuzzParseLease: the lease decoder never panics on any input, and a
+// lease it accepts re-encodes to its own bytes' meaning: what AcquireTo
+// gives parses, signed; one byte changed is refused or unsigned.
+func FuzzParseLease(f *testing.F) {
+	p := newPolicy(f, settleRules, memstore.New(memstore.Options{}))
+	var sc Scratch
+	var d Decision
+	good := string(p.AcquireTo(context.Background(), t0, descs("api_key=k", "endpoint=/v1/chat", "slot=yes"), 3, &sc, &d))
+	f.Add(good)
+	f.Add(good[:len(good)-3])
+	f.Add("")
+	f.Add("AgEC")
+	f.Add("Ag" + strings.Repeat("_", 60))
+	key := p.leaseKey()
+	f.Fuzz(func(t *testing.T, lease string) {
+		pl, err := parseLease([]byte(lease), key)
+		if err != nil {
+			if !errors.Is(err, ErrBadLease) {
+				t.Fatalf("error %v is not ErrBadLease", err)
+			}
+			return
+		}
+		if len(pl.entries) == 0 || pl.cost < 1 {
+			t.Fatalf("accepted a lease of nothing: %+v", pl)
+		}
+		for _, e := range pl.entries {
+			if len(e.key) == 0 {
+				t.Fatalf("accepted an empty key")
+			}
+		}
+		if pl.signed && lease != good {
+			t.Fatalf("a lease other than the one signed is signed: %q", lease)
+		}
+	})
 }
