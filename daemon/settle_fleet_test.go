@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/rld/rld/client"
 	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/wire"
 )
 
 // The settle fleet's limits: a token bucket of settleCapacity units that
@@ -178,4 +180,57 @@ func start1(t *testing.T, config string) *daemontest.Server {
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
 	return s
+}
+
+// TestSettleEveryAlgorithm: on Redis, every rate algorithm is charged and
+// refunded a settle's difference exactly, and a settle into debt refuses
+// the key's checks. (Strict rules: a cached rule's daemon answers from its
+// lease, counted in Redis already, until it runs out; TestSettleFleet
+// measures the cached rules' charges in Redis.)
+func TestSettleEveryAlgorithm(t *testing.T) {
+	srv := redistest.Standalone(t)
+	var b strings.Builder
+	fmt.Fprintf(&b, "[store]\nredis = [%q]\ntimeout = %q\n", srv.Addr, fleetTimeout)
+	for _, k := range fleetKinds {
+		for _, mode := range []string{"strict"} {
+			fmt.Fprintf(&b, "\n[[rule]]\nname = \"%s-%s\"\nmatch = { alg = %q, mode = %q }\nby = [\"api_key\"]\nalgorithm = %q\nlimit = 100\nperiod = \"1h\"\nmode = %q\n",
+				k, mode, k, mode, k, mode)
+		}
+	}
+	s := start1(t, b.String())
+	c := client.New(s.Socket)
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	for _, k := range fleetKinds {
+		for _, mode := range []string{"strict"} {
+			t.Run(k.String()+"/"+mode, func(t *testing.T) {
+				descs := []client.Descriptor{{Name: "api_key", Value: "sk_every"}, {Name: "alg", Value: k.String()}, {Name: "mode", Value: mode}}
+				remaining := func() uint64 {
+					t.Helper()
+					r, err := c.Peek(ctx, descs, 1)
+					require.NoError(t, err)
+					return r.Remaining + 1 // the peek counts its unit
+				}
+				a, err := c.Acquire(ctx, descs, 10)
+				require.NoError(t, err)
+				require.True(t, a.Allowed(), "%+v", a)
+				_, err = c.Settle(ctx, a.Lease, 25)
+				require.NoError(t, err)
+				assert.Equal(t, uint64(75), remaining(), "charged 15 more")
+				a, err = c.Acquire(ctx, descs, 10)
+				require.NoError(t, err)
+				_, err = c.Settle(ctx, a.Lease, 4)
+				require.NoError(t, err)
+				assert.Equal(t, uint64(71), remaining(), "refunded 6")
+				a, err = c.Acquire(ctx, descs, 1)
+				require.NoError(t, err)
+				_, err = c.Settle(ctx, a.Lease, 100)
+				require.NoError(t, err)
+				r, err := c.Check(ctx, descs, 1)
+				require.NoError(t, err)
+				assert.Equal(t, wire.StatusLimited, r.Status, "in debt")
+				assert.Positive(t, r.RetryAfter)
+			})
+		}
+	}
 }
