@@ -201,7 +201,7 @@ func TestBadFramesKeepConnectionWhenFramingIntact(t *testing.T) {
 	}{
 		{"bad version", func() []byte { f := clone(good); f[4] = 9; return f }, wire.CodeBadVersion},
 		{"unknown op", func() []byte { f := clone(good); f[5] = 0x42; return f }, wire.CodeUnknownOp},
-		{"reserved op", func() []byte { f := clone(good); f[5] = byte(wire.OpSettle); return f }, wire.CodeNotSupported},
+		{"reserved op", func() []byte { f := clone(good); f[5] = byte(wire.OpReset); return f }, wire.CodeNotSupported},
 		{"request flags", func() []byte { f := clone(good); f[7] = 1; return f }, wire.CodeBadFlags},
 		{"truncated descriptor", func() []byte {
 			f := clone(good[:len(good)-3])
