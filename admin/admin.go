@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -292,6 +293,15 @@ var ops = []Op{
 // Ops returns the table of admin operations.
 func Ops() []Op { return append([]Op(nil), ops...) }
 
+// opNames lists the ops' names, for an error naming them.
+func opNames() string {
+	names := make([]string, len(ops))
+	for i, o := range ops {
+		names[i] = o.Name
+	}
+	return strings.Join(names, ", ")
+}
+
 // Lookup returns the op called name.
 func Lookup(name string) (Op, bool) {
 	for _, o := range ops {
@@ -368,7 +378,7 @@ func (s *Server) Serve(ctx context.Context, who Caller, body []byte) Response {
 func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 	op, ok := Lookup(req.Op)
 	if !ok {
-		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (try explain, top, config, reset or grant)", req.Op))
+		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (the ops: %s)", req.Op, opNames()))
 	}
 	v, err := op.call(withCaller(ctx, who), s.Service, req.Args)
 	var res Response
