@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 func adminCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	socket := fs.String("socket", defaultSocket(), socketUsage)
 	httpURL := fs.String("http", "", "use the admin HTTP API at this `URL` (http://127.0.0.1:9465) instead of the socket")
 	tokenFile := fs.String("token-file", "", "`file` holding the admin HTTP API's bearer token (with -http)")
 	asJSON := fs.Bool("json", false, "print the answer's JSON")
@@ -34,7 +35,8 @@ func adminCmd(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	opName, opArgs := fs.Arg(0), fs.Args()[1:]
-	if opName == "help" {
+	if opName == "help" || slices.ContainsFunc(opArgs, isHelp) {
+		// rld admin help, rld admin OP -h: the ops and their flags.
 		adminUsage(stdout, fs)
 		return 0
 	}
@@ -88,7 +90,10 @@ func adminCmd(args []string, stdout, stderr io.Writer) int {
 }
 
 func adminUsage(w io.Writer, fs *flag.FlagSet) {
-	fmt.Fprintln(w, "usage: rld admin [-socket PATH | -http URL -token-file FILE] [-json] OP [ARGS...]")
+	fmt.Fprintln(w, "usage: rld admin [-socket PATH | -http URL -token-file FILE] [-json] [-timeout D] OP [ARGS...]")
+	fmt.Fprintln(w, "\nRun an admin op on the daemon: over its socket (the caller's uid must be in")
+	fmt.Fprintln(w, "admin.socket_uids, default root), or over the admin HTTP API with -http and")
+	fmt.Fprintln(w, "-token-file. The flags above come before OP; each op's own flags after it.")
 	fmt.Fprintln(w, "\nops:")
 	fmt.Fprintln(w, "  explain [-cost N] name=value...   the rules that match, their keys, limits and remaining (consumes nothing)")
 	fmt.Fprintln(w, "  top [-rule NAME] [-n N]            the most denied keys of each rule")
@@ -100,11 +105,14 @@ func adminUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "  override set -rule R (-key n=v... | -match n=glob...) (-limit N [-period P] [-burst B] | -multiplier F)")
 	fmt.Fprintln(w, "               (-ttl D | -expires T) [-reason TEXT] [-author WHO]   a limit for a key or glob, until an expiry")
 	fmt.Fprintln(w, "  override delete ID                 remove an override")
-	fmt.Fprintln(w, "  override list, list [-limit N]     the overrides and blocks in force (all pages, N entries per request)")
-	fmt.Fprintln(w, "  block (-match n=glob... | -rule R -key n=v...) (-ttl D | -expires T) [-reason TEXT]   refuse (blocked) until an expiry")
+	fmt.Fprintln(w, "  list [-limit N], override list     the overrides and blocks in force (all pages, N entries per request)")
+	fmt.Fprintln(w, "  block (-match n=glob... | -rule R -key n=v...) (-ttl D | -expires T) [-reason TEXT] [-author WHO]")
+	fmt.Fprintln(w, "                                     refuse (blocked) until an expiry")
 	fmt.Fprintln(w, "  unblock ID                         remove a block")
 	fmt.Fprintln(w, "\n-rule, -key n=v (repeat, or n=v,n2=v2) and -match n=glob mean the same in every op.")
-	fmt.Fprintln(w, "\nexit status: 0 ok, 1 refused or not found, 2 error\n\nflags:")
+	fmt.Fprintln(w, "\nexit status: 0 ok, 1 refused or not found (forbidden, unauthorized, not_found,")
+	fmt.Fprintln(w, "unknown_op), 2 any other error (a bad flag or argument, bad_request, no daemon)")
+	fmt.Fprintln(w, "\nflags:")
 	fs.SetOutput(w)
 	fs.PrintDefaults()
 }

@@ -178,8 +178,11 @@ func printChanges(w io.Writer, op string, result json.RawMessage) (ok bool, err 
 					limit += fmt.Sprintf(" burst %d", o.Burst)
 				}
 			}
-			fmt.Fprintf(w, "override %s rule %s %s %s until %s by %s: %s", o.ID, o.Rule, target, limit,
-				o.Expires.Format(time.RFC3339), o.Author, o.Reason)
+			fmt.Fprintf(w, "override %s rule %s %s %s until %s by %s", o.ID, o.Rule, target, limit,
+				o.Expires.Format(time.RFC3339), o.Author)
+			if o.Reason != "" {
+				fmt.Fprintf(w, ": %s", o.Reason)
+			}
 			if o.Orphaned {
 				fmt.Fprint(w, " (orphaned: no such rule in force)")
 			}
@@ -190,7 +193,10 @@ func printChanges(w io.Writer, op string, result json.RawMessage) (ok bool, err 
 			if b.Rule != "" {
 				target = "rule " + b.Rule + " key " + admin.Pairs(b.Key).String()
 			}
-			fmt.Fprintf(w, "block %s %s until %s by %s: %s", b.ID, target, b.Expires.Format(time.RFC3339), b.Author, b.Reason)
+			fmt.Fprintf(w, "block %s %s until %s by %s", b.ID, target, b.Expires.Format(time.RFC3339), b.Author)
+			if b.Reason != "" {
+				fmt.Fprintf(w, ": %s", b.Reason)
+			}
 			if b.Orphaned {
 				fmt.Fprint(w, " (orphaned: no such rule in force)")
 			}

@@ -78,8 +78,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "version":
 		return versionCmd(args, stdout, stderr)
 	case "help", "-h", "-help", "--help":
-		if len(args) > 0 && args[0] != "help" {
-			// rld help COMMAND is rld COMMAND -h.
+		if len(args) > 0 && !isHelp(args[0]) {
+			// rld help COMMAND is rld COMMAND -h; rld help -h, rld -h
+			// help and the like are rld help.
 			return run(append(args[:1:1], "-h"), stdout, stderr)
 		}
 		usage(stdout)
@@ -95,23 +96,26 @@ func usage(w io.Writer) {
 	fmt.Fprint(w, `rld: the rate-limit daemon and its command-line tool
 
 usage:
-  rld [serve] [-config FILE] [-socket PATH] [-http ADDR]   run the daemon
-  rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...
+  rld [serve] [-config FILE] [-socket PATH] [-http ADDR] [-admin-http ADDR]
+                                     run the daemon (the default command)
+  rld check [-socket PATH] [-cost N] [-peek] [-json] [-timeout D] name=value...
                                      ask the daemon; exit 0 allowed, 1 limited or blocked, 2 error
-  rld acquire [-socket PATH] [-cost N] [-json] name=value...
+  rld acquire [-socket PATH] [-cost N] [-json] [-timeout D] name=value...
                                      as check, holding concurrency slots; prints the lease
-  rld release [-socket PATH] [-json] LEASE
-                                     give an acquire's slots back; exit 0 released, 1 unknown lease
-  rld settle [-socket PATH] [-json] LEASE COST
-                                     correct an acquire's cost to COST and release it; exit as release
-  rld config check FILE              validate a configuration file
-  rld admin [-socket PATH | -http URL -token-file FILE] [-json] OP [ARGS...]
-                                     run an admin op (explain, top, config); exit 0 ok,
-                                     1 refused or not found, 2 error ('rld admin help')
-  rld version                        print the version, commit and Go version
+  rld release [-socket PATH] [-json] [-timeout D] LEASE
+                                     give an acquire's slots back; exit 0 released, 1 unknown lease, 2 error
+  rld settle [-socket PATH] [-json] [-timeout D] LEASE COST
+                                     charge or refund an acquire to its actual COST, release it; exit as release
+  rld config check FILE              validate a configuration file; exit 0 valid, 2 invalid
+  rld admin [-socket PATH | -http URL -token-file FILE] [-json] [-timeout D] OP [ARGS...]
+                                     run an admin op: explain, top, config, reset, grant, override,
+                                     block, unblock, list; exit 0 ok, 1 refused or not found, 2 error
+  rld version [-json]                print the version, commit and Go version
   rld help [COMMAND]                 this text, or a command's (same as rld COMMAND -h)
 
-The daemon reloads its configuration on SIGHUP and drains on SIGTERM.
+An unknown command or flag prints the usage on stderr and exits 2. The
+socket is $RLD_SOCKET when set, else /run/rld/rld.sock. The daemon reloads
+its configuration on SIGHUP and drains on SIGTERM.
 Documentation: /usr/share/doc/rld (installed) or docs/ in the source; man rld.
 `)
 }
@@ -197,7 +201,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			"serves the socket it is handed (rld.socket) instead of -socket. SIGHUP\n"+
 			"reloads the rules (an invalid file is rejected, the rules in force stay);\n"+
 			"SIGTERM stops accepting, answers what was read, and exits 0. With\n"+
-			"Type=notify it sends READY=1, and WATCHDOG=1 when WatchdogSec= is set.")
+			"Type=notify it sends READY=1, and WATCHDOG=1 when WatchdogSec= is set.\n"+
+			"Exit status: 0 after SIGTERM or SIGINT, 1 when serving fails, 2 when it\n"+
+			"cannot start (an invalid configuration, a socket in use).")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}
@@ -236,6 +242,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// socketUsage describes the -socket flag of the commands that talk to the
+// daemon.
+const socketUsage = "daemon's Unix socket `path` ($RLD_SOCKET when set)"
+
 func defaultSocket() string {
 	if s := os.Getenv("RLD_SOCKET"); s != "" {
 		return s
@@ -252,7 +262,7 @@ func check(args []string, stdout, stderr io.Writer) int {
 func decideCmd(cmd string, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	socket := fs.String("socket", defaultSocket(), socketUsage)
 	cost := fs.Uint("cost", 1, "units to take")
 	peek := new(bool)
 	if cmd == "check" {
@@ -261,18 +271,19 @@ func decideCmd(cmd string, args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
 	if cmd == "check" {
-		fs.Usage = flagUsage(fs, "rld check [-socket PATH] [-cost N] [-peek] [-json] name=value...",
+		fs.Usage = flagUsage(fs, "rld check [-socket PATH] [-cost N] [-peek] [-json] [-timeout D] name=value...",
 			"Ask the daemon whether a request with these descriptors may go through,\n"+
 				"e.g. rld check api_key=sk_123 endpoint=/v1/search. Prints the decision, the\n"+
 				"rule that decided, and the HTTP headers a client would send. Exit status:\n"+
 				"0 allowed, 1 limited or blocked, 2 error. The caller needs write access to\n"+
 				"the socket: be root or a member of the rld group.")
 	} else {
-		fs.Usage = flagUsage(fs, "rld acquire [-socket PATH] [-cost N] [-json] name=value...",
-			"Ask as rld check does; the concurrency rules that apply hold -cost slots\n"+
-				"each until 'rld release LEASE', or until their timeout. Prints the answer and\n"+
-				"the line lease=LEASE when slots are held. Exit status: 0 allowed, 1 limited\n"+
-				"or blocked, 2 error.")
+		fs.Usage = flagUsage(fs, "rld acquire [-socket PATH] [-cost N] [-json] [-timeout D] name=value...",
+			"Ask as rld check does (the rate rules take -cost units); each concurrency\n"+
+				"rule that applies also holds one slot, whatever the cost, until\n"+
+				"'rld release LEASE' or 'rld settle LEASE COST', or until its timeout. Prints\n"+
+				"the answer and the line lease=LEASE. Exit status: 0 allowed, 1 limited or\n"+
+				"blocked, 2 error.")
 	}
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
@@ -396,10 +407,10 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 func release(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("release", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	socket := fs.String("socket", defaultSocket(), socketUsage)
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
-	fs.Usage = flagUsage(fs, "rld release [-socket PATH] [-json] LEASE",
+	fs.Usage = flagUsage(fs, "rld release [-socket PATH] [-json] [-timeout D] LEASE",
 		"Give back the concurrency slots of LEASE, which rld acquire printed. Any\n"+
 			"daemon sharing the store releases it. Exit status: 0 released, 1 unknown\n"+
 			"lease (released already, or its timeout passed: nothing changed), 2 error.")
@@ -423,15 +434,16 @@ func release(args []string, stdout, stderr io.Writer) int {
 func settle(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("settle", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", defaultSocket(), "daemon's Unix socket `path` (default from $RLD_SOCKET)")
+	socket := fs.String("socket", defaultSocket(), socketUsage)
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
-	fs.Usage = flagUsage(fs, "rld settle [-socket PATH] [-json] LEASE COST",
+	fs.Usage = flagUsage(fs, "rld settle [-socket PATH] [-json] [-timeout D] LEASE COST",
 		"End the request that LEASE (printed by rld acquire -cost ESTIMATE) names, at its\n"+
 			"actual COST: the rate rules are charged the part above the estimate (a key may\n"+
 			"go into debt) or refunded the part below, and its concurrency slots go back.\n"+
-			"Exit status: 0 settled, 1 unknown lease (settled or released already, or\n"+
-			"older than 10 minutes: nothing changed), 2 error.")
+			"COST is 0 to 4294967295; 0 means 1, as on the wire. Exit status: 0 settled,\n"+
+			"1 unknown lease (settled or released already, or older than 10 minutes:\n"+
+			"nothing changed), 2 error.")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}
