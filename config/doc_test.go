@@ -1,0 +1,146 @@
+package config
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// docTables reads the key tables of docs/configuration.md: section ("",
+// "server", "store", "admin", "log", "rule") → key → the row's default
+// and meaning cells.
+func docTables(t *testing.T) map[string]map[string][2]string {
+	t.Helper()
+	b, err := os.ReadFile("../docs/configuration.md")
+	require.NoError(t, err)
+	heading := regexp.MustCompile(`^## (?:Top level|\[\[?([a-z]+)\]\]?)`)
+	row := regexp.MustCompile("^\\| `([a-z_]+)` \\| (.*?) \\| (.*) \\|$")
+	tables := map[string]map[string][2]string{}
+	section := "-" // not a key table
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "## ") {
+			section = "-"
+			if m := heading.FindStringSubmatch(line); m != nil {
+				section = m[1]
+			}
+			continue
+		}
+		if m := row.FindStringSubmatch(line); m != nil && section != "-" {
+			if tables[section] == nil {
+				tables[section] = map[string][2]string{}
+			}
+			_, dup := tables[section][m[1]]
+			assert.False(t, dup, "configuration.md documents %s.%s twice", section, m[1])
+			tables[section][m[1]] = [2]string{m[2], m[3]}
+		}
+	}
+	return tables
+}
+
+// tomlKeys returns the toml keys of struct type typ, each with its field.
+func tomlKeys(typ reflect.Type) map[string]reflect.StructField {
+	keys := map[string]reflect.StructField{}
+	for i := 0; i < typ.NumField(); i++ {
+		f := typ.Field(i)
+		if tag, ok := f.Tag.Lookup("toml"); ok && tag != "-" {
+			keys[strings.Split(tag, ",")[0]] = f
+		}
+	}
+	return keys
+}
+
+// docDefault renders v as the default column of configuration.md writes
+// it: `"text"`, `"30s"`, `100`, `0.01`, `[0]`, `[]`.
+func docDefault(v reflect.Value) string {
+	switch x := v.Interface().(type) {
+	case Duration:
+		return strconv.Quote(x.String())
+	case RedisMode:
+		return strconv.Quote(string(x))
+	case string:
+		return strconv.Quote(x)
+	case float64:
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	}
+	switch v.Kind() {
+	case reflect.Int, reflect.Int64:
+		return strconv.FormatInt(v.Int(), 10)
+	case reflect.Slice:
+		parts := make([]string, v.Len())
+		for i := range parts {
+			parts[i] = docDefault(v.Index(i))
+		}
+		return "[" + strings.Join(parts, ", ") + "]"
+	}
+	return fmt.Sprintf("%v", v.Interface())
+}
+
+// TestConfigurationDocumented: every key the config accepts — the toml
+// tags of Config and of its tables, which are all it accepts — has its
+// row in docs/configuration.md, under its table's section, with the
+// default that Default() gives it; every row names a key that exists;
+// and the inline tables of a rule (penalty, block_after) name each of
+// their keys and bounds in their row.
+func TestConfigurationDocumented(t *testing.T) {
+	docs := docTables(t)
+	def := reflect.ValueOf(Default()).Elem()
+	seen := map[string]bool{}
+	check := func(section string, typ reflect.Type, defaults reflect.Value) {
+		seen[section] = true
+		rows := docs[section]
+		for key, f := range tomlKeys(typ) {
+			ft := f.Type
+			if section == "" && (ft.Kind() == reflect.Struct || ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct) {
+				continue // a table: its own section
+			}
+			cells, ok := rows[key]
+			if !assert.True(t, ok, "docs/configuration.md documents %s (section %q, a row | `%s` | default | meaning |)", joinKey(section, key), section, key) {
+				continue
+			}
+			assert.NotEmpty(t, strings.TrimSpace(cells[0]), "%s: a default", joinKey(section, key))
+			if defaults.IsValid() {
+				want := "`" + docDefault(defaults.FieldByIndex(f.Index)) + "`"
+				assert.True(t, strings.HasPrefix(cells[0], want),
+					"%s: configuration.md gives the default %s, Default() has %s", joinKey(section, key), cells[0], want)
+			}
+			if ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct {
+				for sub := range tomlKeys(ft.Elem()) {
+					assert.Contains(t, cells[1], sub+" =", "%s: the row names its key %s", joinKey(section, key), sub)
+					assert.Contains(t, cells[1], "`"+sub+"`", "%s: the row gives the bounds of %s", joinKey(section, key), sub)
+				}
+			}
+		}
+		for key := range rows {
+			_, ok := tomlKeys(typ)[key]
+			assert.True(t, ok, "docs/configuration.md documents %s, which the config does not accept", joinKey(section, key))
+		}
+	}
+	check("", reflect.TypeOf(Config{}), def)
+	for key, f := range tomlKeys(reflect.TypeOf(Config{})) {
+		switch {
+		case f.Type.Kind() == reflect.Struct:
+			check(key, f.Type, def.FieldByIndex(f.Index))
+		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Struct:
+			check(key, f.Type.Elem(), reflect.Value{}) // [[rule]]: defaults depend on the rule
+		}
+	}
+	for section := range docs {
+		assert.True(t, seen[section], "docs/configuration.md has a key table for [%s], which the config does not have", section)
+	}
+	require.Contains(t, docs, "rule")
+	require.Contains(t, docs, "store")
+}
+
+func joinKey(section, key string) string {
+	if section == "" {
+		return key
+	}
+	return section + "." + key
+}
