@@ -144,3 +144,37 @@ func joinKey(section, key string) string {
 	}
 	return section + "." + key
 }
+
+// TestShippedConfigKeys: every key the shipped rld.toml sets or shows in
+// a comment (`# key = value`, under `[table]` or `# [table]`) is one the
+// config accepts in that table, so that uncommenting a line never gives
+// an unknown key.
+func TestShippedConfigKeys(t *testing.T) {
+	b, err := os.ReadFile("../rld.toml")
+	require.NoError(t, err)
+	tables := map[string]map[string]reflect.StructField{"": tomlKeys(reflect.TypeOf(Config{}))}
+	for key, f := range tomlKeys(reflect.TypeOf(Config{})) {
+		switch {
+		case f.Type.Kind() == reflect.Struct:
+			tables[key] = tomlKeys(f.Type)
+		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.Struct:
+			tables[key] = tomlKeys(f.Type.Elem())
+		}
+	}
+	header := regexp.MustCompile(`^(?:# ?)?\[\[?([a-z]+)\]\]?\s*(?:#.*)?$`)
+	setting := regexp.MustCompile(`^(?:# ?)?([a-z_]+) = \S`)
+	table, n := "", 0
+	for i, line := range strings.Split(string(b), "\n") {
+		if m := header.FindStringSubmatch(line); m != nil {
+			table = m[1]
+			require.Contains(t, tables, table, "rld.toml:%d: no table [%s]", i+1, table)
+			continue
+		}
+		if m := setting.FindStringSubmatch(line); m != nil {
+			_, ok := tables[table][m[1]]
+			assert.True(t, ok, "rld.toml:%d: %q: the config has no key %s", i+1, line, joinKey(table, m[1]))
+			n++
+		}
+	}
+	assert.Greater(t, n, 40, "rld.toml's settings were read")
+}
