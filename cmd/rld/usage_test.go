@@ -176,3 +176,31 @@ func TestManPage(t *testing.T) {
 		assert.Contains(t, section("FILES"), f)
 	}
 }
+
+// TestOperationsCommands: the Commands table of docs/operations.md has a
+// row for every command `rld help` lists, naming each of its flags.
+func TestOperationsCommands(t *testing.T) {
+	b, err := os.ReadFile("../../docs/operations.md")
+	require.NoError(t, err)
+	doc := string(b)
+	start := strings.Index(doc, "\n## Commands\n")
+	require.GreaterOrEqual(t, start, 0, "docs/operations.md has a Commands section")
+	doc = doc[start+1:]
+	doc = doc[:strings.Index(doc[1:], "\n## ")+1]
+	rows := map[string]string{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `rld (\\[serve\\]|config check|[a-z]+)[ `](.*)$").FindAllStringSubmatch(doc, -1) {
+		rows[strings.Trim(m[1], "[]")] = m[0]
+	}
+	for name := range commands(t) {
+		row, ok := rows[name]
+		if !assert.True(t, ok, "docs/operations.md#commands has a row for rld %s", name) {
+			continue
+		}
+		for _, f := range flagsOf(t, name) {
+			if f == "-socket" && name != "serve" && name != "admin" {
+				continue // said once, above the table
+			}
+			assert.Contains(t, row, f, "docs/operations.md#commands: rld %s names %s", name, f)
+		}
+	}
+}
