@@ -159,7 +159,12 @@ func installable(t *testing.T) {
 	if fi, err := os.Stat("/run/rld"); err == nil {
 		entries, _ := os.ReadDir("/run/rld")
 		if !fi.IsDir() || len(entries) > 0 {
-			t.Fatalf("/run/rld holds %d files: an rld runs on this machine; the tests would remove its socket", len(entries))
+			names := make([]string, len(entries))
+			for i, e := range entries {
+				names[i] = e.Name()
+			}
+			t.Fatalf("/run/rld holds %v: an rld runs, or ran, on this machine (`make run` as root "+
+				"keeps its overrides and blocks in rld.sock.changes.json there); the tests would remove them", names)
 		}
 		st := fi.Sys().(*syscall.Stat_t)
 		t.Cleanup(func() {
