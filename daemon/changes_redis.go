@@ -34,12 +34,13 @@ var (
 	changesLoadErrors     = metrics.NewCounter(`rld_changes_load_errors_total`)
 )
 
-// putTries is how many times a change is sent to Redis when its calls
-// time out or do not reach Redis, waiting putRetry, then twice that,
-// between tries.
+// A change whose call times out or does not reach Redis is sent again
+// until its context ends (an admin op has 5 s), waiting putRetry, then
+// twice as long each time up to putRetryMax: a Cluster failover takes a
+// few seconds to reach every client's topology.
 const (
-	putTries = 3
-	putRetry = 200 * time.Millisecond
+	putRetry    = 200 * time.Millisecond
+	putRetryMax = time.Second
 )
 
 // loadRetry is how soon a load of the changes that failed is tried
@@ -113,12 +114,14 @@ func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires
 	// than refuse the operator's change. A refusal by Redis is final.
 	var exp time.Time
 	var st redisx.Stamp
-	for try := 0; try < putTries; try++ {
+	wait := putRetry
+	for try := 0; ; try++ {
 		if try > 0 {
 			select {
 			case <-ctx.Done():
-			case <-time.After(time.Duration(try) * putRetry):
+			case <-time.After(wait):
 			}
+			wait = min(2*wait, putRetryMax)
 		}
 		if exp, st, err = s.rc.Put(ctx, id, string(v), at, ttl); err == nil || redisx.IsReply(err) || ctx.Err() != nil {
 			break
