@@ -1,6 +1,14 @@
 package algo
 
-import "strconv"
+import (
+	"errors"
+	"strconv"
+)
+
+// ErrApplied is the Err of an op whose Once id was applied to its key
+// already: a store that keeps a record of ids (the Redis store) ran
+// nothing.
+var ErrApplied = errors.New("applied already")
 
 // OpKind is what one Op does to a key's state. It is the one vocabulary
 // of store operations: memstore runs ops with Apply, the Redis scripts
@@ -86,6 +94,17 @@ type Op struct {
 	// the store's clock (the Result.At of the take or lease); for
 	// OpRelease, the admission's time, its lease id.
 	TakenAt int64
+	// Once, when not 0, names the op so that it is applied to its key
+	// at most once: a store that keeps a record of ids (the Redis store,
+	// fleet-wide, for OnceFor µs) runs a second op of the same Key and
+	// Once as nothing and sets its Err to ErrApplied. A lease's settle
+	// sends its ops so, so that settling one lease through two daemons
+	// charges it once. Apply does not read it, nor does memstore: an
+	// embedded daemon keeps its own record (policy).
+	Once uint64
+	// OnceFor is how long, in µs (at least 1 ms), the record of Once is
+	// kept.
+	OnceFor int64
 
 	// Admitted is, for OpTakeLease, how many of Costs were admitted;
 	// for OpRelease, 1 when an admission was released, else 0.

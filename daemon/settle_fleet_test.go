@@ -234,3 +234,133 @@ func TestSettleEveryAlgorithm(t *testing.T) {
 		}
 	}
 }
+
+// onceConfig: a request with the descriptors of onceDescs counts under
+// two strict rate rules (a token bucket and a fixed window), one in mode
+// (cached in the fleet), and a concurrency limit of one slot; each rule
+// matches a descriptor of its own, so that a peek can ask one of them.
+func onceConfig(store, keyFile, mode string) string {
+	return fmt.Sprintf(`[store]
+%s
+timeout = %q
+lease_key_file = %q
+
+[[rule]]
+name = "once-bucket"
+match = { bucket = "1" }
+by = ["api_key"]
+limit = 1000
+period = "100h"
+mode = "strict"
+
+[[rule]]
+name = "once-window"
+match = { window = "1" }
+by = ["api_key"]
+algorithm = "fixed_window"
+limit = 1000
+period = "100h"
+mode = "strict"
+
+[[rule]]
+name = "once-cached"
+match = { cached = "1" }
+by = ["api_key"]
+limit = 1000
+period = "100h"
+mode = %q
+
+[[rule]]
+name = "once-slots"
+match = { slots = "1" }
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 1
+timeout = "1m"
+`, store, fleetTimeout, keyFile, mode)
+}
+
+// onceDescs are the descriptors of a request of key that counts under the
+// rules of onceConfig named by only, or all of them.
+func onceDescs(key string, only ...string) []client.Descriptor {
+	if len(only) == 0 {
+		only = []string{"bucket", "window", "cached", "slots"}
+	}
+	d := []client.Descriptor{{Name: "api_key", Value: key}}
+	for _, o := range only {
+		d = append(d, client.Descriptor{Name: o, Value: "1"})
+	}
+	return d
+}
+
+// TestSettleOnceFleet: three daemons on one Redis share one record of
+// the leases settled: a lease settled through one daemon is charged once;
+// settled again through each of them (at another actual cost, also after
+// a settle at the estimate) it is refused as settled already and changes
+// nothing: no unit charged or refunded, no slot freed.
+func TestSettleOnceFleet(t *testing.T) {
+	srv := redistest.Standalone(t)
+	keyFile := filepath.Join(t.TempDir(), "lease.key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("a lease key shared by the fleet\n"), 0o600))
+	store := fmt.Sprintf("redis = [%q]", srv.Addr)
+	cfg := onceConfig(store, keyFile, "cached")
+	fleet := make([]*daemontest.Process, 3)
+	clients := make([]*client.Client, len(fleet))
+	for i := range fleet {
+		p, err := daemontest.StartProcess(cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		fleet[i], clients[i] = p, client.New(p.Socket)
+		t.Cleanup(func() { clients[i].Close() })
+	}
+	ctx := context.Background()
+	cases := []struct {
+		key           string
+		first, second uint32 // the actual costs; the estimate is 3
+	}{
+		{"sk_once_charge", 10, 20},
+		{"sk_once_refund", 1, 20},
+		{"sk_once_estimate", 3, 20},
+		{"sk_once_estimate_refund", 3, 1},
+	}
+	for n, tc := range cases {
+		a, err := clients[n%3].Acquire(ctx, onceDescs(tc.key), 3)
+		require.NoError(t, err)
+		require.True(t, a.Allowed(), "%+v", a)
+		_, err = clients[n%3].Settle(ctx, a.Lease, tc.first)
+		require.NoError(t, err, tc.key)
+		// The slot is free again: another request holds it.
+		b, err := clients[(n+1)%3].Acquire(ctx, onceDescs(tc.key, "slots"), 1)
+		require.NoError(t, err)
+		require.True(t, b.Allowed(), "%s: %+v", tc.key, b)
+		for i := range clients {
+			_, err := clients[i].Settle(ctx, a.Lease, tc.second)
+			var re *client.ResponseError
+			require.ErrorAs(t, err, &re, "%s: daemon %d", tc.key, i)
+			assert.Equal(t, wire.CodeNotFound, re.Code, "%s: daemon %d", tc.key, i)
+			assert.Contains(t, re.Message, "settled already", "%s: daemon %d", tc.key, i)
+		}
+		r, err := clients[(n+2)%3].Acquire(ctx, onceDescs(tc.key, "slots"), 1)
+		require.NoError(t, err)
+		assert.Equal(t, wire.StatusLimited, r.Status, "%s: the slot is still held", tc.key)
+		_, err = clients[0].Release(ctx, b.Lease)
+		require.NoError(t, err, tc.key)
+	}
+
+	// The cached daemons return their leases when they stop; a strict
+	// daemon then reads what each counter was charged.
+	for _, p := range fleet {
+		require.NoError(t, p.Term(10*time.Second))
+	}
+	checker := start1(t, onceConfig(store, keyFile, "strict"))
+	c := client.New(checker.Socket)
+	defer c.Close()
+	for _, tc := range cases {
+		for _, rule := range []string{"bucket", "window", "cached"} {
+			r, err := c.Peek(ctx, onceDescs(tc.key, rule), 1)
+			require.NoError(t, err)
+			charged := 1000 - int64(r.Remaining) - 1 // the peek counts its unit
+			assert.Equal(t, int64(tc.first), charged, "%s: %s: charged the first settle's cost, once", tc.key, rule)
+		}
+	}
+}

@@ -72,6 +72,11 @@
 //	         the op; retry_after_us 0.
 //	now_us   the time the script used.
 //
+// OnceSource returns each script behind once.lua, a guard for the ops of
+// a lease's settle: KEYS[2] (in KEYS[1]'s hash slot) records the op, one
+// more last ARGV is its life in ms, and a recorded op replies the error
+// "RLDAPPLIED …" and changes nothing.
+//
 // Every write sets the key's TTL to 2 × max(P, time until the state is
 // idle), rounded up to whole milliseconds, so that a key expires only once
 // it is equivalent to a missing one; a peek, a denial, or a lease or

@@ -30,6 +30,31 @@ func mustRead(name string) string {
 	return string(b)
 }
 
+// onceSources maps an algorithm's name to its once script: once.lua,
+// then the algorithm's script.
+var onceSources = func() map[string]string {
+	once := mustRead("once.lua")
+	m := make(map[string]string, len(names))
+	for name, src := range sources {
+		m[name] = once + "\n" + src
+	}
+	return m
+}()
+
+// OnceSource returns the algorithm's script behind a guard that applies
+// each op at most once (algo.Op.Once), and whether there is one. Its
+// calling convention is Source's with two more: KEYS[2], a key in
+// KEYS[1]'s hash slot, records the op, and one more ARGV after the op's
+// own says how long to keep the record, in ms (>= 1). When KEYS[2]
+// exists the script replies the error "RLDAPPLIED …" and changes
+// nothing; else it sets KEYS[2] and runs the op as Source's script does.
+// (The op's own arguments are read by position, so the one more does
+// not disturb them; takelease, which reads all of ARGV, is not sent so.)
+func OnceSource(algorithm string) (string, bool) {
+	src, ok := onceSources[algorithm]
+	return src, ok
+}
+
 // Source returns the script of the algorithm with the given configuration
 // name ("token_bucket", "gcra", "sliding_log", "sliding_counter",
 // "fixed_window", "concurrency"), and whether there is one. The package doc describes its

@@ -32,7 +32,8 @@ var (
 
 // MaxLeaseAge is how long after its acquire a lease may be settled: a
 // later Settle is refused (ErrUnknownLease) and changes nothing. A daemon
-// remembers each lease it settled this long (8 bytes and a map entry), to
+// remembers each lease it settled this long (8 bytes and a map entry),
+// and Redis as long (a small key per counter a settle corrected), to
 // refuse a second settle of it.
 const MaxLeaseAge = 10 * time.Minute
 
@@ -71,10 +72,13 @@ const (
 // forged lease could otherwise refund any key. A release needs none: it
 // only frees slots, which a caller on the socket could hold or not at
 // will; so the daemons of a fleet release each other's leases with no
-// shared key, and settle them only with one. A lease settled twice on
-// one daemon is refused (see settledLeases); the daemons do not share
-// what they settled, so a client that settles one lease through two of
-// them settles it twice.
+// shared key, and settle them only with one. A lease is settled once:
+// each correction a settle sends carries the lease's identity (the start
+// of its signature) as its algo.Op.Once, which the Redis store records
+// beside the counter, atomically with the correction, so that settling
+// one lease through two daemons of a fleet charges it once and refuses
+// the second ("settled already"); a daemon also keeps its own record
+// (settledLeases), the only one of the embedded store.
 
 // processLeaseKey signs the leases when Stores.LeaseKey is nil.
 var processLeaseKey = func() []byte {
@@ -327,8 +331,8 @@ func (p *Policy) Release(ctx context.Context, now time.Time, lease []byte) Decis
 // acquire's cost (the estimate) to actual, at least 1: the difference is
 // charged (algo.Charge: the key may go into debt, and its checks are then
 // refused until it has refilled) or refunded (algo.Refund). Each lease
-// is settled once (on a daemon: see settledLeases); a release after it
-// finds its slots gone.
+// is settled once, across a fleet on Redis (see the lease's doc); a
+// release after it finds its slots gone.
 //
 // Its Decision is allowed, by the last rule it changed, with that limit's
 // numbers after the change; or an error: CodeMalformed for a lease that
@@ -379,7 +383,12 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 		ctx = context.WithoutCancel(ctx) // a lost release holds slots until their timeout
 	}
 	var d Decision
-	changed := 0
+	changed, applied := 0, 0
+	// A settle's ops carry the lease's identity: a store that keeps a
+	// record of it (Redis, fleet-wide) applies each entry's correction
+	// once, through whichever daemon settles first; settledLeases is this
+	// daemon's record, and the embedded store's only one.
+	onceFor := max(pl.issued+MaxLeaseAge.Microseconds()-now.UnixMicro(), time.Millisecond.Microseconds())
 	for _, e := range pl.entries {
 		r := p.ruleOfKey(e.key)
 		if r == nil {
@@ -393,16 +402,24 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 			op.Kind, op.Params, op.N = algo.OpCharge, e.params, actual-pl.cost
 		case e.flags&entryTake != 0 && actual < pl.cost:
 			op.Kind, op.Params, op.N = algo.OpRefund, e.params, pl.cost-actual
-		case e.flags&entryTake != 0:
-			if settle {
-				changed++ // nothing to correct
-			}
+		case e.flags&entryTake != 0 && !settle:
 			continue
+		case e.flags&entryTake != 0:
+			// Nothing to correct; a peek (where the store is
+			// shared) records that the lease was settled.
+			if e.flags&entryLocal != 0 {
+				changed++
+				continue
+			}
+			op.Kind, op.Params, op.N = algo.OpPeek, e.params, 1
 		default:
 			continue // no longer a concurrency rule
 		}
 		if op.Params.Validate() != nil {
 			continue
+		}
+		if settle && op.Kind != algo.OpRelease {
+			op.Once, op.OnceFor = pl.tag, onceFor
 		}
 		if e.flags&entryLocal != 0 {
 			if p.fallback == nil || !p.fallback.do(&op, now) {
@@ -418,6 +435,10 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 			err := o.Do(ctx, ops[:], now)
 			if err == nil {
 				err = ops[0].Err
+			}
+			if errors.Is(err, algo.ErrApplied) {
+				applied++ // settled through another daemon
+				continue
 			}
 			if err != nil {
 				r.m.inc(decError)
@@ -442,6 +463,10 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 			settleRefunded.Add(int(op.N))
 		}
 		d.set(StatusAllowed, e.flags&entryLocal != 0, r.name, &op.Result, &op.Params)
+	}
+	if changed == 0 && applied > 0 {
+		releasesUnknown.Inc()
+		return Decision{Status: StatusError, Code: CodeNotFound, Err: fmt.Errorf("policy: %s: %w: settled already", what, ErrUnknownLease)}
 	}
 	if changed == 0 {
 		releasesUnknown.Inc()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +30,11 @@ import (
 // Store.Take: Do applies AppendKey with the Store's prefix and
 // Params.Kind. An OpRefund's TakenAt is on Redis's clock (the Result.At
 // of the lease). An op whose Err is a timeout may still have been
-// applied.
+// applied. An op with a Once id runs its algorithm's once script
+// (lua.OnceSource), its record in the key AppendKey(…) + ":once:" + the
+// id in 16 hex digits, in the slot of its counter, kept for OnceFor; a
+// second op of that key and id runs nothing and its Err wraps
+// algo.ErrApplied.
 
 // opKindMetric maps an op kind to the op its calls are counted under in
 // metrics (with the duration of the whole Do).
@@ -64,6 +69,33 @@ var scriptSHA = func() (s [algo.NumKinds]string) {
 	}
 	return s
 }()
+
+// onceSHA is scriptSHA for the once scripts (lua.OnceSource), which Do
+// sends for the ops with a Once id.
+var onceSHA = func() (s [algo.NumKinds]string) {
+	for k := range s {
+		src, _ := lua.OnceSource(algo.Kind(k).String())
+		sum := sha1.Sum([]byte(src))
+		s[k] = hex.EncodeToString(sum[:])
+	}
+	return s
+}()
+
+// onceSuffix follows an op's Redis key in the key of its Once record, in
+// the same hash slot; 16 hex digits of the id end it.
+const onceSuffix = ":once:"
+
+// appendOnceKey appends the key of the record of o's Once id to rkey,
+// the Redis key of o.
+func appendOnceKey(dst []byte, rkey string, once uint64) []byte {
+	dst = append(dst, rkey...)
+	dst = append(dst, onceSuffix...)
+	const hexDigits = "0123456789abcdef"
+	for i := 60; i >= 0; i -= 4 {
+		dst = append(dst, hexDigits[once>>uint(i)&0xf])
+	}
+	return dst
+}
 
 // multiChunk bounds the commands of one rueidis DoMulti: rueidis sends a
 // pipeline of ClientOption.BlockingPipeline (2000) commands or more over a
@@ -324,6 +356,9 @@ func checkOp(o *algo.Op) error {
 	if o.Kind == algo.OpRefund && o.N < 1 {
 		return fmt.Errorf("%w: return of %d units", errInvalidOp, o.N)
 	}
+	if o.Once != 0 && o.Kind == algo.OpTakeLease {
+		return fmt.Errorf("%w: takelease with a once id", errInvalidOp)
+	}
 	if o.Kind == algo.OpTakeLease && (len(o.Costs) == 0 || o.N < 0) {
 		return fmt.Errorf("%w: takelease of %d costs, want %d", errInvalidOp, len(o.Costs), o.N)
 	}
@@ -348,6 +383,17 @@ func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool
 		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10))
 	}
 	k := o.Params.Kind
+	if o.Once != 0 {
+		// The once script: the record's key and life (ms) come last.
+		b.args = append(b.args, strconv.FormatInt(max((o.OnceFor+999)/1000, 1), 10))
+		b.kb = appendOnceKey(b.kb[:0], rkey, o.Once)
+		okey := string(b.kb)
+		if eval {
+			src, _ := lua.OnceSource(k.String())
+			return rc.B().Eval().Script(src).Numkeys(2).Key(rkey, okey).Arg(b.args...).Build()
+		}
+		return rc.B().Evalsha().Sha1(onceSHA[k]).Numkeys(2).Key(rkey, okey).Arg(b.args...).Build()
+	}
 	if eval {
 		src, _ := lua.Source(k.String())
 		return rc.B().Eval().Script(src).Numkeys(1).Key(rkey).Arg(b.args...).Build()
@@ -363,6 +409,10 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 		n = 6 // and the units leased
 	}
 	v, err := replyInts(r, buf[:0], n)
+	if o.Once != 0 && isApplied(r.Error()) {
+		o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, algo.ErrApplied)
+		return
+	}
 	if err != nil {
 		o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, err)
 		return
@@ -423,9 +473,13 @@ func doMulti(ctx context.Context, rc rueidis.Client, cmds []rueidis.Completed, r
 // nodes as they are. Errors are ignored: an op whose node still lacks its
 // script meets NOSCRIPT again and goes as EVAL.
 func loadScripts(ctx context.Context, rc rueidis.Client, node string, ops []algo.Op, pending []int) {
-	var need [algo.NumKinds]bool
+	var need, needOnce [algo.NumKinds]bool
 	for _, i := range pending {
-		need[ops[i].Params.Kind] = true
+		if ops[i].Once != 0 {
+			needOnce[ops[i].Params.Kind] = true
+		} else {
+			need[ops[i].Params.Kind] = true
+		}
 	}
 	nodes := rc.Nodes()
 	if n, ok := nodes[node]; ok {
@@ -435,9 +489,13 @@ func loadScripts(ctx context.Context, rc rueidis.Client, node string, ops []algo
 	for _, n := range nodes {
 		wg.Go(func() {
 			cmds := make(rueidis.Commands, 0, len(need))
-			for k, ok := range need {
-				if ok {
+			for k := range need {
+				if need[k] {
 					src, _ := lua.Source(algo.Kind(k).String())
+					cmds = append(cmds, n.B().ScriptLoad().Script(src).Build())
+				}
+				if needOnce[k] {
+					src, _ := lua.OnceSource(algo.Kind(k).String())
 					cmds = append(cmds, n.B().ScriptLoad().Script(src).Build())
 				}
 			}
@@ -445,6 +503,13 @@ func loadScripts(ctx context.Context, rc rueidis.Client, node string, ops []algo
 		})
 	}
 	wg.Wait()
+}
+
+// isApplied reports whether err is the once script's RLDAPPLIED reply:
+// the op's Once id was applied already, and nothing ran.
+func isApplied(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	return ok && strings.HasPrefix(re.Error(), "RLDAPPLIED")
 }
 
 // isNoScript reports whether err is Redis's NOSCRIPT: the script was not

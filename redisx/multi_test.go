@@ -441,3 +441,66 @@ func TestDoTake(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, r.Allowed, "a fresh key admits its whole limit")
 }
+
+// TestDoOnce: an op with a Once id is applied once per key, through any
+// Store on the Redis (two here, as two daemons): the second, and a third
+// after the scripts were flushed, run nothing and say so; another id, or
+// another key, is applied. On Cluster the record shares its counter's
+// slot.
+func TestDoOnce(t *testing.T) {
+	for _, cluster := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cluster=%v", cluster), func(t *testing.T) {
+			var stores [2]*redisx.Store
+			var flush func()
+			if cluster {
+				c := redistest.StartCluster(t)
+				for i := range stores {
+					stores[i] = redisx.NewStore(newClient(t, redisx.Options{Addrs: c.Addrs()[i : i+1], Mode: redisx.Cluster}))
+				}
+				flush = func() {
+					for _, n := range c.Nodes() {
+						_, err := redistest.Do(n.Addr, "SCRIPT", "FLUSH")
+						require.NoError(t, err)
+					}
+				}
+			} else {
+				srv := redistest.Standalone(t)
+				for i := range stores {
+					stores[i] = redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
+				}
+				flush = func() {
+					_, err := redistest.Do(srv.Addr, "SCRIPT", "FLUSH")
+					require.NoError(t, err)
+				}
+			}
+			ctx := context.Background()
+			for _, k := range kinds {
+				if k == algo.Concurrency {
+					continue // its slots are released, not settled
+				}
+				p := algo.Params{Kind: k, Limit: 100, Period: time.Hour}
+				do := func(s *redisx.Store, key string, once uint64) algo.Op {
+					t.Helper()
+					ops := []algo.Op{{Kind: algo.OpCharge, Key: []byte(key), Params: p, N: 7, Once: once, OnceFor: time.Minute.Microseconds()}}
+					require.NoError(t, s.Do(ctx, ops))
+					return ops[0]
+				}
+				key := "once-" + k.String()
+				o := do(stores[0], key, 42)
+				require.NoError(t, o.Err, k)
+				assert.Equal(t, int64(92), o.Result.Remaining, "%s: charged 7 (a peek of 1 after it)", k)
+				o = do(stores[1], key, 42)
+				assert.ErrorIs(t, o.Err, algo.ErrApplied, k)
+				flush()
+				o = do(stores[0], key, 42)
+				assert.ErrorIs(t, o.Err, algo.ErrApplied, "%s: after the scripts were lost", k)
+				o = do(stores[1], key, 43)
+				require.NoError(t, o.Err, k)
+				assert.Equal(t, int64(85), o.Result.Remaining, "%s: the first was charged once, this one too", k)
+				o = do(stores[1], key+"-other", 42)
+				require.NoError(t, o.Err, k)
+				assert.Equal(t, int64(92), o.Result.Remaining, "%s: another key's record is its own", k)
+			}
+		})
+	}
+}

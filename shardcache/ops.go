@@ -20,7 +20,8 @@ import (
 // policy.Operator.
 //
 // The ops of a lease's settle or release (algo.OpCharge, algo.OpRefund,
-// algo.OpRelease) go to the store as they are, within the Timeout: what
+// algo.OpRelease, and algo.OpPeek, which records a settle at the
+// estimate) go to the store as they are, within the Timeout: what
 // the cache holds of the key (its lease, already counted at the store)
 // stays; a refund shows in the key's checks once its lease runs out.
 func (c *Cache) Do(ctx context.Context, ops []algo.Op, _ time.Time) error {
@@ -75,7 +76,7 @@ func (c *Cache) forget(key []byte, discard bool) {
 func direct(ops []algo.Op) bool {
 	for i := range ops {
 		switch ops[i].Kind {
-		case algo.OpCharge, algo.OpRefund, algo.OpRelease:
+		case algo.OpCharge, algo.OpRefund, algo.OpRelease, algo.OpPeek:
 		default:
 			return false
 		}
