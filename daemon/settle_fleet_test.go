@@ -16,9 +16,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/client"
 	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/wire"
 )
 
@@ -66,9 +68,38 @@ mode = %q
 // strict rule and a cached one.
 func TestSettleFleet(t *testing.T) {
 	srv := redistest.Standalone(t)
+	runSettleFleet(t, fmt.Sprintf("redis = [%q]", srv.Addr), []string{"sk_settle"})
+}
+
+// TestSettleFleetCluster: the same on a Cluster, with one key on each of
+// its three primaries.
+func TestSettleFleetCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	primaries := cl.Primaries()
+	require.Len(t, primaries, 3)
+	var keys []string
+	for _, primary := range primaries {
+		for i := 0; ; i++ {
+			require.Less(t, i, 1000, "no key found for %s", primary.Addr)
+			v := fmt.Sprintf("sk_settle_%d", i)
+			// The strict rule's counter on each primary (the cached
+			// rule's fall where its name puts them).
+			rkey := redisx.AppendKey(nil, "rld:", counterKey("settle-strict", v), algo.TokenBucket)
+			if cl.PrimaryFor(string(rkey)) == primary {
+				keys = append(keys, v)
+				break
+			}
+		}
+	}
+	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
+	runSettleFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), keys)
+}
+
+// runSettleFleet runs the settle fleet on store, the callers spread over
+// the api keys.
+func runSettleFleet(t *testing.T, store string, keys []string) {
 	keyFile := filepath.Join(t.TempDir(), "lease.key")
 	require.NoError(t, os.WriteFile(keyFile, []byte("a lease key shared by the fleet\n"), 0o600))
-	store := fmt.Sprintf("redis = [%q]", srv.Addr)
 	cfg := settleConfig(store, keyFile, "cached")
 	var fleet []*daemontest.Process
 	for range 3 {
@@ -84,8 +115,8 @@ func TestSettleFleet(t *testing.T) {
 	}
 	ctx := context.Background()
 	modes := []string{"strict", "cached"}
-	descs := func(mode string) []client.Descriptor {
-		return []client.Descriptor{{Name: "api_key", Value: "sk_settle"}, {Name: "alg", Value: mode}}
+	descs := func(key, mode string) []client.Descriptor {
+		return []client.Descriptor{{Name: "api_key", Value: key}, {Name: "alg", Value: mode}}
 	}
 
 	// Daemon 0 is restarted halfway: while it is, no call is sent to it
@@ -94,7 +125,7 @@ func TestSettleFleet(t *testing.T) {
 	var restarting atomic.Bool
 	var inFlight [3]atomic.Int64
 	var done atomic.Int64
-	var sums [2]atomic.Int64 // the actual costs settled, by mode
+	sums := make([][2]atomic.Int64, len(keys)) // the actual costs settled, by key and mode
 	pick := func(rng *rand.Rand) int {
 		for {
 			i := rng.IntN(len(clients))
@@ -112,9 +143,10 @@ func TestSettleFleet(t *testing.T) {
 		for m, mode := range modes {
 			wg.Go(func() {
 				rng := rand.New(rand.NewPCG(uint64(c), uint64(m)))
+				k := c % len(keys)
 				for range settleRequests {
 					i := pick(rng)
-					r, err := clients[i].Acquire(ctx, descs(mode), 1)
+					r, err := clients[i].Acquire(ctx, descs(keys[k], mode), 1)
 					inFlight[i].Add(-1)
 					if err != nil || !r.Allowed() || r.Lease == "" {
 						t.Errorf("%s: acquire through daemon %d: %+v, %v", mode, i, r, err)
@@ -134,7 +166,7 @@ func TestSettleFleet(t *testing.T) {
 						}
 						break
 					}
-					sums[m].Add(actual)
+					sums[k][m].Add(actual)
 					done.Add(1)
 				}
 			})
@@ -163,13 +195,16 @@ func TestSettleFleet(t *testing.T) {
 	c := client.New(checker.Socket)
 	defer c.Close()
 	refill := int64(elapsed/(settlePeriod/settleCapacity)) + 1
-	for m, mode := range modes {
-		r, err := c.Peek(ctx, descs(mode), 1)
-		require.NoError(t, err)
-		charged := int64(settleCapacity) - int64(r.Remaining) - 1 // the peek counts its unit
-		t.Logf("%s: settled %d units, charged %d (refill of the run: at most %d)", mode, sums[m].Load(), charged, refill)
-		assert.LessOrEqual(t, charged, sums[m].Load(), "%s: charged more than settled", mode)
-		assert.GreaterOrEqual(t, charged, sums[m].Load()-refill, "%s: charged less than settled", mode)
+	for k, key := range keys {
+		for m, mode := range modes {
+			r, err := c.Peek(ctx, descs(key, mode), 1)
+			require.NoError(t, err)
+			charged := int64(settleCapacity) - int64(r.Remaining) - 1 // the peek counts its unit
+			sum := sums[k][m].Load()
+			t.Logf("%s %s: settled %d units, charged %d (refill of the run: at most %d)", key, mode, sum, charged, refill)
+			assert.LessOrEqual(t, charged, sum, "%s %s: charged more than settled", key, mode)
+			assert.GreaterOrEqual(t, charged, sum-refill, "%s %s: charged less than settled", key, mode)
+		}
 	}
 }
 
