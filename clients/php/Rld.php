@@ -45,6 +45,9 @@ final class Rld
     /** @var array<string, true> the leases settled by this object, which withSlot() does not release */
     private array $settled = [];
 
+    /** @var array<string, int> the actual costs set by setActualCost(), which withSlot() settles at */
+    private array $actual = [];
+
     private static int $nextId = 0;
 
     /** @var string|null why the last call could not ask the daemon */
@@ -120,9 +123,23 @@ final class Rld
     }
 
     /**
+     * setActualCost records the actual cost of the request that $answer
+     * (withSlot()'s acquire) admitted at an estimate: withSlot() settles
+     * at it when $work ends, instead of releasing (also when $work throws
+     * after the call: the work it counts was done). The last call wins.
+     */
+    public function setActualCost(?array $answer, int $cost): void
+    {
+        if ($answer !== null && ($answer['lease'] ?? '') !== '') {
+            $this->actual[$answer['lease']] = $cost;
+        }
+    }
+
+    /**
      * withSlot acquires, and when allowed calls $work with the answer and
      * returns what it returns, releasing the lease in a finally block
-     * (unless $work settled it). When the acquire is refused it returns
+     * (unless $work settled it), or settling it at the cost $work gave
+     * setActualCost(). When the acquire is refused it returns
      * $refused($answer) instead, holding nothing; when the daemon cannot
      * be asked, $work runs (fail open) or $refused(null) does (fail
      * closed), as for enforce().
@@ -139,10 +156,15 @@ final class Rld
         try {
             return $work($res);
         } finally {
-            if ($res['lease'] !== '' && !isset($this->settled[$res['lease']])) {
-                $this->release($res['lease']);
+            $lease = $res['lease'];
+            if ($lease !== '' && !isset($this->settled[$lease])) {
+                if (isset($this->actual[$lease])) {
+                    $this->settle($lease, $this->actual[$lease]);
+                } else {
+                    $this->release($lease);
+                }
             }
-            unset($this->settled[$res['lease']]);
+            unset($this->settled[$lease], $this->actual[$lease]);
         }
     }
 

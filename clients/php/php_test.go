@@ -78,6 +78,13 @@ by = ["api_key"]
 algorithm = "concurrency"
 limit = 1
 timeout = "1m"
+
+[[rule]]
+name = "units"
+match = { units = "1" }
+by = ["api_key"]
+limit = 100
+period = "1h"
 `
 
 // fpm is a running php-fpm.
@@ -320,7 +327,8 @@ func TestPHPKillUnderLoad(t *testing.T) {
 
 // TestPHPSlot: slot.php holds rld's one slot per key while it works
 // (withSlot): a second request meanwhile gets 429, and the slot is free
-// again when the first ends, also when its work threw.
+// again when the first ends, also when its work threw; a cost known at
+// the end is settled (setActualCost).
 func TestPHPSlot(t *testing.T) {
 	s := start(t)
 	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -357,4 +365,28 @@ func TestPHPSlot(t *testing.T) {
 	assert.True(t, free("s1"), "released in the finally block")
 	r = get(t, s.nginx.URL+"/slot.php", "X-API-Key", "s1")
 	assert.Equal(t, 200, r.Status, r.Body)
+
+	// A cost known at the end: acquired at an estimate, settled at the
+	// actual cost that the work gave setActualCost().
+	units := func(key string) int {
+		t.Helper()
+		resp, err := c.Get("http://rld/v1/check?peek=1&units=1&api_key=" + key)
+		require.NoError(t, err)
+		resp.Body.Close()
+		n, err := strconv.Atoi(resp.Header.Get("X-RateLimit-Remaining"))
+		require.NoError(t, err)
+		return n + 1 // the peek counts its unit
+	}
+	r = get(t, s.nginx.URL+"/slot.php?est=10&actual=25", "X-API-Key", "s2")
+	require.Equal(t, 200, r.Status, "%s\n%s", r.Body, s.fpm.phpLog())
+	assert.Equal(t, 75, units("s2"), "settled at 25")
+	assert.True(t, free("s2"), "the settle gave the slot back")
+	r = get(t, s.nginx.URL+"/slot.php?est=10&actual=4&fail=1", "X-API-Key", "s2")
+	assert.Equal(t, 500, r.Status)
+	assert.Equal(t, 71, units("s2"), "settled at 4 although the work threw after it")
+	assert.True(t, free("s2"))
+	r = get(t, s.nginx.URL+"/slot.php?est=10", "X-API-Key", "s2")
+	require.Equal(t, 200, r.Status, r.Body)
+	assert.Equal(t, 61, units("s2"), "no actual cost: released, the estimate stays")
+	assert.True(t, free("s2"))
 }

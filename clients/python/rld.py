@@ -16,7 +16,7 @@ settled; the context manager does it:
     with client.acquiring({"api_key": key, "endpoint": "/v1/export"}) as a:
         if not a.allowed:
             ...  # answer 429 with a.result.headers()
-        ...      # the request; a.settle(actual_cost) when its cost was an estimate
+        ...      # the request; a.actual = n when its cost was an estimate: settled on exit
 
 Client is thread-safe and pipelines the calls of many threads on one
 connection; AsyncClient does the same for asyncio. When the daemon is
@@ -677,7 +677,9 @@ class Client(_Base):
     def acquiring(self, descriptors: Descriptors = None, cost: int = 1,
                   timeout: Optional[float] = None) -> "Acquisition":
         """A context manager that acquires on entry and releases on exit
-        (unless settled meanwhile), whatever happens in between."""
+        (unless settled meanwhile), whatever happens in between; with
+        cost an estimate, set its actual in the block to settle on exit
+        at the actual cost instead."""
         return Acquisition(self, descriptors, cost, timeout)
 
     def check_many(self, batch: Batch, cost: int = 1, timeout: Optional[float] = None) -> List[Result]:
@@ -752,15 +754,18 @@ class Acquisition:
     """An acquire, released on exit: see Client.acquiring.
 
     result is the acquire's Result and allowed whether the request may go
-    through; settle(cost) ends it at its actual cost instead of releasing.
-    A refused (or failed-open) acquire holds nothing, and nothing is sent
-    on exit.
+    through. When the acquire's cost was an estimate, set actual to the
+    request's actual cost in the block: the exit settles at it instead of
+    releasing (also when the block raised after setting it: the work it
+    counts was done). settle(cost) settles at once. A refused (or
+    failed-open) acquire holds nothing, and nothing is sent on exit.
     """
 
     def __init__(self, client: "Client", descriptors: Descriptors, cost: int, timeout: Optional[float]):
         self._client, self._args = client, (descriptors, cost, timeout)
         self.result: Optional[Result] = None
         self.done: Optional[Result] = None  # the release's or settle's result
+        self.actual: Optional[int] = None  # the actual cost, settled on exit
 
     @property
     def allowed(self) -> bool:
@@ -778,7 +783,10 @@ class Acquisition:
 
     def __exit__(self, *exc: Any) -> None:
         if self.done is None and self.result is not None and self.result.lease:
-            self.done = self._client.release(self.result.lease, self._args[2])
+            if self.actual is not None:
+                self.done = self._client.settle(self.result.lease, self.actual, self._args[2])
+            else:
+                self.done = self._client.release(self.result.lease, self._args[2])
 
 
 # ---------------------------------------------------------------- asyncio

@@ -61,6 +61,36 @@ class AcquireTest(unittest.TestCase):
         self.assertEqual(self.client.peek(d).remaining, 100 - 25 - 4 - 1)
         self.assertEqual(self.client.settle(r.lease, 4).error, "not_found")
 
+    def test_actual_on_exit(self):
+        d = {"group": "tokens", "k": unique()}
+        with self.client.acquiring(d, cost=10) as a:
+            self.assertEqual(a.result.remaining, 90)
+            a.actual = 25
+            self.assertIsNone(a.done, "settled on exit, not before")
+        self.assertEqual((a.done.decision, a.done.rule), ("allowed", "tokens"))
+        self.assertEqual(self.client.peek(d).remaining, 100 - 25 - 1, "charged 15 more")
+        # Set, then the block fails: the work was done, it is settled.
+        with self.assertRaises(KeyError):
+            with self.client.acquiring(d, cost=10) as a:
+                a.actual = 4
+                raise KeyError("the response failed")
+        self.assertEqual(a.done.decision, "allowed")
+        self.assertEqual(self.client.peek(d).remaining, 100 - 25 - 4 - 1, "refunded 6")
+        # Not set: released at the estimate.
+        with self.client.acquiring(d, cost=10) as a:
+            pass
+        self.assertEqual(a.done.decision, "allowed")
+        self.assertEqual(self.client.peek(d).remaining, 100 - 25 - 4 - 10 - 1, "the estimate stays")
+
+    def test_actual_frees_slot(self):
+        d = {"group": "slots", "k": unique()}
+        for _ in range(3):
+            with self.client.acquiring(d) as a:
+                self.assertTrue(a.allowed)
+                a.actual = 3
+            self.assertEqual(a.done.decision, "allowed")
+        self.assertEqual(self.client.peek(d).remaining, 1, "both slots free: a peek takes one")
+
     def test_async(self):
         async def run():
             d = {"group": "slots", "k": unique()}

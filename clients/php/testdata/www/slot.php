@@ -1,13 +1,19 @@
 <?php
 // A page that holds a slot of rld's concurrency limit while it works
-// (docs/clients.md): withSlot() releases it in a finally block.
+// (docs/clients.md): withSlot() releases it in a finally block. With
+// ?est=N it also counts N units of the "units" rule, and with ?actual=M
+// it settles them at M when it ends instead.
 require $_SERVER['RLD_CLIENT'] ?? '/usr/share/rld/Rld.php';
 
 $rld = new Rld($_SERVER['RLD_SOCKET'] ?? '/run/rld/rld.sock', timeout: (float) ($_SERVER['RLD_TIMEOUT'] ?? 0.005));
+$est = (int) ($_GET['est'] ?? 0);
 echo $rld->withSlot(
-    Rld::requestDescriptors('X-API-Key'),
-    function (?array $res): string {
+    Rld::requestDescriptors('X-API-Key', $est > 0 ? [['units', '1']] : []),
+    function (?array $res) use ($rld): string {
         usleep((int) ($_GET['ms'] ?? 0) * 1000); // the page's work
+        if (isset($_GET['actual'])) {
+            $rld->setActualCost($res, (int) $_GET['actual']);
+        }
         if (isset($_GET['fail'])) {
             throw new RuntimeException('the work failed');
         }
@@ -20,4 +26,5 @@ echo $rld->withSlot(
         }
         return "busy\n";
     },
+    max($est, 1),
 );
