@@ -30,6 +30,11 @@ func setAnswer(a *header.Answer, dec *policy.Decision) {
 	a.Quota = uint64(max(q, 0))
 	// The quota a client pacing itself evenly can sustain.
 	a.QuotaWindow = w
+	if dec.Params.Kind == algo.Concurrency {
+		// Slots in flight are no quota over a window: a concurrency
+		// limit advertises no RateLimit-Policy (docs/protocol.md).
+		a.Quota, a.QuotaWindow = 0, 0
+	}
 	a.Remaining = uint64(max(dec.Result.Remaining, 0))
 	a.Window = dec.Period
 	a.Reset = dec.Result.Reset

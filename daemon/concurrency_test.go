@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/client"
 )
 
 const concurrencyConfig = `
@@ -73,4 +76,43 @@ func TestHTTPAcquireRelease(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code, body)
 	code, _, _ = get("/v1/settle?cost=5&lease=" + url.QueryEscape(lease))
 	assert.Equal(t, http.StatusNotFound, code, "settled once")
+}
+
+// TestConcurrencyFields: a concurrency limit is slots in flight, not a
+// quota over a window, so no face advertises a RateLimit-Policy for it:
+// the HTTP endpoint sends the slots in X-RateLimit-Limit and the free
+// ones in X-RateLimit-Remaining and RateLimit's r (with t, as
+// Retry-After, when none is free), and the socket's answer carries no
+// quota, from which the clients render the same fields.
+func TestConcurrencyFields(t *testing.T) {
+	s := start(t, concurrencyConfig)
+	get := func(path string) (int, http.Header) {
+		t.Helper()
+		resp, err := http.Get("http://" + s.HTTP + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	code, h := get("/v1/acquire?api_key=f")
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "2", h.Get("X-RateLimit-Limit"))
+	assert.Equal(t, "1", h.Get("X-RateLimit-Remaining"))
+	assert.Equal(t, `"exports";r=1`, h.Get("RateLimit"))
+	assert.Empty(t, h.Values("RateLimit-Policy"))
+
+	c := client.New(s.Socket)
+	defer c.Close()
+	r, err := c.Acquire(context.Background(), []client.Descriptor{{Name: "api_key", Value: "f"}}, 1)
+	require.NoError(t, err)
+	require.True(t, r.Allowed())
+	assert.Equal(t, uint64(2), r.Limit)
+	assert.Equal(t, uint64(0), r.Remaining)
+	assert.Zero(t, r.Quota, "no quota: the clients render no RateLimit-Policy")
+	assert.Zero(t, r.QuotaWindow)
+
+	code, h = get("/v1/acquire?api_key=f")
+	require.Equal(t, http.StatusTooManyRequests, code)
+	assert.Equal(t, "60", h.Get("Retry-After"))
+	assert.Equal(t, `"exports";r=0;t=60`, h.Get("RateLimit"))
+	assert.Empty(t, h.Values("RateLimit-Policy"))
 }

@@ -205,20 +205,20 @@ func corpusCases() []corpusLine {
 			NextMs: unknown, Code: c, Message: []byte("detail for " + c.String())})
 	}
 	dec("released", wire.Response{Op: wire.OpRelease, ID: 40, Status: wire.StatusAllowed,
-		Limit: 2, Remaining: 1, ResetMs: 29000, WindowMs: 30000, Quota: 2, QuotaWindowMs: 30000, NextMs: unknown, Rule: []byte("exports")})
+		Limit: 2, Remaining: 1, ResetMs: 29000, WindowMs: 30000, NextMs: unknown, Rule: []byte("exports")})
 	dec("release-unknown", wire.Response{Op: wire.OpRelease, ID: 41, Status: wire.StatusError, NextMs: unknown,
 		Code: wire.CodeNotFound, Message: []byte("policy: release: unknown or expired lease")})
 	dec("settled", wire.Response{Op: wire.OpSettle, ID: 43, Status: wire.StatusAllowed,
 		Limit: 100000, Remaining: 98766, ResetMs: 44456, WindowMs: 3600000, Quota: 100000, QuotaWindowMs: 3600000,
 		NextMs: 36, Rule: []byte("tokens")})
 	decAcquire("acquired", wire.Response{ID: 30, Status: wire.StatusAllowed,
-		Limit: 2, Remaining: 1, ResetMs: 30000, WindowMs: 30000, Quota: 2, QuotaWindowMs: 30000, NextMs: unknown,
+		Limit: 2, Remaining: 1, ResetMs: 30000, WindowMs: 30000, NextMs: unknown,
 		Rule: []byte("exports"), Token: lease})
 	decAcquire("acquire-limited", wire.Response{ID: 33, Status: wire.StatusLimited,
-		Limit: 2, Remaining: 0, ResetMs: 29000, RetryMs: 12000, WindowMs: 30000, Quota: 2, QuotaWindowMs: 30000,
+		Limit: 2, Remaining: 0, ResetMs: 29000, RetryMs: 12000, WindowMs: 30000,
 		NextMs: 12000, Rule: []byte("exports")})
 	decAcquire("acquire-degraded", wire.Response{ID: 34, Flags: wire.FlagDegraded, Status: wire.StatusAllowedDegraded,
-		Limit: 1, Remaining: 0, ResetMs: 30000, WindowMs: 30000, Quota: 1, QuotaWindowMs: 30000, NextMs: unknown,
+		Limit: 1, Remaining: 0, ResetMs: 30000, WindowMs: 30000, NextMs: unknown,
 		Rule: []byte("exports"), Token: []byte("AgE")})
 	decAcquire("acquire-error", wire.Response{ID: 35, Status: wire.StatusError, NextMs: unknown,
 		Code: wire.CodeMalformed, Message: []byte("field runs past end of frame")})

@@ -22,6 +22,10 @@ class AcquireTest(unittest.TestCase):
                 self.assertEqual(c.result.decision, "limited")
                 self.assertEqual(c.result.lease, "")
                 self.assertIn(("Retry-After", "60"), c.result.headers())
+                # Slots in flight are no quota over a window: no policy.
+                names = [n for n, _ in c.result.headers()]
+                self.assertNotIn("RateLimit-Policy", names)
+                self.assertIn(("X-RateLimit-Limit", "2"), c.result.headers())
             self.assertIsNone(c.done, "a refused acquire sends nothing on exit")
         self.assertEqual(a.done.decision, "allowed")
         # Both slots came back.
