@@ -5,10 +5,16 @@ import (
 	"strconv"
 )
 
-// ErrApplied is the Err of an op whose Once id was applied to its key
-// already: a store that keeps a record of ids (the Redis store) ran
-// nothing.
-var ErrApplied = errors.New("applied already")
+// Errors of an op with a Once id, from a store that keeps a record of
+// ids (the Redis store): it ran nothing.
+var (
+	// ErrApplied: an op of the same Key, Once and OnceMark was applied
+	// already.
+	ErrApplied = errors.New("applied already")
+	// ErrOnceConflict: an op of the same Key and Once but another
+	// OnceMark was applied already.
+	ErrOnceConflict = errors.New("applied already, otherwise")
+)
 
 // OpKind is what one Op does to a key's state. It is the one vocabulary
 // of store operations: memstore runs ops with Apply, the Redis scripts
@@ -96,12 +102,17 @@ type Op struct {
 	TakenAt int64
 	// Once, when not 0, names the op so that it is applied to its key
 	// at most once: a store that keeps a record of ids (the Redis store,
-	// fleet-wide, for OnceFor µs) runs a second op of the same Key and
-	// Once as nothing and sets its Err to ErrApplied. A lease's settle
-	// sends its ops so, so that settling one lease through two daemons
-	// charges it once. Apply does not read it, nor does memstore: an
-	// embedded daemon keeps its own record (policy).
+	// fleet-wide, for OnceFor µs) records OnceMark under it, and runs a
+	// later op of the same Key and Once as nothing, its Err set to
+	// ErrApplied (the same OnceMark) or ErrOnceConflict (another). A
+	// lease's settle sends its ops so, marked with the actual cost, so
+	// that settling one lease through two daemons charges it once.
+	// Apply does not read it, nor does memstore: an embedded daemon keeps
+	// its own record (policy).
 	Once uint64
+	// OnceMark is what the record of Once holds: ops of one Once with
+	// another mark conflict.
+	OnceMark int64
 	// OnceFor is how long, in µs (at least 1 ms), the record of Once is
 	// kept.
 	OnceFor int64

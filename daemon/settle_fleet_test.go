@@ -332,12 +332,24 @@ func onceDescs(key string, only ...string) []client.Descriptor {
 // the leases settled: a lease settled through one daemon is charged once;
 // settled again through each of them (at another actual cost, also after
 // a settle at the estimate) it is refused as settled already and changes
-// nothing: no unit charged or refunded, no slot freed.
+// nothing: no unit charged or refunded, no slot freed. Leases settled
+// through the three daemons at once are settled by exactly one.
 func TestSettleOnceFleet(t *testing.T) {
 	srv := redistest.Standalone(t)
+	runSettleOnceFleet(t, fmt.Sprintf("redis = [%q]", srv.Addr))
+}
+
+// TestSettleOnceFleetCluster: the same on a Cluster, where each record
+// lives in its counter's slot.
+func TestSettleOnceFleetCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
+	runSettleOnceFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs))
+}
+
+func runSettleOnceFleet(t *testing.T, store string) {
 	keyFile := filepath.Join(t.TempDir(), "lease.key")
 	require.NoError(t, os.WriteFile(keyFile, []byte("a lease key shared by the fleet\n"), 0o600))
-	store := fmt.Sprintf("redis = [%q]", srv.Addr)
 	cfg := onceConfig(store, keyFile, "cached")
 	fleet := make([]*daemontest.Process, 3)
 	clients := make([]*client.Client, len(fleet))
@@ -380,6 +392,43 @@ func TestSettleOnceFleet(t *testing.T) {
 		assert.Equal(t, wire.StatusLimited, r.Status, "%s: the slot is still held", tc.key)
 		_, err = clients[0].Release(ctx, b.Lease)
 		require.NoError(t, err, tc.key)
+	}
+
+	// Leases settled through the three daemons at once, each at its own
+	// cost: one settle wins, whole, and the others are refused.
+	const racing = 20
+	for n := range racing {
+		key := fmt.Sprintf("sk_once_race_%d", n)
+		a, err := clients[n%3].Acquire(ctx, onceDescs(key), 3)
+		require.NoError(t, err)
+		require.True(t, a.Allowed(), "%+v", a)
+		var wg sync.WaitGroup
+		var won atomic.Int64
+		errs := make([]error, len(clients))
+		for i := range clients {
+			wg.Go(func() {
+				_, errs[i] = clients[i].Settle(ctx, a.Lease, uint32(10*(i+1)))
+				if errs[i] == nil {
+					won.Store(int64(10 * (i + 1)))
+				}
+			})
+		}
+		wg.Wait()
+		ok := 0
+		for i, err := range errs {
+			if err == nil {
+				ok++
+				continue
+			}
+			var re *client.ResponseError
+			require.ErrorAs(t, err, &re, "%s: daemon %d", key, i)
+			assert.Contains(t, re.Message, "settled already", "%s: daemon %d", key, i)
+		}
+		require.Equal(t, 1, ok, "%s: one settle wins: %v", key, errs)
+		cases = append(cases, struct {
+			key           string
+			first, second uint32
+		}{key, uint32(won.Load()), 0})
 	}
 
 	// The cached daemons return their leases when they stop; a strict

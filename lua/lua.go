@@ -43,13 +43,15 @@ var onceSources = func() map[string]string {
 
 // OnceSource returns the algorithm's script behind a guard that applies
 // each op at most once (algo.Op.Once), and whether there is one. Its
-// calling convention is Source's with two more: KEYS[2], a key in
-// KEYS[1]'s hash slot, records the op, and one more ARGV after the op's
-// own says how long to keep the record, in ms (>= 1). When KEYS[2]
-// exists the script replies the error "RLDAPPLIED …" and changes
-// nothing; else it sets KEYS[2] and runs the op as Source's script does.
-// (The op's own arguments are read by position, so the one more does
-// not disturb them; takelease, which reads all of ARGV, is not sent so.)
+// calling convention is Source's with three more: KEYS[2], a key in
+// KEYS[1]'s hash slot, records the op, and two more ARGV after the op's
+// own are the mark to record (an integer) and how long to keep the
+// record, in ms (>= 1). When KEYS[2] exists the script replies the error
+// "RLDAPPLIED …" (it holds the same mark) or "RLDCONFLICT …" (another)
+// and changes nothing; else it sets KEYS[2] and runs the op as Source's
+// script does. (The op's own arguments are read by position, so the two
+// more do not disturb them; takelease, which reads all of ARGV, is not
+// sent so.)
 func OnceSource(algorithm string) (string, bool) {
 	src, ok := onceSources[algorithm]
 	return src, ok

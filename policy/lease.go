@@ -74,11 +74,12 @@ const (
 // will; so the daemons of a fleet release each other's leases with no
 // shared key, and settle them only with one. A lease is settled once:
 // each correction a settle sends carries the lease's identity (the start
-// of its signature) as its algo.Op.Once, which the Redis store records
-// beside the counter, atomically with the correction, so that settling
-// one lease through two daemons of a fleet charges it once and refuses
-// the second ("settled already"); a daemon also keeps its own record
-// (settledLeases), the only one of the embedded store.
+// of its signature) as its algo.Op.Once, marked with the actual cost,
+// which the Redis store records beside the counter, atomically with the
+// correction, so that settling one lease through two daemons of a fleet
+// charges it once and refuses the second ("settled already"); a daemon
+// also keeps its own record (settledLeases), the only one of the
+// embedded store.
 
 // processLeaseKey signs the leases when Stores.LeaseKey is nil.
 var processLeaseKey = func() []byte {
@@ -384,12 +385,20 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 	}
 	var d Decision
 	changed, applied := 0, 0
-	// A settle's ops carry the lease's identity: a store that keeps a
-	// record of it (Redis, fleet-wide) applies each entry's correction
-	// once, through whichever daemon settles first; settledLeases is this
-	// daemon's record, and the embedded store's only one.
+	// A settle's ops carry the lease's identity, marked with the actual
+	// cost: a store that keeps a record of it (Redis, fleet-wide) applies
+	// each entry's correction once. The rate rules' entries go first, in
+	// the lease's order, which is every daemon's: of two settles at
+	// different costs, the one that records the first entry goes on, and
+	// the other finds it recorded otherwise and stops there, having
+	// changed nothing. settledLeases is this daemon's record, and the
+	// embedded store's only one.
 	onceFor := max(pl.issued+MaxLeaseAge.Microseconds()-now.UnixMicro(), time.Millisecond.Microseconds())
-	for _, e := range pl.entries {
+	for i := range 2 * len(pl.entries) {
+		e := pl.entries[i%len(pl.entries)]
+		if (e.flags&entryTake != 0) != (i < len(pl.entries)) {
+			continue // the rate rules' entries first, then the slots
+		}
 		r := p.ruleOfKey(e.key)
 		if r == nil {
 			continue // the rule is gone: its slots expire on their own
@@ -419,7 +428,7 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 			continue
 		}
 		if settle && op.Kind != algo.OpRelease {
-			op.Once, op.OnceFor = pl.tag, onceFor
+			op.Once, op.OnceMark, op.OnceFor = pl.tag, actual, onceFor
 		}
 		if e.flags&entryLocal != 0 {
 			if p.fallback == nil || !p.fallback.do(&op, now) {
@@ -439,6 +448,11 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 			if errors.Is(err, algo.ErrApplied) {
 				applied++ // settled through another daemon
 				continue
+			}
+			if errors.Is(err, algo.ErrOnceConflict) {
+				releasesUnknown.Inc()
+				return Decision{Status: StatusError, Code: CodeNotFound,
+					Err: fmt.Errorf("policy: %s: %w: settled already, at another cost", what, ErrUnknownLease)}
 			}
 			if err != nil {
 				r.m.inc(decError)

@@ -32,9 +32,9 @@ import (
 // of the lease). An op whose Err is a timeout may still have been
 // applied. An op with a Once id runs its algorithm's once script
 // (lua.OnceSource), its record in the key AppendKey(…) + ":once:" + the
-// id in 16 hex digits, in the slot of its counter, kept for OnceFor; a
-// second op of that key and id runs nothing and its Err wraps
-// algo.ErrApplied.
+// id in 16 hex digits, in the slot of its counter, holding OnceMark for
+// OnceFor; a second op of that key and id runs nothing and its Err wraps
+// algo.ErrApplied (the same mark) or algo.ErrOnceConflict (another).
 
 // opKindMetric maps an op kind to the op its calls are counted under in
 // metrics (with the duration of the whole Do).
@@ -384,8 +384,9 @@ func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool
 	}
 	k := o.Params.Kind
 	if o.Once != 0 {
-		// The once script: the record's key and life (ms) come last.
-		b.args = append(b.args, strconv.FormatInt(max((o.OnceFor+999)/1000, 1), 10))
+		// The once script: the record's key, its mark and life (ms)
+		// come last.
+		b.args = append(b.args, strconv.FormatInt(o.OnceMark, 10), strconv.FormatInt(max((o.OnceFor+999)/1000, 1), 10))
 		b.kb = appendOnceKey(b.kb[:0], rkey, o.Once)
 		okey := string(b.kb)
 		if eval {
@@ -409,9 +410,11 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 		n = 6 // and the units leased
 	}
 	v, err := replyInts(r, buf[:0], n)
-	if o.Once != 0 && isApplied(r.Error()) {
-		o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, algo.ErrApplied)
-		return
+	if o.Once != 0 {
+		if done := onceDone(r.Error()); done != nil {
+			o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, done)
+			return
+		}
 	}
 	if err != nil {
 		o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, err)
@@ -505,11 +508,20 @@ func loadScripts(ctx context.Context, rc rueidis.Client, node string, ops []algo
 	wg.Wait()
 }
 
-// isApplied reports whether err is the once script's RLDAPPLIED reply:
-// the op's Once id was applied already, and nothing ran.
-func isApplied(err error) bool {
+// onceDone returns algo.ErrApplied or algo.ErrOnceConflict when err is
+// the once script's RLDAPPLIED or RLDCONFLICT reply (the op's Once id
+// was applied already, and nothing ran), else nil.
+func onceDone(err error) error {
 	re, ok := rueidis.IsRedisErr(err)
-	return ok && strings.HasPrefix(re.Error(), "RLDAPPLIED")
+	switch {
+	case !ok:
+		return nil
+	case strings.HasPrefix(re.Error(), "RLDAPPLIED"):
+		return algo.ErrApplied
+	case strings.HasPrefix(re.Error(), "RLDCONFLICT"):
+		return algo.ErrOnceConflict
+	}
+	return nil
 }
 
 // isNoScript reports whether err is Redis's NOSCRIPT: the script was not

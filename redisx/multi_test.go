@@ -443,9 +443,9 @@ func TestDoTake(t *testing.T) {
 }
 
 // TestDoOnce: an op with a Once id is applied once per key, through any
-// Store on the Redis (two here, as two daemons): the second, and a third
-// after the scripts were flushed, run nothing and say so; another id, or
-// another key, is applied. On Cluster the record shares its counter's
+// Store on the Redis (two here, as two daemons): the second (with the
+// same mark or another), and one after the scripts were flushed, run
+// nothing and say so; another id, or another key, is applied. On Cluster the record shares its counter's
 // slot.
 func TestDoOnce(t *testing.T) {
 	for _, cluster := range []bool{false, true} {
@@ -479,25 +479,27 @@ func TestDoOnce(t *testing.T) {
 					continue // its slots are released, not settled
 				}
 				p := algo.Params{Kind: k, Limit: 100, Period: time.Hour}
-				do := func(s *redisx.Store, key string, once uint64) algo.Op {
+				do := func(s *redisx.Store, key string, once uint64, mark int64) algo.Op {
 					t.Helper()
-					ops := []algo.Op{{Kind: algo.OpCharge, Key: []byte(key), Params: p, N: 7, Once: once, OnceFor: time.Minute.Microseconds()}}
+					ops := []algo.Op{{Kind: algo.OpCharge, Key: []byte(key), Params: p, N: 7, Once: once, OnceMark: mark, OnceFor: time.Minute.Microseconds()}}
 					require.NoError(t, s.Do(ctx, ops))
 					return ops[0]
 				}
 				key := "once-" + k.String()
-				o := do(stores[0], key, 42)
+				o := do(stores[0], key, 42, 7)
 				require.NoError(t, o.Err, k)
 				assert.Equal(t, int64(92), o.Result.Remaining, "%s: charged 7 (a peek of 1 after it)", k)
-				o = do(stores[1], key, 42)
+				o = do(stores[1], key, 42, 7)
 				assert.ErrorIs(t, o.Err, algo.ErrApplied, k)
+				o = do(stores[1], key, 42, 8)
+				assert.ErrorIs(t, o.Err, algo.ErrOnceConflict, "%s: another mark", k)
 				flush()
-				o = do(stores[0], key, 42)
+				o = do(stores[0], key, 42, 7)
 				assert.ErrorIs(t, o.Err, algo.ErrApplied, "%s: after the scripts were lost", k)
-				o = do(stores[1], key, 43)
+				o = do(stores[1], key, 43, 8)
 				require.NoError(t, o.Err, k)
 				assert.Equal(t, int64(85), o.Result.Remaining, "%s: the first was charged once, this one too", k)
-				o = do(stores[1], key+"-other", 42)
+				o = do(stores[1], key+"-other", 42, 7)
 				require.NoError(t, o.Err, k)
 				assert.Equal(t, int64(92), o.Result.Remaining, "%s: another key's record is its own", k)
 			}
