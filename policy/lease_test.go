@@ -172,6 +172,20 @@ func TestSettle(t *testing.T) {
 			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
 			assert.Equal(t, int64(71), remaining(now), "refunded 6")
 
+			// At the estimate: nothing to correct, the slot back, and
+			// settled: a later settle at another cost is refused.
+			lease = string(p.AcquireTo(ctx, now, chat, 10, &sc, &d))
+			require.Equal(t, StatusAllowed, d.Status)
+			r = p.Settle(ctx, now, []byte(lease), 10)
+			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+			assert.Equal(t, int64(61), remaining(now), "the estimate stays")
+			r = p.Settle(ctx, now, []byte(lease), 50)
+			assert.Equal(t, CodeNotFound, r.Code, "settled once")
+			assert.Equal(t, int64(61), remaining(now))
+			lease = string(p.AcquireTo(ctx, now, chat, 1, &sc, &d))
+			require.Equal(t, StatusAllowed, d.Status, "the settle released the slot")
+			require.Equal(t, StatusAllowed, p.Release(ctx, now, []byte(lease)).Status)
+
 			// Into debt: later checks are refused.
 			lease = string(p.AcquireTo(ctx, now, chat, 1, &sc, &d))
 			r = p.Settle(ctx, now, []byte(lease), 100)
