@@ -226,6 +226,14 @@ func (s *Store) applyLocked(sh *shard, key []byte, h uint64, op *algo.Op, us int
 	if e.kind != op.Params.Kind {
 		e.kind, e.st, e.idleAt = op.Params.Kind, algo.State{}, us
 	}
+	if n := len(e.st.Log); n > 0 && e.st.Log[n-1].At > us {
+		// A log's admissions are named by their time (a concurrency
+		// lease's id, a refund's takenAt), and one made before the
+		// newest entry's time would join that entry under another
+		// name: a key's clock never steps back, as Redis TIME does
+		// not, however the callers' times interleave.
+		us = e.st.Log[n-1].At
+	}
 	algo.Apply(op, &e.st, us)
 	if consumed(op) {
 		// Refunds and grants only make a state idle sooner.

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/rld/rld/algo"
 )
 
@@ -609,5 +612,40 @@ func TestDoMatchesApply(t *testing.T) {
 		if after := take(t, s, "k", p, 1, t0.Add(time.Second), true); after != before {
 			t.Errorf("%v: bad ops changed the key: %+v → %+v", k, before, after)
 		}
+	}
+}
+
+// TestLogClockNeverStepsBack: callers' times interleave (each takes its
+// now before it gets the lock); an admission at a time before the key's
+// newest entry is made, and named, at that entry's time, so that its
+// release (or refund) finds it.
+func TestLogClockNeverStepsBack(t *testing.T) {
+	for _, kind := range []algo.Kind{algo.Concurrency, algo.SlidingLog} {
+		t.Run(kind.String(), func(t *testing.T) {
+			s := New(Options{})
+			ctx := context.Background()
+			p := algo.Params{Kind: kind, Limit: 10, Period: time.Minute}
+			t0 := time.Unix(1_700_000_000, 0)
+			late, err := s.Take(ctx, []byte("k"), p, 1, t0.Add(5*time.Microsecond), false)
+			require.NoError(t, err)
+			early, err := s.Take(ctx, []byte("k"), p, 1, t0, false)
+			require.NoError(t, err)
+			require.True(t, late.Allowed && early.Allowed)
+			assert.Equal(t, late.At, early.At, "admitted at the key's time, not before it")
+			assert.Equal(t, int64(8), early.Remaining)
+			op := algo.OpRefund
+			if kind == algo.Concurrency {
+				op = algo.OpRelease
+			}
+			ops := []algo.Op{{Kind: op, Key: []byte("k"), Params: p, N: 1, TakenAt: early.At}}
+			require.NoError(t, s.Do(ctx, ops, t0.Add(time.Microsecond)))
+			require.NoError(t, ops[0].Err)
+			if kind == algo.Concurrency {
+				assert.Equal(t, 1, ops[0].Admitted, "released")
+			}
+			r, err := s.Take(ctx, []byte("k"), p, 1, t0, true)
+			require.NoError(t, err)
+			assert.Equal(t, int64(8), r.Remaining, "one unit back: a peek of 1 leaves 8")
+		})
 	}
 }
