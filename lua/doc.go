@@ -74,9 +74,10 @@
 //
 // OnceSource returns each script behind once.lua, a guard for the ops of
 // a lease's settle: KEYS[2] (in KEYS[1]'s hash slot) records the op, two
-// more last ARGV are the mark it records and its life in ms, and an op
-// recorded already replies the error "RLDAPPLIED …" (the same mark) or
-// "RLDCONFLICT …" (another) and changes nothing.
+// more last ARGV are the mark it records and its life in ms (written
+// once the op replied without an error), and an op recorded already
+// replies the error "RLDAPPLIED …" (the same mark) or "RLDCONFLICT …"
+// (another) and changes nothing.
 //
 // Every write sets the key's TTL to 2 × max(P, time until the state is
 // idle), rounded up to whole milliseconds, so that a key expires only once

@@ -31,12 +31,12 @@ func mustRead(name string) string {
 }
 
 // onceSources maps an algorithm's name to its once script: once.lua,
-// then the algorithm's script.
+// the algorithm's script as the body of a function, once_end.lua.
 var onceSources = func() map[string]string {
-	once := mustRead("once.lua")
+	head, end := mustRead("once.lua"), mustRead("once_end.lua")
 	m := make(map[string]string, len(names))
 	for name, src := range sources {
-		m[name] = once + "\n" + src
+		m[name] = head + src + "\n" + end
 	}
 	return m
 }()
@@ -48,10 +48,11 @@ var onceSources = func() map[string]string {
 // own are the mark to record (an integer) and how long to keep the
 // record, in ms (>= 1). When KEYS[2] exists the script replies the error
 // "RLDAPPLIED …" (it holds the same mark) or "RLDCONFLICT …" (another)
-// and changes nothing; else it sets KEYS[2] and runs the op as Source's
-// script does. (The op's own arguments are read by position, so the two
-// more do not disturb them; takelease, which reads all of ARGV, is not
-// sent so.)
+// and changes nothing; else it runs the op as Source's script does and,
+// when the op replied without an error, sets KEYS[2]: an op that failed
+// is not recorded, and may be sent again. (The op's own arguments are
+// read by position, so the two more do not disturb them; takelease,
+// which reads all of ARGV, is not sent so.)
 func OnceSource(algorithm string) (string, bool) {
 	src, ok := onceSources[algorithm]
 	return src, ok

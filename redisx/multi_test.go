@@ -506,3 +506,32 @@ func TestDoOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestDoOnceFailedNotRecorded: an op with a Once id that fails (here its
+// key holds another type) is not recorded: sent again once the key is
+// right, it is applied.
+func TestDoOnceFailedNotRecorded(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rs := redisx.NewStore(newClient(t, redisx.Options{Addrs: []string{srv.Addr}}))
+	ctx := context.Background()
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 100, Period: time.Hour}
+	rkey := string(redisx.AppendKey(nil, "t:", []byte("broken"), p.Kind))
+	_, err := redistest.Do(srv.Addr, "SET", rkey, "not a hash")
+	require.NoError(t, err)
+	charge := func() algo.Op {
+		t.Helper()
+		ops := []algo.Op{{Kind: algo.OpCharge, Key: []byte("broken"), Params: p, N: 7, Once: 9, OnceMark: 7, OnceFor: time.Minute.Microseconds()}}
+		require.NoError(t, rs.Do(ctx, ops))
+		return ops[0]
+	}
+	o := charge()
+	require.Error(t, o.Err)
+	assert.NotErrorIs(t, o.Err, algo.ErrApplied)
+	_, err = redistest.Do(srv.Addr, "DEL", rkey)
+	require.NoError(t, err)
+	o = charge()
+	require.NoError(t, o.Err)
+	assert.Equal(t, int64(92), o.Result.Remaining, "charged 7 (a peek of 1 after it)")
+	o = charge()
+	assert.ErrorIs(t, o.Err, algo.ErrApplied)
+}
