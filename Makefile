@@ -67,6 +67,7 @@ bench-go:
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./wire
 	$(GO) test -run='^$$' -fuzz='^FuzzParseLease$$' -fuzztime=$(FUZZTIME) ./policy
+	$(GO) test -run='^$$' -fuzz='^FuzzParseRecall$$' -fuzztime=$(FUZZTIME) ./redisx
 
 # soak is a chaos run, not part of test: minutes of mixed load while Redis
 # is killed, paused and restarted at random (RLD_SOAK=10m for longer).

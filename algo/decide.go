@@ -46,8 +46,10 @@ func DecideTo(p Params, s *State, now, cost int64, peek bool, r *Result) {
 //   - GCRA: the theoretical arrival time moves back by cost emission
 //     intervals, but not before now.
 //   - FixedWindow, SlidingCounter: the window's count drops by cost (not
-//     below 0) if takenAt lies in the current window; otherwise the window
-//     has moved on and there is nothing left to refund.
+//     below 0) if takenAt lies in the current window; for SlidingCounter
+//     the previous window's count drops if takenAt lies in that one (it
+//     still weighs on the estimate); otherwise the window has moved on
+//     and there is nothing left to refund.
 //   - SlidingLog, Concurrency: the entry at takenAt loses cost units, and
 //     goes when it has none left (for Concurrency, see Release).
 //

@@ -135,34 +135,50 @@ func TestDecideTimelines(t *testing.T) {
 			// The previous window's 4 weigh 4 at its end, 3 a quarter later.
 			{at: 2 * s1, cost: 11, want: deny(10, 6, s1, algo.Never)},
 			{at: 2 * s1, cost: 7, want: deny(10, 6, s1, 250*ms)},
-			{at: 2 * s1, op: refund, cost: 1, takenAt: 1900 * ms}, // window gone
+			{at: 2 * s1, op: refund, cost: 1, takenAt: 900 * ms}, // window gone
 			{at: 2 * s1, cost: 6, want: allow(10, 0, 2*s1)},
 			{at: 2500 * ms, op: refund, cost: 2, takenAt: 2 * s1},
 			{at: 2500 * ms, cost: 4, want: allow(10, 0, 1500*ms)},
 			{at: 3500 * ms, cost: 7, want: deny(10, 6, 500*ms, 125*ms)},
 			{at: 4500 * ms, cost: 10, want: allow(10, 0, 1500*ms)},
 		},
-	}, {
-		name: "sliding log: exact",
-		p:    algo.Params{Kind: algo.SlidingLog, Limit: 3, Period: s1},
-		steps: []step{
-			{at: 0, cost: 1, want: allow(3, 2, s1)},
-			{at: 200 * ms, cost: 1, want: allow(3, 1, s1)},
-			{at: 200 * ms, cost: 1, want: allow(3, 0, s1)},
-			{at: 500 * ms, cost: 1, want: deny(3, 0, 700*ms, 500*ms)},
-			{at: 500 * ms, cost: 2, want: deny(3, 0, 700*ms, 700*ms)},
-			{at: 999999 * us, cost: 1, want: deny(3, 0, 200001*us, us)},
-			{at: s1, cost: 1, want: allow(3, 0, s1)},
-			{at: s1, cost: 4, want: deny(3, 0, s1, algo.Never)},
-			{at: 1100 * ms, op: refund, cost: 1, takenAt: 200 * ms},
-			{at: 1100 * ms, op: peek, cost: 1, want: allow(3, 0, s1)},
-			{at: 1100 * ms, cost: 1, want: allow(3, 0, s1)},
-			{at: 1200 * ms, cost: 1, want: allow(3, 0, s1)},
-			{at: 1200 * ms, op: refund, cost: 1, takenAt: 1200 * ms},
-			{at: 1200 * ms, op: refund, cost: 1, takenAt: 1100 * ms},
-			{at: 1200 * ms, cost: 2, want: allow(3, 0, s1)},
-		},
-	}}
+	},
+		{
+			name: "sliding counter: a refund of the previous window",
+			p:    algo.Params{Kind: algo.SlidingCounter, Limit: 10, Period: s1},
+			steps: []step{
+				{at: 900 * ms, cost: 8, want: allow(10, 2, 1100*ms)},
+				// At 1s the previous window's 8 weigh 8: 2 fit.
+				{at: 1 * s1, cost: 3, want: deny(10, 2, s1, 125*ms)},
+				// Units taken at 900ms given back at 1s: that window's count
+				// drops, its weight with it.
+				{at: 1 * s1, op: refund, cost: 3, takenAt: 900 * ms},
+				{at: 1 * s1, cost: 5, want: allow(10, 0, 2*s1)},
+				// And from a state whose current window is the previous one.
+				{at: 2100 * ms, op: refund, cost: 2, takenAt: 1 * s1},
+				{at: 2100 * ms, cost: 1, want: allow(10, 6, 1900*ms)},
+			},
+		}, {
+			name: "sliding log: exact",
+			p:    algo.Params{Kind: algo.SlidingLog, Limit: 3, Period: s1},
+			steps: []step{
+				{at: 0, cost: 1, want: allow(3, 2, s1)},
+				{at: 200 * ms, cost: 1, want: allow(3, 1, s1)},
+				{at: 200 * ms, cost: 1, want: allow(3, 0, s1)},
+				{at: 500 * ms, cost: 1, want: deny(3, 0, 700*ms, 500*ms)},
+				{at: 500 * ms, cost: 2, want: deny(3, 0, 700*ms, 700*ms)},
+				{at: 999999 * us, cost: 1, want: deny(3, 0, 200001*us, us)},
+				{at: s1, cost: 1, want: allow(3, 0, s1)},
+				{at: s1, cost: 4, want: deny(3, 0, s1, algo.Never)},
+				{at: 1100 * ms, op: refund, cost: 1, takenAt: 200 * ms},
+				{at: 1100 * ms, op: peek, cost: 1, want: allow(3, 0, s1)},
+				{at: 1100 * ms, cost: 1, want: allow(3, 0, s1)},
+				{at: 1200 * ms, cost: 1, want: allow(3, 0, s1)},
+				{at: 1200 * ms, op: refund, cost: 1, takenAt: 1200 * ms},
+				{at: 1200 * ms, op: refund, cost: 1, takenAt: 1100 * ms},
+				{at: 1200 * ms, cost: 2, want: allow(3, 0, s1)},
+			},
+		}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if err := tt.p.Validate(); err != nil {

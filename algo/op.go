@@ -3,6 +3,7 @@ package algo
 import (
 	"errors"
 	"strconv"
+	"time"
 )
 
 // Errors of an op with a Once id, from a store that keeps a record of
@@ -44,7 +45,10 @@ const (
 	// this way.
 	OpRefund
 	// OpReset clears the key's state: it is a fresh key again (see
-	// Reset). Its Result is that of a peek of cost 1 after it, with
+	// Reset), less the units the holders still have out on lease
+	// (State.Out), taken from it as a lease would take them: the fleet
+	// admits no more than a fresh key's bound, and their returns give
+	// them back. Its Result is that of a peek of cost 1 after it, with
 	// Allowed false and RetryAfter 0. N is not read.
 	OpReset
 	// OpGrant adds N units (at least 1) to the key's current quota,
@@ -117,11 +121,38 @@ type Op struct {
 	// kept.
 	OnceFor int64
 
+	// Holder, when set, names the lease holder (a daemon) that sends
+	// the op, and makes the store keep the units it has out on lease of
+	// the key (State.Out): an OpLease or OpTakeLease adds what it
+	// grants, until LeaseLife after it (no later than the window's end
+	// for FixedWindow and SlidingCounter); an OpRefund is the return of
+	// leased units and gives back no more than the holder has out; an
+	// op that denies a cost reports in Parked the units out on lease.
+	// See docs/cache.md.
+	Holder string
+	// Spent is the units Holder admitted from its lease of the key since
+	// its last op on it (negative when it took more back, with local
+	// refunds, than it admitted): they leave its units out before the
+	// op runs.
+	Spent int64
+	// SpentAt is when the lease the Spent units came from was taken
+	// (its Result.At): units of a fixed window's or sliding counter's
+	// lease that no longer counts (see LeaseCounts) leave nothing.
+	SpentAt int64
+	// LeaseLife is how long after a grant the holder's units count as
+	// out, when Holder is set.
+	LeaseLife time.Duration
+
 	// Admitted is, for OpTakeLease, how many of Costs were admitted;
 	// for OpRelease, 1 when an admission was released, else 0.
 	Admitted int
 	// Granted is the units an OpLease or OpTakeLease leased.
 	Granted int64
+	// Parked is, for an OpTakeLease that denied a cost and has a Holder,
+	// the units out on lease of the key, the holder's own included (a
+	// return of them may be on its way): quota that the denial may owe
+	// to leases (0 otherwise).
+	Parked int64
 	// Result is the key's state after the op (Result.At: the store's
 	// time), when Err is nil.
 	Result Result
@@ -135,18 +166,39 @@ type Op struct {
 // an OpTakeLease must have Costs.
 func Apply(op *Op, s *State, now int64) {
 	p := op.Params
+	op.Parked = 0
+	var total int64 // the units out on lease, when accounted
+	if op.Holder != "" || op.Kind == OpReset {
+		total = applyHeld(op, s, now)
+	}
 	switch op.Kind {
 	case OpTake, OpPeek:
 		DecideTo(p, s, now, op.N, op.Kind == OpPeek, &op.Result)
 	case OpLease:
 		op.Granted, op.Result = Lease(p, s, now, op.N)
+		held(op, s, now)
 	case OpTakeLease:
 		op.Admitted, op.Granted, op.Result = TakeLease(p, s, now, op.Costs, op.N)
+		held(op, s, now)
+		if op.Admitted < len(op.Costs) {
+			op.Parked = parked(op, s, total)
+		}
 	case OpRefund:
-		Refund(p, s, now, op.TakenAt, op.N)
+		if op.Holder == "" {
+			Refund(p, s, now, op.TakenAt, op.N)
+		} else if n := min(max(op.N, 1), outOwn(s, op.Holder)); n > 0 && LeaseCounts(p, now, op.TakenAt) {
+			// A lease's return: no more than the holder has out.
+			outAdd(s, op.Holder, -n, 0)
+			Refund(p, s, now, op.TakenAt, n)
+		}
 		after(op, s, now)
 	case OpReset:
+		out := s.Out
 		Reset(s)
+		s.Out = out
+		if total > 0 {
+			Lease(p, s, now, total)
+		}
 		after(op, s, now)
 	case OpGrant:
 		Grant(p, s, now, op.N)
@@ -164,6 +216,23 @@ func Apply(op *Op, s *State, now int64) {
 	default:
 		panic("BUG: algo.Apply: unknown " + op.Kind.String())
 	}
+}
+
+// held adds the units op granted to its holder's units out.
+func held(op *Op, s *State, now int64) {
+	if op.Holder != "" && op.Granted > 0 {
+		outAdd(s, op.Holder, op.Granted, LeaseUntil(op.Params, now, op.LeaseLife))
+	}
+}
+
+// parked returns the units out on lease, total, when op has a Holder:
+// the holder's own count too, since it asks only when its lease does not
+// cover the cost, and a return of its own may be on its way.
+func parked(op *Op, s *State, total int64) int64 {
+	if op.Holder == "" {
+		return 0
+	}
+	return total
 }
 
 // after sets op's Result to that of a peek of cost 1 on s at now, with

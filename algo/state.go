@@ -20,6 +20,11 @@ type State struct {
 	// oldest first. Admissions at
 	// the same microsecond share one Entry.
 	Log []Entry
+	// Out is the units each holder has out on lease of the key, kept by
+	// the ops that carry a Holder (see Op); a store without leases never
+	// has any. It is not part of the algorithm's state: Decide and Idle
+	// do not read it.
+	Out []Out
 }
 
 // Entry is one admission of a SlidingLog: Cost units at At (unix µs).

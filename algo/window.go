@@ -80,7 +80,15 @@ func windowCounts(s *State, start, per int64) (cur, prev int64) {
 func refundWindow(p Params, s *State, now, takenAt, cost int64) {
 	per := p.PeriodMicros()
 	start := now - now%per
-	if s.A == start && takenAt-takenAt%per == start {
+	taken := takenAt - takenAt%per
+	switch {
+	case s.A == start && taken == start:
+		s.B = max(s.B-cost, 0)
+	case p.Kind == SlidingCounter && taken == start-per && s.A == start:
+		// The previous window still weighs on a sliding counter's
+		// estimate: its count drops.
+		s.C = max(s.C-cost, 0)
+	case p.Kind == SlidingCounter && taken == start-per && s.A == start-per:
 		s.B = max(s.B-cost, 0)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/memstore"
@@ -38,6 +39,7 @@ type fleet struct {
 	c        *redisx.Client
 	rs       *redisx.Store
 	cache    *shardcache.Cache
+	recalls  *redisx.Recalls
 	fallback *policy.Fallback
 	id       string
 	peers    atomic.Int64 // live daemons at the last heartbeat (1 until known)
@@ -67,7 +69,7 @@ func redisOptions(sc *config.Store, password string) redisx.Options {
 // newFleet builds the store, the cache and the fallback on the Redis
 // client c as sc configures them.
 func newFleet(c *redisx.Client, sc *config.Store) *fleet {
-	f := &fleet{c: c, rs: redisx.NewStore(c), id: daemonID()}
+	f := &fleet{c: c, rs: redisx.NewStore(c), recalls: redisx.NewRecalls(c), id: daemonID()}
 	f.peers.Store(1)
 	f.cache = shardcache.New(f.rs, shardcache.Options{
 		SyncInterval: time.Duration(sc.SyncInterval),
@@ -75,6 +77,11 @@ func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 		Timeout:      time.Duration(sc.Timeout),
 		Peers:        func() int { return int(f.peers.Load()) },
 		Clock:        time.Now,
+		Holder:       f.id,
+		Recall: func(ctx context.Context, key []byte, kind algo.Kind) error {
+			_, err := f.recalls.Publish(ctx, redisx.Recall{Kind: kind, Key: key, From: f.id})
+			return err
+		},
 	})
 	f.fallback = policy.NewFallback(policy.FallbackOptions{
 		Health: f,
@@ -116,10 +123,14 @@ func daemonID() string {
 func (f *fleet) start(log *slog.Logger) {
 	ctx, cancel := context.WithCancel(context.Background())
 	f.stop = cancel
-	f.done.Add(2)
+	f.done.Add(3)
 	go func() {
 		defer f.done.Done()
 		f.cache.Run(ctx)
+	}()
+	go func() {
+		defer f.done.Done()
+		f.watchRecalls(ctx, log)
 	}()
 	go func() {
 		defer f.done.Done()
@@ -160,6 +171,40 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// watchRecalls hands the other daemons' lease recalls to the cache until
+// ctx is done, subscribing again (with a backoff) when the subscription
+// fails or is lost. A recall missed meanwhile costs at most a refusal:
+// the holder's sync returns an idle lease within one interval.
+func (f *fleet) watchRecalls(ctx context.Context, log *slog.Logger) {
+	const minWait, maxWait = 100 * time.Millisecond, 5 * time.Second
+	wait := minWait
+	var subscribed atomic.Bool // written from rueidis's goroutine
+	failing := false
+	for ctx.Err() == nil {
+		err := f.recalls.Subscribe(ctx, func() { subscribed.Store(true) }, func(r redisx.Recall) {
+			if r.From != f.id {
+				f.cache.Recalled(r.Key, r.Kind, time.Now())
+			}
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if subscribed.Swap(false) {
+			wait, failing = minWait, false
+		}
+		if !failing {
+			failing = true
+			log.Warn("no subscription to lease recalls; subscribing again", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, maxWait)
 	}
 }
 

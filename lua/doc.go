@@ -6,8 +6,16 @@
 // for SCRIPT LOAD, EVALSHA or EVAL. Every script follows one calling
 // convention:
 //
-//	KEYS[1]  the counter's key; the script touches no other key, so it is
-//	         Cluster-safe. All state of a counter lives in that key.
+//	KEYS[1]  the counter's key. All state of a counter lives in that key.
+//	KEYS[2]  optional, in the same Cluster slot (the same hash tag): the
+//	         hash of the units out on lease of the counter, one field per
+//	         holder, "<units>:<until µs>" (algo.Op's Holder, State.Out).
+//	         With it, ARGV[6..9] are the caller's holder id ("" for
+//	         none), the units it spent from its lease since its last call
+//	         (algo.Op.Spent), when that lease was taken (SpentAt, µs) and
+//	         its leases' lifetime in µs, and the op's own arguments, below
+//	         from ARGV[6] on, move four places up (ARGV[10] on). The
+//	         script touches no other key, so it is Cluster-safe.
 //	ARGV[1]  op: "take", "takelease", "peek", "lease", "refund", "reset",
 //	         "grant", "charge", or for concurrency.lua "release"
 //	ARGV[2]  limit L (>= 1)
@@ -32,9 +40,11 @@
 //	         allow now (0 if none) and consume it as a take of g
 //	         (algo.Lease).
 //	refund   ARGV[6] = cost, ARGV[7] = takenAt µs (the now_us of the take):
-//	         algo.Refund.
+//	         algo.Refund; with a holder, a lease's return, of no more
+//	         than the holder has out.
 //	reset    ARGV[6] is not read: the key is deleted, a fresh key
-//	         (algo.Reset).
+//	         (algo.Reset), less the units out on lease when KEYS[2] is
+//	         given, taken as by lease.
 //	grant    ARGV[6] = n: n units more of the current quota, capped at a
 //	         fresh key's (algo.Grant: a refund of n units taken now, or
 //	         for sliding_log the oldest live admissions go first).
@@ -46,7 +56,8 @@
 // A cost, or the want of lease, below 1 counts as 1; the want of
 // takelease must be >= 0, and 0 asks for no lease. Every op but takelease
 // replies with an array of five integers {admitted, remaining, reset_us,
-// retry_after_us, now_us}; takelease adds a sixth, leased:
+// retry_after_us, now_us}; takelease adds a sixth, leased, and a
+// seventh, parked:
 //
 //	take     admitted = how many costs of the prefix were admitted;
 //	         remaining and reset_us are those of the last admitted cost
@@ -55,10 +66,12 @@
 //	         (algo.Never) when it exceeds the capacity.
 //	takelease
 //	         {admitted, remaining, reset_us, retry_after_us, now_us,
-//	         leased}: admitted and retry_after_us as take; leased = units
-//	         granted by the lease (0 when a cost was denied, want is 0 or
-//	         nothing more fits); remaining and reset_us after the lease
-//	         when leased > 0, else as take.
+//	         leased, parked}: admitted and retry_after_us as take; leased
+//	         = units granted by the lease (0 when a cost was denied, want
+//	         is 0 or nothing more fits); remaining and reset_us after the
+//	         lease when leased > 0, else as take; parked = when a cost was
+//	         denied and the call has a holder, the units out on lease,
+//	         the caller's own included (else 0).
 //	peek     admitted 1 or 0; the rest as algo.Decide with peek.
 //	lease    admitted = units granted; remaining and reset_us after the
 //	         grant; retry_after_us 0 if any unit was granted, else the

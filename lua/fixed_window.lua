@@ -5,7 +5,7 @@
 --   count  the units admitted in that window (State.B)
 -- A missing key has counted nothing.
 
-local alg = {}
+local alg = {window = 1}
 
 function alg.load(p, now)
   local v = redis.call('HMGET', key, 'start', 'count')

@@ -13,6 +13,15 @@
 
 local key = KEYS[1]
 
+-- Lease accounting (algo.Op's Holder; docs/cache.md). KEYS[2], when
+-- given, is a hash of the units each holder has out on lease of the key:
+-- field = holder id, value = "<units>:<until µs>". ARGV[6..9] are then
+-- the caller's holder id ('' for none), the units it spent from its
+-- lease since its last call, when that lease was taken (µs), and its
+-- leases' lifetime in µs; the op's own arguments follow them.
+local lkey = KEYS[2]
+local held, held_total, held_dirty = {}, 0, false
+
 -- quo returns Go's a / b (truncated) for integers a and b ~= 0.
 local function quo(a, b)
   return (a - math.fmod(a, b)) / b
@@ -70,6 +79,67 @@ local function expire(p, idle)
   redis.call('PEXPIRE', key, int(ceil_div(2 * math.max(p.per, idle), 1000)))
 end
 
+-- held_load reads lkey's live entries into held at now, dropping those
+-- that lapsed (algo's outsLive), and applies the holder's spent units
+-- (spent 0 when they no longer count: algo.LeaseCounts).
+local function held_load(now, holder, spent)
+  local v = redis.call('HGETALL', lkey)
+  for i = 1, #v, 2 do
+    local u, untl = string.match(v[i + 1], '^(%d+):(%d+)$')
+    u, untl = tonumber(u), tonumber(untl)
+    if u and u > 0 and untl > now then
+      held[v[i]] = {u, untl}
+      held_total = held_total + u
+    else
+      redis.call('HDEL', lkey, v[i])
+    end
+  end
+  local own = held[holder]
+  if holder ~= '' and spent ~= 0 and own then
+    local u = math.max(own[1] - spent, 0)
+    held_total, own[1], held_dirty = held_total - own[1] + u, u, true
+  end
+end
+
+-- held_own returns the units holder has out.
+local function held_own(holder)
+  local own = held[holder]
+  if own then return own[1] end
+  return 0
+end
+
+-- held_add adds n units (n may be negative) to holder's entry, not below
+-- 0, moving its until to untl when later (algo's outAdd).
+local function held_add(holder, n, untl)
+  local own = held[holder]
+  if not own or own[1] == 0 then
+    -- An entry left with nothing is gone: a grant starts a new one.
+    if n <= 0 then return end
+    own = {0, untl}
+    held[holder] = own
+  end
+  own[1], own[2] = math.max(own[1] + n, 0), math.max(own[2], untl)
+  held_dirty = true
+end
+
+-- held_save writes the entries back when they changed, the hash kept
+-- until the last of them lapses.
+local function held_save(now)
+  if not held_dirty then return end
+  local last = 0
+  for h, o in pairs(held) do
+    if o[1] > 0 then
+      redis.call('HSET', lkey, h, int(o[1]) .. ':' .. int(o[2]))
+      last = math.max(last, o[2])
+    else
+      redis.call('HDEL', lkey, h)
+    end
+  end
+  if last > now then
+    redis.call('PEXPIRE', lkey, int(ceil_div(last - now, 1000)))
+  end
+end
+
 -- grant leases the largest g <= want (want >= 1) that a take would allow
 -- at now and consumes it from st, in memory (algo.Lease). It returns g,
 -- remaining and reset after the grant, and retry 0; or, when nothing
@@ -118,14 +188,38 @@ local function run(alg)
   end
   local p = {limit = limit, per = per, cap = limit}
   if alg.burst and burst > 0 then p.cap = burst end
+  -- lease_counts is algo.LeaseCounts: alg.window is how many windows a
+  -- windowed algorithm's leased units count in.
+  local function lease_counts(at)
+    if alg.window == 1 then return window_start(at, per) == window_start(now, per) end
+    if alg.window == 2 then return window_start(at, per) >= window_start(now, per) - per end
+    return true
+  end
+  -- o: the op's arguments start at ARGV[o + 1].
+  local o, holder, life = 5, '', 0
+  if lkey then
+    o, holder, life = 9, ARGV[6], arg(9)
+    local spent, spent_at = arg(7), arg(8)
+    if not (spent and spent_at and life and life >= 0) then
+      return redis.error_reply('ERR rld: want ARGV spent, spent_at and lease life >= 0 with KEYS[2]')
+    end
+    if not lease_counts(spent_at) then spent = 0 end
+    if holder ~= '' or op == 'reset' then held_load(now, holder, spent) end
+  end
+  -- lease_until is algo.LeaseUntil.
+  local function lease_until()
+    local untl = now + life
+    if alg.window then untl = math.min(untl, window_start(now, per) + alg.window * per) end
+    return untl
+  end
 
   if op == 'take' or op == 'takelease' then
-    -- takelease: ARGV[6] is want, the costs follow.
-    local first, want = 6, 0
+    -- takelease: ARGV[o + 1] is want, the costs follow.
+    local first, want = o + 1, 0
     if op == 'takelease' then
-      first, want = 7, arg(6)
+      first, want = o + 2, arg(o + 1)
       if not want or want < 0 then
-        return redis.error_reply('ERR rld: takelease wants ARGV[6] want >= 0')
+        return redis.error_reply('ERR rld: takelease wants want >= 0')
       end
     end
     if #ARGV < first then
@@ -146,55 +240,81 @@ local function run(alg)
       end
       admitted = admitted + 1
     end
-    local leased = 0
+    local leased, parked = 0, 0
     if admitted == #ARGV - first + 1 and want > 0 then
       local g, rem, rst = grant(alg, p, st, now, want)
       if g > 0 then
         leased, remaining, reset = g, rem, rst
+        if holder ~= '' then held_add(holder, g, lease_until()) end
       end
+    end
+    if admitted < #ARGV - first + 1 and holder ~= '' then
+      -- The caller's own units count too: its return may be on its way.
+      parked = held_total
     end
     if admitted > 0 then
       alg.save(p, st, now)
       expire(p, alg.idle(p, st, now))
     end
+    held_save(now)
     if op == 'takelease' then
-      return {admitted, remaining, reset, retry, now, leased}
+      return {admitted, remaining, reset, retry, now, leased, parked}
     end
     return {admitted, remaining, reset, retry, now}
   end
 
   if op == 'reset' then
-    -- A fresh key is a missing one.
+    -- A fresh key is a missing one, less what is out on lease.
     redis.call('DEL', key)
-    local _, rem, rst = alg.decide(p, alg.load(p, now), now, 1, true)
+    local st = alg.load(p, now)
+    if held_total > 0 and grant(alg, p, st, now, held_total) > 0 then
+      alg.save(p, st, now)
+      expire(p, alg.idle(p, st, now))
+    end
+    held_save(now)
+    local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, 0, now}
   end
 
-  local x = arg(6)
+  local x = arg(o + 1)
   if not x then
-    return redis.error_reply('ERR rld: bad or missing ARGV[6]')
+    return redis.error_reply('ERR rld: bad or missing ARGV[' .. (o + 1) .. ']')
   end
   x = math.max(x, 1)
   local st = alg.load(p, now)
 
   if op == 'peek' then
     local ok, rem, rst, ret = alg.decide(p, st, now, x, true)
+    held_save(now)
     return {ok and 1 or 0, rem, rst, ret, now}
   elseif op == 'lease' then
     local granted, rem, rst, ret = grant(alg, p, st, now, x)
     if granted > 0 then
       alg.save(p, st, now)
       expire(p, alg.idle(p, st, now))
+      if holder ~= '' then held_add(holder, granted, lease_until()) end
     end
+    held_save(now)
     return {granted, rem, rst, ret, now}
   elseif op == 'refund' then
-    local taken_at = arg(7)
+    local taken_at = arg(o + 2)
     if not taken_at then
       return redis.error_reply('ERR rld: bad or missing takenAt')
     end
-    if alg.refund(p, st, now, taken_at, math.min(x, p.cap)) then
+    if holder ~= '' then
+      -- A lease's return: no more than the holder has out, and nothing
+      -- when its units no longer count.
+      if lease_counts(taken_at) then
+        x = math.min(x, held_own(holder))
+        held_add(holder, -x, 0)
+      else
+        x = 0
+      end
+    end
+    if x > 0 and alg.refund(p, st, now, taken_at, math.min(x, p.cap)) then
       expire(p, alg.idle(p, st, now))
     end
+    held_save(now)
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, 0, now}
   elseif op == 'grant' then
@@ -209,6 +329,7 @@ local function run(alg)
     if wrote then
       expire(p, alg.idle(p, st, now))
     end
+    held_save(now)
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, 0, now}
   elseif op == 'charge' then
@@ -217,11 +338,13 @@ local function run(alg)
     if alg.charge(p, st, now, math.min(x, p.cap)) then
       expire(p, alg.idle(p, st, now))
     end
+    held_save(now)
     local _, rem, rst, ret = alg.decide(p, st, now, 1, true)
     return {0, rem, rst, ret, now}
   elseif op == 'release' and alg.release then
-    -- algo.Release: ARGV[7] is the admission's time, its lease id.
-    local at = arg(7)
+    -- algo.Release: the op's second argument is the admission's time,
+    -- its lease id.
+    local at = arg(o + 2)
     if not at then
       return redis.error_reply('ERR rld: bad or missing lease id')
     end
@@ -229,6 +352,7 @@ local function run(alg)
     if released then
       expire(p, alg.idle(p, st, now))
     end
+    held_save(now)
     local _, rem, rst = alg.decide(p, st, now, 1, true)
     return {released and 1 or 0, rem, rst, 0, now}
   end

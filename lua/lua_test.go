@@ -103,9 +103,10 @@ func (s step) is(admitted, remaining int64, reset, retry time.Duration) step {
 	return s
 }
 
-// leased completes the expected reply of a takelease step.
+// leased completes the expected reply of a takelease step: n units
+// leased, none parked with other holders.
 func (s step) leased(n int64) step {
-	s.want = append(s.want, n)
+	s.want = append(s.want, n, 0)
 	return s
 }
 
@@ -125,6 +126,17 @@ type runner struct {
 	p   algo.Params
 	key string
 	s   algo.State
+
+	// With lkey set, every call carries the lease accounting (KEYS[2]
+	// = lkey) with holder (maybe ""), spent and life, which the
+	// timeline sets before each call.
+	lkey    string
+	holder  string
+	spent   int64
+	spentAt int64
+	life    time.Duration
+	// pick, when set, chooses holder, spent and life before each call.
+	pick func()
 }
 
 func (e *env) runner(t *testing.T, p algo.Params, key string) *runner {
@@ -132,7 +144,7 @@ func (e *env) runner(t *testing.T, p algo.Params, key string) *runner {
 	if err := p.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e.c.do("DEL", key)
+	e.c.do("DEL", key, key+":out")
 	return &runner{t: t, e: e, p: p, key: key}
 }
 
@@ -140,9 +152,15 @@ func (e *env) runner(t *testing.T, p algo.Params, key string) *runner {
 func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	t, p := r.t, r.p
 	t.Helper()
+	if r.pick != nil {
+		r.pick()
+	}
 	before := clone(r.s)
 	// The Go side: algo.Apply, the specification of every op.
 	ao := algo.Op{Kind: o, Params: p, TakenAt: takenAt}
+	if r.lkey != "" {
+		ao.Holder, ao.Spent, ao.SpentAt, ao.LeaseLife = r.holder, r.spent, r.spentAt, r.life
+	}
 	switch o {
 	case take:
 		ao.Kind, ao.Costs = algo.OpTakeLease, costs // a batch: takes, no lease
@@ -161,7 +179,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	case lease:
 		want = reply(ao.Granted, ao.Result, now)
 	case takelease:
-		want = append(reply(int64(ao.Admitted), ao.Result, now), ao.Granted)
+		want = append(reply(int64(ao.Admitted), ao.Result, now), ao.Granted, ao.Parked)
 	case refund, reset, grant:
 		want = reply(0, ao.Result, now)
 	case release:
@@ -175,6 +193,11 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	// clock is not Redis's).
 	args := []string{"EVALSHA", r.e.shas[p.Kind], "1", r.key, o.String(),
 		itoa(p.Limit), itoa(p.PeriodMicros()), itoa(p.Burst), itoa(now)}
+	if r.lkey != "" {
+		args[2] = "2"
+		args = slices.Insert(args, 4, r.lkey)
+		args = append(args, r.holder, itoa(r.spent), itoa(r.spentAt), itoa(r.life.Microseconds()))
+	}
 	for _, c := range costs {
 		args = append(args, itoa(c))
 	}
@@ -187,15 +210,21 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	c.send("PTTL", r.key)
 	c.send("PERSIST", r.key)
 	c.send(dumpCommand(p.Kind, r.key)...)
+	nc := 5
+	if r.lkey != "" {
+		c.send("PERSIST", r.lkey)
+		c.send("HGETALL", r.lkey)
+		nc = 7
+	}
 	c.send("EXEC")
 	c.flush()
-	for range 5 {
+	for range nc {
 		if err, ok := c.read().(redisError); ok {
 			t.Fatalf("MULTI: %v", err)
 		}
 	}
 	exec, ok := c.read().([]any)
-	if !ok || len(exec) != 4 {
+	if !ok || len(exec) != nc-1 {
 		t.Fatalf("EXEC replied %#v", exec)
 	}
 	got, err := ints(exec[0])
@@ -209,6 +238,11 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	if gs, rs := goState(p.Kind, r.s, p.PeriodMicros()), redisState(p.Kind, exec[3]); gs != rs {
 		t.Errorf("%s: state in Redis %q, in Go %q", what, rs, gs)
 	}
+	if r.lkey != "" {
+		if gs, rs := goOuts(r.s), redisState(algo.TokenBucket, exec[5]); gs != rs {
+			t.Errorf("%s: out on lease in Redis %q, in Go %q", what, rs, gs)
+		}
+	}
 
 	pttl, _ := exec[1].(int64)
 	wrote := pttl >= 0 // PERSIST removed the TTL of every earlier write
@@ -219,8 +253,9 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		t.Errorf("%s: admitted %d, yet wrote=%v (PTTL %d)", what, got[0], wrote, pttl)
 	case (o == refund || o == grant || o == release || o == charge) && !equal(before, r.s) && pttl == -1:
 		t.Errorf("%s: a %s changed the state but set no TTL", what, o)
-	case o == reset && pttl != -2:
-		t.Errorf("%s: a reset left the key (PTTL %d)", what, pttl)
+	case o == reset && (pttl != -2) != (goState(p.Kind, r.s, p.PeriodMicros()) != ""):
+		// A reset leaves a key only for the units out on lease.
+		t.Errorf("%s: a reset left the key (PTTL %d) for state %q", what, pttl, goState(p.Kind, r.s, p.PeriodMicros()))
 	case wrote:
 		per := p.PeriodMicros()
 		ttl := (2*max(per, idleMicros(p, r.s, now)) + 999) / 1000
@@ -318,6 +353,18 @@ func goState(kind algo.Kind, s algo.State, per int64) string {
 		fmt.Fprintf(&b, "%d:%d@%d", en.At, en.Cost, en.At+score)
 	}
 	return b.String()
+}
+
+// goOuts renders s.Out as redisState renders the hash of units out on
+// lease (both drop the entries that lapsed when an op with a holder, or
+// a reset, reads them).
+func goOuts(s algo.State) string {
+	var parts []string
+	for _, o := range s.Out {
+		parts = append(parts, fmt.Sprintf("%s=%d:%d", o.Holder, o.Units, o.Until))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, " ")
 }
 
 func redisState(kind algo.Kind, v any) string {
@@ -430,7 +477,7 @@ func TestTimelines(t *testing.T) {
 			tk(1300*m1, 1).is(1, 0, 1700*ms, 0),
 			tk(1900*m1, 1).is(1, 5, 1100*ms, 0),
 			tk(2*sec, 7).is(0, 6, s1, 250*ms),
-			rf(2*sec, 1, 1900*m1),
+			rf(2*sec, 1, 900*m1), // window gone
 			ls(2*sec, 100).is(6, 0, 2*s1, 0),
 			rf(2500*m1, 2, 2*sec),
 			tk(2500*m1, 4).is(1, 0, 1500*ms, 0),
@@ -769,6 +816,85 @@ func randomTimeline(r *runner, rng *rand.Rand, ops int) {
 			return
 		}
 	}
+}
+
+// TestLeaseAccountingDifferential runs seeded random timelines of every
+// algorithm that leases with the lease accounting on: each call made by
+// one of three holders or by none, reporting random spent units (some
+// negative), with random lease lifetimes; Go and the script must agree
+// on every reply, the state, and the units each holder has out.
+func TestLeaseAccountingDifferential(t *testing.T) {
+	e := newEnv(t)
+	seeds, ops := 20, 150
+	if testing.Short() {
+		seeds = 5
+	}
+	for _, kind := range kinds {
+		if kind == algo.SlidingLog {
+			continue // strict: never leased
+		}
+		t.Run(kind.String(), func(t *testing.T) {
+			for seed := range seeds {
+				rng := rand.New(rand.NewPCG(uint64(seed), 200+uint64(kind)))
+				p := randomParams(rng, kind)
+				key := fmt.Sprintf("{held}%v:%d", kind, seed)
+				r := e.runner(t, p, key)
+				r.lkey = key + ":out"
+				holders := []string{"", "a", "b", "c"}
+				r.pick = func() {
+					r.holder = holders[rng.IntN(len(holders))]
+					r.spent = 0
+					if rng.IntN(2) == 0 {
+						r.spent = rng.Int64N(p.Capacity()+2) - 1
+					}
+					r.life = time.Duration(1+rng.Int64N(3*p.PeriodMicros())) * time.Microsecond
+					// When the spent units' lease was taken: now, or up
+					// to three periods before (the windows then differ).
+					r.spentAt = t0 + rng.Int64N(3*p.PeriodMicros()+1)
+				}
+				randomTimeline(r, rng, ops)
+				if t.Failed() {
+					t.Fatalf("seed %d, params %+v", seed, p)
+				}
+			}
+		})
+	}
+}
+
+// TestResetLessOut: a reset leaves a fresh key less the units out on
+// lease, which the holders then admit or give back; a return gives back
+// no more than its holder has out, and a holder's units stop counting
+// at the end of their lifetime.
+func TestResetLessOut(t *testing.T) {
+	e := newEnv(t)
+	p := algo.Params{Kind: algo.FixedWindow, Limit: 10, Period: s1}
+	r := e.runner(t, p, "{held}reset")
+	r.lkey = "{held}reset:out"
+	as := func(holder string, spent int64) { r.holder, r.spent, r.spentAt, r.life = holder, spent, t0, 300*ms }
+	us := time.Microsecond
+	as("a", 0)
+	r.run(t0, []step{tl(0, 4, 1).is(1, 5, s1, 0).leased(4)})
+	as("b", 0)
+	r.run(t0, []step{tl(0, 3, 1).is(1, 1, s1, 0).leased(3)})
+	// The reset leaves 10 − (4 + 3) units: a peek of 1 leaves 2.
+	as("", 0)
+	r.run(t0, []step{rs(1).is(0, 2, s1-us, 0)})
+	// a admitted 2 of its 4 and gives back the rest: 2, whatever it says.
+	as("a", 2)
+	r.run(t0, []step{rf(2, 9, 0).is(0, 4, s1-2*us, 0)})
+	// c is refused at its sixth unit while b has 3 units out.
+	as("c", 0)
+	st := tl(3, 0, 1, 1, 1, 1, 1, 1).is(5, 0, s1-3*us, s1-3*us)
+	st.want = append(st.want, 0, 3)
+	r.run(t0, []step{st})
+	// b's return brings its 3 units back.
+	as("b", 0)
+	r.run(t0, []step{rf(5, 3, 0).is(0, 2, s1-5*us, 0)})
+	// The window ends: what b would still hold has lapsed with it.
+	as("b", 0)
+	r.run(t0, []step{tl(int64(s1/us)-1, 1, 1).is(1, 1, us, 0).leased(1)})
+	as("a", 0)
+	r.run(t0, []step{rs(int64(s1/us)).is(0, 9, s1, 0)})
 }
 
 // TestTTL checks the TTL of a first write and that calls that write

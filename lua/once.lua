@@ -2,7 +2,7 @@
 -- OnceSource builds the script: this file, then the algorithm's script
 -- (lib.lua and its file) as the function body, then once_end.lua.
 --
--- KEYS[2] is the op's record, a string in KEYS[1]'s hash slot; the last
+-- The last KEYS is the op's record, a string in KEYS[1]'s hash slot; the last
 -- two ARGV are the mark to record (an integer) and how long to keep it,
 -- in ms (>= 1). When the record exists, the op was applied already: the
 -- script replies the error RLDAPPLIED (the same mark) or RLDCONFLICT
@@ -10,8 +10,13 @@
 -- once the op has replied without an error: an op that failed may be
 -- sent again.
 
-local once_mark = ARGV[#ARGV - 1]
-local once_seen = redis.call('GET', KEYS[2])
+-- The record's key and the last two ARGV are the guard's: the body sees
+-- the op's own KEYS and ARGV, as without the guard.
+local once_key, once_mark, once_life = KEYS[#KEYS], ARGV[#ARGV - 1], ARGV[#ARGV]
+KEYS[#KEYS] = nil
+ARGV[#ARGV] = nil
+ARGV[#ARGV] = nil
+local once_seen = redis.call('GET', once_key)
 if once_seen then
   if once_seen == once_mark then
     return redis.error_reply('RLDAPPLIED rld: op applied already')

@@ -119,8 +119,8 @@ func ints(v any) ([]int64, error) {
 		return nil, err
 	}
 	vs, ok := v.([]any)
-	if !ok || len(vs) != 5 && len(vs) != 6 { // 6: takelease
-		return nil, fmt.Errorf("reply %#v, want 5 or 6 integers", v)
+	if !ok || len(vs) != 5 && len(vs) != 7 { // 7: takelease
+		return nil, fmt.Errorf("reply %#v, want 5 or 7 integers", v)
 	}
 	out := make([]int64, len(vs))
 	for i, x := range vs {

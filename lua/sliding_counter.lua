@@ -6,7 +6,7 @@
 --   prev   the units admitted in the window before it (State.C)
 -- A missing key has counted nothing.
 
-local alg = {}
+local alg = {window = 2}
 
 function alg.load(p, now)
   local v = redis.call('HMGET', key, 'start', 'cur', 'prev')
@@ -56,7 +56,22 @@ function alg.save(p, st, now)
   redis.call('HSET', key, 'start', int(st.a), 'cur', int(st.b), 'prev', int(st.c))
 end
 
+-- refund: the current window's count, or the previous window's, which
+-- still weighs on the estimate (algo's refundWindow).
 function alg.refund(p, st, now, taken_at, cost)
+  local start = window_start(now, p.per)
+  if window_start(taken_at, p.per) == start - p.per then
+    if st.a == start then
+      st.c = math.max(st.c - cost, 0)
+      redis.call('HSET', key, 'prev', int(st.c))
+      return true
+    elseif st.a == start - p.per then
+      st.b = math.max(st.b - cost, 0)
+      redis.call('HSET', key, 'cur', int(st.b))
+      return true
+    end
+    return false
+  end
   return refund_window(p, st, now, taken_at, cost, 'cur')
 end
 

@@ -21,7 +21,10 @@ import (
 )
 
 // The ops Store.Do runs are algo.Ops, of every kind. Do sets Admitted
-// (OpTakeLease, OpRelease), Granted (OpLease, OpTakeLease), Result and Err. N below
+// (OpTakeLease, OpRelease), Granted (OpLease, OpTakeLease), Parked
+// (OpTakeLease), Result and Err. An op with a Holder, and every OpReset,
+// goes with the lease accounting: the counter's hash of units out on
+// lease (its Redis key and ":out") is the script's KEYS[2]. N below
 // 1 counts as 1 for OpTake, OpPeek, OpLease, OpGrant, OpCharge and
 // OpRelease; an OpRefund of
 // less than 1 is invalid (not sent, Err set), since giving back a unit
@@ -119,6 +122,7 @@ type multiBuf struct {
 	cmds    []rueidis.Completed
 	res     []rueidis.RedisResult
 	args    []string
+	argKeys []string // the KEYS of the command being built
 	kb      []byte
 	// params caches ARGV[2..4] of the Params seen, which repeat across
 	// the ops of one rule.
@@ -136,6 +140,7 @@ func (b *multiBuf) put() {
 	clear(b.cmds)
 	clear(b.res)
 	clear(b.args)
+	clear(b.argKeys)
 	clear(b.nodes)
 	clear(b.errs)
 	b.keys, b.pending, b.cmds, b.res, b.args = b.keys[:0], b.pending[:0], b.cmds[:0], b.res[:0], b.args[:0]
@@ -199,7 +204,7 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 		return nil
 	}
 	for i := range ops {
-		ops[i].Admitted, ops[i].Granted, ops[i].Result, ops[i].Err = 0, 0, algo.Result{}, nil
+		ops[i].Admitted, ops[i].Granted, ops[i].Parked, ops[i].Result, ops[i].Err = 0, 0, 0, algo.Result{}, nil
 	}
 	b := multiBufs.Get().(*multiBuf)
 	defer b.put()
@@ -370,6 +375,12 @@ func checkOp(o *algo.Op) error {
 func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool) rueidis.Completed {
 	pa := b.paramArgs(o.Params)
 	b.args = append(b.args[:0], o.Kind.String(), pa[0], pa[1], pa[2], "0")
+	held := held(o)
+	if held {
+		// The lease accounting: KEYS[2] and ARGV[6..9] (lua's doc.go).
+		b.args = append(b.args, o.Holder, strconv.FormatInt(o.Spent, 10), strconv.FormatInt(o.SpentAt, 10),
+			strconv.FormatInt(o.LeaseLife.Microseconds(), 10))
+	}
 	switch o.Kind {
 	case algo.OpTakeLease:
 		// ARGV[6] is the lease wanted, the costs follow.
@@ -383,31 +394,44 @@ func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool
 		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10))
 	}
 	k := o.Params.Kind
+	keys := append(b.argKeys[:0], rkey)
+	if held {
+		// The lease accounting's hash is KEYS[2] (lua's doc.go).
+		keys = append(keys, rkey+outSuffix)
+	}
+	script, sha := lua.Source, scriptSHA[k]
 	if o.Once != 0 {
-		// The once script: the record's key, its mark and life (ms)
-		// come last.
+		// The once script: the record's key comes last, and so do its
+		// mark and life (ms).
 		b.args = append(b.args, strconv.FormatInt(o.OnceMark, 10), strconv.FormatInt(max((o.OnceFor+999)/1000, 1), 10))
 		b.kb = appendOnceKey(b.kb[:0], rkey, o.Once)
-		okey := string(b.kb)
-		if eval {
-			src, _ := lua.OnceSource(k.String())
-			return rc.B().Eval().Script(src).Numkeys(2).Key(rkey, okey).Arg(b.args...).Build()
-		}
-		return rc.B().Evalsha().Sha1(onceSHA[k]).Numkeys(2).Key(rkey, okey).Arg(b.args...).Build()
+		keys = append(keys, string(b.kb))
+		script, sha = lua.OnceSource, onceSHA[k]
 	}
+	b.argKeys = keys
 	if eval {
-		src, _ := lua.Source(k.String())
-		return rc.B().Eval().Script(src).Numkeys(1).Key(rkey).Arg(b.args...).Build()
+		src, _ := script(k.String())
+		return rc.B().Eval().Script(src).Numkeys(int64(len(keys))).Key(keys...).Arg(b.args...).Build()
 	}
-	return rc.B().Evalsha().Sha1(scriptSHA[k]).Numkeys(1).Key(rkey).Arg(b.args...).Build()
+	return rc.B().Evalsha().Sha1(sha).Numkeys(int64(len(keys))).Key(keys...).Arg(b.args...).Build()
+}
+
+// outSuffix ends the key of the hash of a counter's units out on lease:
+// the counter's Redis key (AppendKey) and this suffix, in its slot.
+const outSuffix = ":out"
+
+// held reports whether o goes with the lease accounting (KEYS[2]): it has
+// a holder, or it is a reset, which leaves what is out on lease out.
+func held(o *algo.Op) bool {
+	return o.Holder != "" || o.Kind == algo.OpReset
 }
 
 // fill sets o's outcome from the script's reply r.
 func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
-	var buf [6]int64
+	var buf [7]int64
 	n := 5
 	if o.Kind == algo.OpTakeLease {
-		n = 6 // and the units leased
+		n = 7 // and the units leased and parked
 	}
 	v, err := replyInts(r, buf[:0], n)
 	if o.Once != 0 {
@@ -427,7 +451,7 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 		o.Granted = v[0]
 		o.Result = result(o.Params, v, v[0] > 0)
 	case algo.OpTakeLease:
-		o.Admitted, o.Granted = int(v[0]), v[5]
+		o.Admitted, o.Granted, o.Parked = int(v[0]), v[5], v[6]
 		o.Result = result(o.Params, v, v[5] > 0 || int(v[0]) == len(o.Costs))
 	case algo.OpRefund, algo.OpReset, algo.OpGrant, algo.OpCharge:
 		o.Result = result(o.Params, v, false)

@@ -142,7 +142,7 @@ func (s *Store) TakeLease(ctx context.Context, key []byte, p algo.Params, costs 
 	for _, c := range costs {
 		args = append(args, max(c, 1))
 	}
-	v, err := s.script(ctx, opBatch, "takelease", "takelease", 6, key, p, time.Time{}, args...)
+	v, err := s.script(ctx, opBatch, "takelease", "takelease", 7, key, p, time.Time{}, args...)
 	if err != nil {
 		return 0, 0, algo.Result{}, err
 	}

@@ -47,6 +47,25 @@ type Options struct {
 	// time.Now). Checks, syncs and returns take their time as an
 	// argument; a test drives all of them with one fake clock.
 	Clock func() time.Time
+	// Holder is this daemon's id among the store's lease holders. When
+	// set, the store keeps the units the daemon has out on lease of each
+	// key (algo.Op's Holder): every op the cache sends for a key carries
+	// the units admitted from its lease since the last one, a reset
+	// leaves them out, and a refused take learns the units other daemons
+	// hold. Empty: no accounting, and no recalls.
+	Holder string
+	// Recall, when set with Holder, asks the other daemons to give the
+	// lease of key (under algorithm kind) back at once (see
+	// Cache.Recalled): a take refused while they hold unused units of
+	// the key then waits for them, up to RecallWait, instead of being
+	// refused on the strength of quota parked in their leases. A reset
+	// calls it too, so that they drop their view of the key.
+	Recall func(ctx context.Context, key []byte, kind algo.Kind) error
+	// RecallWait bounds how long a refused take waits for recalled
+	// units, retrying the store meanwhile (Timeout / 2 when 0): at most
+	// that much is added to a check's latency, and only when other
+	// daemons hold parked units of a key that is at its limit.
+	RecallWait time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -65,6 +84,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Clock == nil {
 		o.Clock = time.Now
+	}
+	if o.RecallWait <= 0 {
+		o.RecallWait = o.Timeout / 2
 	}
 	return o
 }
@@ -124,6 +146,9 @@ type entry struct {
 	denyRate  int64 // checks denied per sync interval, smoothed
 	idleSyncs int   // syncs in a row that saw no check
 	seen      bool  // a check came since the last sync
+
+	spent        int64 // units admitted from the lease not yet reported to the store
+	noLeaseUntil int64 // recalled: lease nothing more until then
 }
 
 // New returns a Cache in front of b.
@@ -228,6 +253,7 @@ func (c *Cache) local(e *entry, ns, cost int64, peek bool) (algo.Result, bool) {
 		if !peek {
 			e.lease -= cost
 			e.used += cost
+			e.spent += cost
 		}
 		return algo.Result{
 			Allowed: true, Limit: capacity,
@@ -269,16 +295,24 @@ func untilNs(t, ns int64) time.Duration {
 }
 
 // Refund gives back cost units admitted at takenAt. Units that came from
-// this daemon's current lease go back to it, with no call; others go to
-// the store. It implements policy.Store.
+// this daemon's current lease go back to it, with no call (with
+// Options.Holder, only as many as it admitted from the lease since it
+// last reported to the store); others go to the store. It implements
+// policy.Store.
 func (c *Cache) Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
 	cost = max(cost, 1)
 	ns := now.UnixNano()
 	sh := c.shard(key)
 	sh.mu.Lock()
-	if e := sh.m[string(key)]; e != nil && e.p == p && takenAt.UnixMicro() == e.leaseAt && ns < e.leaseUntil {
+	// With the lease accounting, only units the store still counts out
+	// (admitted from the lease, not yet reported) may go back into it:
+	// the lease must never hold more than the store counts out, or a
+	// reset would let it admit more than a fresh key's bound.
+	if e := sh.m[string(key)]; e != nil && e.p == p && takenAt.UnixMicro() == e.leaseAt && ns < e.leaseUntil &&
+		(c.o.Holder == "" || e.spent >= cost) {
 		e.lease += cost
 		e.used = max(e.used-cost, 0)
+		e.spent -= cost
 		sh.mu.Unlock()
 		return nil
 	}
@@ -333,6 +367,13 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		need += reqs[j].cost
 	}
 	want := c.leaseWant(e, need, reqs[0].ns)
+	var spent, spentAt int64
+	if i < j {
+		spent, spentAt = c.takeSpent(e), e.leaseAt // the call below reports it
+	}
+	// A key far over its limit is refused whatever the other daemons
+	// hold: its recalls would only cost the store calls.
+	mayRecall := c.o.Recall != nil && !c.hammered(e)
 	sh.mu.Unlock()
 	// The run holds the key's coalescing flight, and with it every later
 	// check of the key: all its store calls together last at most the
@@ -346,20 +387,36 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 			costs[k] = reqs[i+k].cost
 		}
 		sent := c.o.Clock().UnixNano()
-		admitted, leased, r, err := c.b.TakeLease(ctx, []byte(key), p, costs, want)
+		admitted, leased, parked, r, err := c.takeLease(ctx, key, p, costs, want, spent, spentAt)
 		storeCalls.Inc()
 		batchSize.Update(float64(len(costs)))
 		if err != nil {
 			return err
 		}
+		if admitted < len(costs) && parked > 0 && r.RetryAfter != algo.Never && mayRecall {
+			admitted, r = c.recall(ctx, sh, key, p, costs, admitted, r)
+		}
 		storeDecided.Add(len(costs))
 		leasesGranted.Add(int(leased))
 		sh.mu.Lock()
 		e = c.entry(sh, key, p)
-		c.applyLease(e, leased, r, sent)
+		c.applyLease(key, e, leased, r, sent)
 		c.learn(e, r, sent)
 		for k := range admitted {
 			e.used += costs[k]
+		}
+		// Units leased meanwhile (a sync's top-up, a call of the flight
+		// before) serve the refused checks first: refused on this
+		// daemon's own parked units, a check would be refused falsely.
+		var fromLease []algo.Result
+		for admitted < len(costs) && e.lease >= costs[admitted] {
+			lr, ok := c.local(e, reqs[i+admitted].ns, costs[admitted], false)
+			if !ok || !lr.Allowed {
+				break
+			}
+			fromLease = append(fromLease, lr)
+			localAllowed.Inc()
+			admitted++
 		}
 		var denied algo.Result
 		if admitted < len(costs) {
@@ -373,10 +430,14 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		}
 		allowed := algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: min(r.Remaining+e.lease, p.Capacity()), Reset: r.Reset, At: r.At}
 		sh.mu.Unlock()
+		firstLocal := admitted - len(fromLease)
 		for k := range costs {
-			if k < admitted {
+			switch {
+			case k < firstLocal:
 				out[i+k].r = allowed
-			} else {
+			case k < admitted:
+				out[i+k].r = fromLease[k-firstLocal]
+			default:
 				out[i+k].r = denied
 			}
 		}
@@ -442,22 +503,149 @@ func (c *Cache) evictOne(sh *shard) {
 	evictions.Inc()
 }
 
-// orphan queues the return of e's lease for the next sync.
+// orphan queues the return of e's lease for the next sync, or when it
+// has none, the report of what it admitted from its lease (see
+// reportOp).
 func (c *Cache) orphan(key string, e *entry) {
-	if e.lease <= 0 {
+	var op algo.Op
+	switch {
+	case e.lease > 0:
+		op = c.heldOp(algo.OpRefund, e, e.lease)
+		op.TakenAt = e.leaseAt
+	case e.spent != 0 && c.o.Holder != "":
+		op = c.reportOp(e)
+	default:
 		return
 	}
+	op.Key = []byte(key)
 	c.orphanMu.Lock()
-	c.orphans = append(c.orphans, algo.Op{Kind: algo.OpRefund, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
+	c.orphans = append(c.orphans, op)
 	c.orphanMu.Unlock()
 	e.lease = 0
 }
 
+// heldOp returns an op of kind on e's key (set by the caller) with the
+// lease accounting: this daemon as the holder, and the units admitted
+// from e's lease since its last op, which are then reported. The caller
+// holds e's shard lock. An op whose call fails may or may not have
+// reported them: they are counted as reported, so that the store
+// counts too many units out, never too few.
+func (c *Cache) heldOp(kind algo.OpKind, e *entry, n int64) algo.Op {
+	op := algo.Op{Kind: kind, Params: e.p, N: n}
+	if c.o.Holder != "" {
+		op.Holder, op.Spent, op.SpentAt, op.LeaseLife = c.o.Holder, c.takeSpent(e), e.leaseAt, c.leaseLife()
+	}
+	return op
+}
+
+// reportOp returns the op that reports what e admitted from its lease
+// when nothing else will: a peek with the accounting. An entry dropped
+// with units spent and unreported would leave them counted out until
+// its lease's lifetime ends: quota a reset would leave out of the fresh
+// key, and units a refused daemon would recall in vain. The caller
+// holds e's shard lock.
+func (c *Cache) reportOp(e *entry) algo.Op {
+	return c.heldOp(algo.OpPeek, e, 1)
+}
+
+// takeSpent returns the units admitted from e's lease not yet reported,
+// which the caller's op reports. The caller holds e's shard lock.
+func (c *Cache) takeSpent(e *entry) int64 {
+	n := e.spent
+	e.spent = 0
+	return n
+}
+
+// leaseLife is how long after a grant the store counts the units as
+// out: the lease lapses on the host two sync intervals after the call
+// was sent and goes back at the next tick (half an interval); the rest
+// is a margin for a loaded host, whose late return would otherwise give
+// back nothing (a return gives back no more than is counted out).
+func (c *Cache) leaseLife() time.Duration { return 5 * c.o.SyncInterval }
+
+// takeLease decides costs for key and leases up to want more units, in
+// one store call: with the lease accounting when the cache has a Holder
+// (reporting spent units, from the lease taken at spentAt), and then the units the other daemons have
+// parked in leases when a cost was refused.
+func (c *Cache) takeLease(ctx context.Context, key string, p algo.Params, costs []int64, want, spent, spentAt int64) (admitted int, leased, parked int64, r algo.Result, err error) {
+	if c.o.Holder == "" {
+		admitted, leased, r, err = c.b.TakeLease(ctx, []byte(key), p, costs, want)
+		return admitted, leased, 0, r, err
+	}
+	ops := [1]algo.Op{{
+		Kind: algo.OpTakeLease, Key: []byte(key), Params: p, N: want, Costs: costs,
+		Holder: c.o.Holder, Spent: spent, SpentAt: spentAt, LeaseLife: c.leaseLife(),
+	}}
+	if err := c.b.Sync(ctx, ops[:]); err != nil {
+		return 0, 0, 0, algo.Result{}, err
+	}
+	o := &ops[0]
+	if o.Err != nil {
+		return 0, 0, 0, algo.Result{}, o.Err
+	}
+	r = o.Result
+	if o.Granted == 0 {
+		r.Allowed = o.Admitted == len(costs)
+	}
+	return o.Admitted, o.Granted, o.Parked, r, nil
+}
+
+// recallPoll is the first wait of a refused take for recalled units;
+// each next wait doubles, up to maxRecallPoll.
+const (
+	recallPoll    = 250 * time.Microsecond
+	maxRecallPoll = 4 * time.Millisecond
+)
+
+// recall asks the other daemons to return key's parked lease units and
+// retries costs[admitted:] until they are admitted, nothing is parked
+// any more, or Options.RecallWait has passed. It returns how many costs
+// are admitted in all and the last Result. No shard lock is held.
+func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (int, algo.Result) {
+	recallsSent.Inc()
+	if err := c.o.Recall(ctx, []byte(key), p.Kind); err != nil {
+		return admitted, r
+	}
+	wait := recallPoll
+	deadline := time.Now().Add(c.o.RecallWait) // the wall clock: a wait, not a decision
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for admitted < len(costs) && time.Until(deadline) >= wait {
+		select {
+		case <-ctx.Done():
+			return admitted, r
+		case <-t.C:
+		}
+		sh.mu.Lock()
+		var spent, spentAt int64
+		if e := sh.m[key]; e != nil && e.p == p {
+			spent, spentAt = c.takeSpent(e), e.leaseAt
+		}
+		sh.mu.Unlock()
+		rest := costs[admitted:]
+		a, _, parked, r2, err := c.takeLease(ctx, key, p, rest, 0, spent, spentAt)
+		storeCalls.Inc()
+		if err != nil {
+			return admitted, r
+		}
+		admitted, r = admitted+a, r2
+		if a < len(rest) && parked == 0 {
+			break // nothing parked any more: a true refusal
+		}
+		wait = min(2*wait, maxRecallPoll)
+		t.Reset(wait)
+	}
+	if admitted == len(costs) {
+		recallsAdmitted.Inc()
+	}
+	return admitted, r
+}
+
 // applyLease adds leased units, taken at the store's time r.At by a call
-// sent at local time sent, to e's lease. A lease of a windowed algorithm
+// sent at local time sent, to the lease of e, key's entry. A lease of a windowed algorithm
 // holds slots of the window of r.At and lapses with it; any lease lapses
 // two sync intervals after it was taken unless renewed.
-func (c *Cache) applyLease(e *entry, leased int64, r algo.Result, sent int64) {
+func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, sent int64) {
 	if leased <= 0 {
 		return
 	}
@@ -470,9 +658,19 @@ func (c *Cache) applyLease(e *entry, leased int64, r algo.Result, sent int64) {
 		until = min(until, sent+(end-r.At)*1000-windowMargin)
 	}
 	if e.lease > 0 && (windowed(e.p.Kind) && e.leaseAt-e.leaseAt%e.p.PeriodMicros() != r.At-r.At%e.p.PeriodMicros()) {
-		// The old units belong to a window that has ended.
-		leasesLost.Add(int(e.lease))
-		e.lease = 0
+		// The old units belong to a window that has ended: a sliding
+		// counter's go back (that window still weighs on its estimate),
+		// a fixed window's are lost with it.
+		if e.p.Kind == algo.SlidingCounter && c.o.Holder != "" {
+			c.orphan(key, e)
+		} else {
+			leasesLost.Add(int(e.lease))
+			e.lease = 0
+			// What the old lease admitted counted against its window's
+			// units out, which the store dropped with the window:
+			// reported now, it would be taken from the new lease's.
+			e.spent = 0
+		}
 	}
 	e.lease += leased
 	e.leaseAt = r.At
@@ -500,6 +698,9 @@ func windowed(k algo.Kind) bool {
 func (c *Cache) leaseWant(e *entry, need, ns int64) int64 {
 	if windowed(e.p.Kind) && e.windowEnd > ns && e.windowEnd-ns <= windowMargin {
 		return 0 // the lease would lapse before it could be used
+	}
+	if ns < e.noLeaseUntil {
+		return 0 // recalled: another daemon needs the key's quota
 	}
 	want := max(e.rate, e.used, need)
 	if windowed(e.p.Kind) && e.windowEnd > ns {

@@ -26,6 +26,19 @@
 //     live daemons (twice over), so that near the limit the lease is 0 and
 //     every check is decided by the store.
 //
+// # Recalls
+//
+// With Options.Holder, the store counts the units each daemon has out on
+// lease of a key (every op the cache sends reports what it admitted from
+// its lease since the last one). A take the store refuses while other
+// daemons hold unused units of the key is not refused on that alone: the
+// cache recalls them (Options.Recall: the daemon announces the key on a
+// pub/sub channel; the holders' Cache.Recalled returns their lease at
+// once) and retries until the take fits, nothing is parked any more, or
+// Options.RecallWait passes. A reset (Cache.Do) recalls the key's leases
+// first, leaves a fresh key less the units still out, and announces the
+// key again so that the other daemons drop their view of it.
+//
 // A lease of a windowed algorithm (fixed window, sliding counter) holds
 // slots of the window it was taken in and is valid only while that window
 // is current, less a margin for the call's duration; the store's clock

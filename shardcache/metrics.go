@@ -17,11 +17,18 @@ var (
 	leasesReturn  = metrics.NewCounter(`rld_cache_lease_units_total{event="returned"}`)
 	leasesLost    = metrics.NewCounter(`rld_cache_lease_units_total{event="lost"}`)
 	evictions     = metrics.NewCounter(`rld_cache_evictions_total`)
-	syncs         = metrics.NewCounter(`rld_cache_syncs_total`)
-	syncOps       = metrics.NewCounter(`rld_cache_sync_ops_total`)
-	syncErrors    = metrics.NewCounter(`rld_cache_sync_errors_total`)
-	syncDuration  = metrics.NewPrometheusHistogramExt(`rld_cache_sync_duration_seconds`, []float64{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1})
-	_             = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })
+	// Recalls: sent when a take is refused while other daemons hold
+	// parked units of its key (admitted: the take then got them);
+	// received from other daemons (returned: with units to give back).
+	recallsSent     = metrics.NewCounter(`rld_cache_recalls_total{event="sent"}`)
+	recallsAdmitted = metrics.NewCounter(`rld_cache_recalls_total{event="admitted"}`)
+	recallsReceived = metrics.NewCounter(`rld_cache_recalls_total{event="received"}`)
+	recallsReturned = metrics.NewCounter(`rld_cache_recalls_total{event="returned"}`)
+	syncs           = metrics.NewCounter(`rld_cache_syncs_total`)
+	syncOps         = metrics.NewCounter(`rld_cache_sync_ops_total`)
+	syncErrors      = metrics.NewCounter(`rld_cache_sync_errors_total`)
+	syncDuration    = metrics.NewPrometheusHistogramExt(`rld_cache_sync_duration_seconds`, []float64{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1})
+	_               = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })
 )
 
 // liveEntries is the number of keys held by all Caches.

@@ -11,13 +11,17 @@ import (
 // Do runs an operator's ops (algo.OpReset, algo.OpGrant) at the store,
 // after dropping what the cache holds of each op's key, so that the
 // daemon's next check of the key asks the store: the cache's answer and
-// denial were the old state's. Of the lease the entry held, a reset
-// gives nothing back (those units belong to the state the reset
-// cleared: returned, they would be counted against the fresh one) and a
-// grant gives it back at the next sync. Do fills each op's Result and
-// Err as Backend.Sync does (which bounds its own time when ctx has no
-// deadline); now is not read (the store's clock decides). It implements
-// policy.Operator.
+// denial were the old state's. With Options.Holder and Options.Recall,
+// a reset is announced to the other daemons first, which return their
+// leases of the key and report what they admitted from them; after
+// RecallWait the reset leaves a fresh key less the units still out on
+// lease (algo.OpReset), this daemon's lease goes back into it in the
+// same call, and the reset is announced again, so that the others drop
+// their view of the key. Without a Holder, a reset's lease is dropped
+// and a grant's goes back at the next sync. Do fills each op's Result
+// and Err as Backend.Sync does (which bounds its own time when ctx has
+// no deadline); now is not read (the store's clock decides). It
+// implements policy.Operator.
 //
 // The ops of a lease's settle or release (algo.OpCharge, algo.OpRefund,
 // algo.OpRelease, and algo.OpPeek, which records a settle at the
@@ -36,39 +40,107 @@ func (c *Cache) Do(ctx context.Context, ops []algo.Op, _ time.Time) error {
 		}
 		return nil
 	}
+	resets := false
 	for i := range ops {
 		if k := ops[i].Kind; k != algo.OpReset && k != algo.OpGrant {
 			return fmt.Errorf("shardcache: do: %s is not an operator's op", k)
 		}
+		resets = resets || ops[i].Kind == algo.OpReset
 	}
+	recall := c.o.Recall != nil && c.o.Holder != "" && resets
+	if recall {
+		// First the other daemons return their leases of the keys and
+		// report what they admitted from them, so that the reset leaves
+		// out only the units still out; what is not reported within
+		// RecallWait stays out (the fresh key then admits that much less,
+		// never more).
+		c.recallResets(ctx, ops)
+		t := time.NewTimer(c.o.RecallWait)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	// This daemon's leases go back in the same call, each after its
+	// key's op: into the fresh state, whose reset left them out.
+	all := ops
 	for i := range ops {
-		c.forget(ops[i].Key, ops[i].Kind == algo.OpReset)
+		if ret, ok := c.forget(&ops[i]); ok {
+			if len(all) == len(ops) {
+				all = append(ops[:len(ops):len(ops)], ret)
+			} else {
+				all = append(all, ret)
+			}
+		}
 	}
-	if err := c.b.Sync(ctx, ops); err != nil {
+	err := c.b.Sync(ctx, all)
+	copy(ops, all) // the outcomes, when all is a copy
+	for _, ret := range all[len(ops):] {
+		if err == nil && ret.Err == nil {
+			leasesReturn.Add(int(ret.N))
+		} else {
+			leasesLost.Add(int(ret.N))
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("shardcache: %w", err)
+	}
+	if recall {
+		// Then they drop their view of the keys, which the reset made
+		// stale: best effort, as a daemon that misses it answers from
+		// its view for at most one sync interval (or a hammered key's
+		// denial), and never admits more than the bound.
+		c.recallResets(ctx, ops)
 	}
 	return nil
 }
 
-// forget drops the entry of key; its lease goes back at the next sync,
-// unless discard is set, when it is counted as lost.
-func (c *Cache) forget(key []byte, discard bool) {
+// recallResets announces the keys of ops's resets with Options.Recall.
+func (c *Cache) recallResets(ctx context.Context, ops []algo.Op) {
+	for i := range ops {
+		if ops[i].Kind == algo.OpReset && ops[i].Err == nil {
+			_ = c.o.Recall(ctx, ops[i].Key, ops[i].Params.Kind)
+		}
+	}
+}
+
+// forget drops the entry of op's key, op being an operator's op. With
+// a Holder, op carries the accounting and reports what the entry
+// admitted from its lease, and forget returns the return of the entry's
+// lease (to be sent after op; ok false when there is none). Without, a
+// reset's lease is counted as lost (returned into the fresh state, it
+// would be counted twice) and a grant's goes back at the next sync.
+func (c *Cache) forget(op *algo.Op) (ret algo.Op, ok bool) {
+	key := op.Key
+	if c.o.Holder != "" {
+		op.Holder, op.LeaseLife = c.o.Holder, c.leaseLife()
+	}
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[string(key)]
 	if e == nil {
-		return
+		return algo.Op{}, false
 	}
-	if discard {
+	switch {
+	case c.o.Holder != "" && e.p == op.Params:
+		op.Spent, op.SpentAt = c.takeSpent(e), e.leaseAt
+		if e.lease > 0 {
+			ret = c.heldOp(algo.OpRefund, e, e.lease)
+			ret.Key, ret.TakenAt, ok = key, e.leaseAt, true
+			e.lease = 0
+		}
+	case op.Kind == algo.OpReset && c.o.Holder == "":
 		leasesLost.Add(int(e.lease))
 		e.lease = 0
-	} else {
+	default:
 		c.orphan(string(key), e)
 	}
 	delete(sh.m, string(key))
 	c.entries.Add(-1)
 	liveEntries.Add(-1)
+	return ret, ok
 }
 
 // direct reports whether every op is one of a lease's, which Do sends to

@@ -100,6 +100,9 @@ func (c *Cache) Sync(now time.Time) int {
 				b.add(op, sh, key, e)
 			}
 			if e.idleSyncs >= 2 && e.lease == 0 && ns >= e.deniedUntil {
+				if e.spent != 0 && c.o.Holder != "" {
+					b.add(c.reportOp(e), sh, key, e)
+				}
 				delete(sh.m, key)
 				c.entries.Add(-1)
 				liveEntries.Add(-1)
@@ -155,7 +158,8 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 	switch {
 	case e.lease > 0 && (!hot || c.returnable(e, ns)):
 		// Nobody used it, or it lapsed: give it back.
-		op := algo.Op{Kind: algo.OpRefund, Params: e.p, N: e.lease, TakenAt: e.leaseAt}
+		op := c.heldOp(algo.OpRefund, e, e.lease)
+		op.TakenAt = e.leaseAt
 		e.lease = 0
 		return op, true
 	case !hot || ns < e.deniedUntil:
@@ -163,7 +167,8 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 		// or refresh.
 		return algo.Op{}, false
 	case e.lease > 2*e.rate:
-		op := algo.Op{Kind: algo.OpRefund, Params: e.p, N: e.lease - e.rate, TakenAt: e.leaseAt}
+		op := c.heldOp(algo.OpRefund, e, e.lease-e.rate)
+		op.TakenAt = e.leaseAt
 		e.lease = e.rate
 		return op, true
 	case e.rate < minSyncRate:
@@ -172,10 +177,10 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 		// Redis a call per key per interval.
 		return algo.Op{}, false
 	}
-	if want := min(e.rate-e.lease, c.remaining(e, ns)/(2*peers)); want > 0 {
-		return algo.Op{Kind: algo.OpLease, Params: e.p, N: want}, true
+	if want := min(e.rate-e.lease, c.remaining(e, ns)/(2*peers)); want > 0 && ns >= e.noLeaseUntil {
+		return c.heldOp(algo.OpLease, e, want), true
 	}
-	return algo.Op{Kind: algo.OpPeek, Params: e.p, N: 1}, true
+	return c.heldOp(algo.OpPeek, e, 1), true
 }
 
 // minSyncRate is the fewest units per sync interval a key must use for
@@ -215,7 +220,7 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 		return
 	}
 	if op.Kind == algo.OpLease {
-		c.applyLease(e, op.Granted, op.Result, sent)
+		c.applyLease(ref.key, e, op.Granted, op.Result, sent)
 	}
 	c.learn(e, op.Result, sent)
 }
@@ -250,7 +255,9 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 		sh.mu.Lock()
 		for key, e := range sh.m {
 			if e.lease > 0 && c.returnable(e, ns) {
-				b.add(algo.Op{Kind: algo.OpRefund, Params: e.p, N: e.lease, TakenAt: e.leaseAt}, sh, key, e)
+				op := c.heldOp(algo.OpRefund, e, e.lease)
+				op.TakenAt = e.leaseAt
+				b.add(op, sh, key, e)
 				e.lease = 0
 			}
 		}
@@ -261,6 +268,64 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 		c.send(b.ops, b.refs)
 	}
 	return len(b.ops)
+}
+
+// Recalled handles another daemon's recall of key under algorithm kind
+// at now (Options.Recall): the entry drops what it knows of the store's
+// state (its denial, its view of the remaining quota: a reset may have
+// made them wrong), leases nothing more for a sync interval, and gives
+// its unused lease back at once, in a call of its own that also reports
+// what it admitted from the lease (that call is a peek when there is
+// nothing to give back but something to report). Recalls of keys it
+// does not hold cost nothing. Safe to call from any goroutine; the
+// return runs on its own.
+func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
+	if c.closed.Load() {
+		return
+	}
+	recallsReceived.Inc()
+	ns := now.UnixNano()
+	sh := c.shard(key)
+	sh.mu.Lock()
+	e := sh.m[string(key)]
+	if e == nil || e.p.Kind != kind {
+		sh.mu.Unlock()
+		return
+	}
+	e.deniedUntil, e.answerAt, e.peekUntil = 0, 0, 0
+	e.noLeaseUntil = ns + int64(c.o.SyncInterval)
+	var op algo.Op
+	switch {
+	case e.lease > 0:
+		op = c.heldOp(algo.OpRefund, e, e.lease)
+		op.TakenAt = e.leaseAt
+		e.lease = 0
+		recallsReturned.Inc()
+	case e.spent != 0:
+		// Nothing to give back, but what the lease admitted is still
+		// counted out: a reset about to happen would leave it out.
+		op = c.reportOp(e)
+	default:
+		sh.mu.Unlock()
+		return
+	}
+	op.Key = bytes.Clone(key)
+	sh.mu.Unlock()
+	c.running.Add(1)
+	go func() {
+		defer c.running.Add(-1)
+		ops := []algo.Op{op}
+		err := c.b.Sync(context.Background(), ops)
+		switch {
+		case err != nil || ops[0].Err != nil:
+			syncErrors.Inc()
+			if op.Kind == algo.OpRefund {
+				leasesLost.Add(int(op.N))
+			}
+		case op.Kind == algo.OpRefund:
+			leasesReturn.Add(int(op.N))
+		}
+	}()
 }
 
 // Close stops the cache taking checks and returns every lease it holds,
@@ -279,7 +344,9 @@ func (c *Cache) Close(ctx context.Context) error {
 		sh.mu.Lock()
 		for key, e := range sh.m {
 			if e.lease > 0 {
-				ops = append(ops, algo.Op{Kind: algo.OpRefund, Key: []byte(key), Params: e.p, N: e.lease, TakenAt: e.leaseAt})
+				op := c.heldOp(algo.OpRefund, e, e.lease)
+				op.Key, op.TakenAt = []byte(key), e.leaseAt
+				ops = append(ops, op)
 				e.lease = 0
 			}
 		}

@@ -1,0 +1,252 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/stretchr/testify/assert"
+
+	"github.com/rld/rld/algo"
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/redistest"
+)
+
+// Bursts: every rule allows burstLimit units per burstPeriod (capacity
+// burstLimit), short so that thousands of checks take seconds.
+const (
+	burstLimit  = 100
+	burstPeriod = 200 * time.Millisecond
+)
+
+// burstKinds are the algorithms that cached rules lease.
+var burstKinds = []algo.Kind{algo.TokenBucket, algo.GCRA, algo.FixedWindow, algo.SlidingCounter}
+
+// burstConfig is rld.toml for the burst tests: for each algorithm that
+// leases, a cached rule (alg = its name) and a strict one (alg =
+// "strict-" and its name), counting by api_key.
+func burstConfig(store string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "[server]\nmax_connections = 1000\n\n[store]\n%s\ntimeout = %q\nsync_interval = \"100ms\"\n", store, fleetTimeout)
+	for _, k := range burstKinds {
+		for _, mode := range []string{"cached", "strict"} {
+			name := k.String()
+			if mode == "strict" {
+				name = "strict-" + name
+			}
+			fmt.Fprintf(&b, "\n[[rule]]\nname = %q\nmatch = { alg = %q }\nby = [\"api_key\"]\nalgorithm = %q\nlimit = %d\nperiod = %q\nmode = %q\n",
+				name, name, k, burstLimit, burstPeriod, mode)
+		}
+	}
+	return b.String()
+}
+
+// burstShape is a client's traffic: n bursts of size checks at once,
+// one every every at best, each starting at offset into an
+// epoch-aligned period (the windows' own alignment).
+type burstShape struct {
+	size   int
+	every  time.Duration
+	offset time.Duration
+	n      int
+}
+
+// shapes returns the traffic under test for kind: bursts of 80% of the
+// capacity, and bursts of exactly the capacity. A burst starts no
+// sooner than the exact algorithm admits it whole, whatever the time
+// the previous one took on a loaded machine (see nextBurst), so that
+// the strict rule refuses none of it: for a bucket (token bucket, GCRA)
+// every period for 80% (80% of the rate), every 1.25 periods for the
+// capacity; for a fixed window once per window. A sliding counter's
+// estimate weighs the previous window, so that it refuses an 80% burst
+// early in a window after another in the window before: its bursts come
+// every other window (40% and 50% of the rate).
+func shapes(kind algo.Kind) map[string]burstShape {
+	eighty := burstShape{size: burstLimit * 8 / 10, every: burstPeriod, offset: burstPeriod / 10, n: 25}
+	full := burstShape{size: burstLimit, every: 5 * burstPeriod / 4, offset: burstPeriod / 10, n: 20}
+	switch kind {
+	case algo.FixedWindow:
+		full.every = burstPeriod
+	case algo.SlidingCounter:
+		eighty.every, full.every = 2*burstPeriod, 2*burstPeriod
+	}
+	return map[string]burstShape{"80%": eighty, "capacity": full}
+}
+
+// nextBurst returns when the burst after one sent from start to end (its
+// last answer) may start: shape.every after start, and no sooner than
+// the exact algorithm has room for a whole burst again: for a bucket,
+// once size units have come back since end (every unit of the burst was
+// taken before end); for a fixed window, in a window after end's; for
+// a sliding counter, in a window whose previous window saw no unit.
+func nextBurst(kind algo.Kind, shape burstShape, start, end time.Time) time.Time {
+	next := start.Add(shape.every)
+	per := burstPeriod.Microseconds()
+	window := func(t time.Time, n int64) time.Time {
+		return time.UnixMicro((t.UnixMicro()/per + n) * per).Add(shape.offset)
+	}
+	var free time.Time
+	switch kind {
+	case algo.TokenBucket, algo.GCRA:
+		free = end.Add(time.Duration(shape.size)*burstPeriod/burstLimit + time.Millisecond)
+	case algo.FixedWindow:
+		free = window(end, 1)
+	default:
+		free = window(end, 2)
+	}
+	if free.After(next) {
+		return free
+	}
+	return next
+}
+
+// burstOutcome counts what a client's bursts got.
+type burstOutcome struct {
+	sent, refused, errs atomic.Int64
+	longest             atomic.Int64           // the longest burst, ns
+	elapsed             atomic.Int64           // from the first burst to the last answer, ns
+	first               atomic.Pointer[string] // the first refusal or error
+}
+
+func (o *burstOutcome) fail(what string) {
+	o.first.CompareAndSwap(nil, &what)
+}
+
+// sendBursts sends shape's bursts of checks of descs under an
+// algorithm of kind, each burst's checks at once, round-robin over cs
+// (burst i's check j goes to daemon (i+j) mod len(cs)), and counts the
+// answers.
+func sendBursts(cs []*client.Client, descs []client.Descriptor, kind algo.Kind, shape burstShape, o *burstOutcome) {
+	per := burstPeriod.Microseconds()
+	next := time.UnixMicro((time.Now().UnixMicro()/per + 1) * per).Add(shape.offset)
+	first := next
+	for i := range shape.n {
+		time.Sleep(time.Until(next)) // pacing the load
+		began := time.Now()
+		var wg sync.WaitGroup
+		for j := range shape.size {
+			c := cs[(i+j)%len(cs)]
+			wg.Go(func() {
+				o.sent.Add(1)
+				r, err := c.Check(context.Background(), descs, 1)
+				switch {
+				case err != nil:
+					o.errs.Add(1)
+					o.fail(err.Error())
+				case !r.Allowed():
+					o.refused.Add(1)
+					o.fail(fmt.Sprintf("burst %d: %+v", i, r))
+				}
+			})
+		}
+		wg.Wait()
+		end := time.Now()
+		storeMax(&o.longest, int64(end.Sub(began)))
+		next = nextBurst(kind, shape, began, end)
+	}
+	o.elapsed.Store(int64(time.Since(first)))
+}
+
+// runBursts runs, for each algorithm of kinds in turn, its shapes at
+// once, each with a client on a fresh key of the cached rule and one on
+// the strict rule's, and asserts that neither is ever refused: the
+// strict client shows that the exact algorithm admits the traffic, the
+// cached one that leases refuse nothing the exact algorithm admits.
+func runBursts(t *testing.T, socks []string, kinds []algo.Kind) {
+	var cs []*client.Client
+	for _, s := range socks {
+		c := client.New(s)
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	for _, k := range kinds {
+		t.Run(k.String(), func(t *testing.T) {
+			type run struct {
+				name string
+				o    *burstOutcome
+			}
+			var runs []run
+			var wg sync.WaitGroup
+			for name, shape := range shapes(k) {
+				for _, rule := range []string{k.String(), "strict-" + k.String()} {
+					o := new(burstOutcome)
+					runs = append(runs, run{rule + "/" + name, o})
+					key := fmt.Sprintf("burst-%s-%s-%d", rule, name, time.Now().UnixNano())
+					wg.Go(func() { sendBursts(cs, descs(rule, key), k, shape, o) })
+				}
+			}
+			sent, admitted := recalls()
+			wg.Wait()
+			sent2, admitted2 := recalls()
+			t.Logf("%s: recalls sent %d, admitted after a recall %d (this process's daemons)", k, sent2-sent, admitted2-admitted)
+			for _, r := range runs {
+				elapsed := time.Duration(r.o.elapsed.Load())
+				t.Logf("%s: %d checks in %v (%.0f%% of the rate), %d refused, %d errors; longest burst %v", r.name, r.o.sent.Load(),
+					elapsed.Round(time.Millisecond), 100*float64(r.o.sent.Load())/elapsed.Seconds()/(burstLimit/burstPeriod.Seconds()),
+					r.o.refused.Load(), r.o.errs.Load(), time.Duration(r.o.longest.Load()).Round(time.Millisecond))
+				if p := r.o.first.Load(); p != nil {
+					t.Errorf("%s: first failure: %s", r.name, *p)
+				}
+				assert.GreaterOrEqual(t, r.o.sent.Load(), int64(2000), r.name)
+				assert.Zero(t, r.o.refused.Load(), r.name)
+				assert.Zero(t, r.o.errs.Load(), r.name)
+			}
+		})
+	}
+}
+
+// recalls returns the recalls the daemons of this process sent, and
+// those after which the refused take was admitted.
+func recalls() (sent, admitted int64) {
+	var b bytes.Buffer
+	metrics.WritePrometheus(&b, false)
+	for _, line := range strings.Split(b.String(), "\n") {
+		name, v, _ := strings.Cut(line, " ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch name {
+		case `rld_cache_recalls_total{event="sent"}`:
+			sent = n
+		case `rld_cache_recalls_total{event="admitted"}`:
+			admitted = n
+		}
+	}
+	return sent, admitted
+}
+
+// TestCachedBurstsNoFalseRejections: three daemons on one Redis, a client
+// sending bursts round-robin over their sockets, within what the exact
+// algorithm admits (80% of the capacity every period, or the whole
+// capacity as often as it refills; see shapes), starting on a fresh key:
+// the cached rules refuse no check, for every algorithm that leases, as
+// the strict rules refuse none. Units parked in the other daemons'
+// leases are recalled, not refused.
+func TestCachedBurstsNoFalseRejections(t *testing.T) {
+	srv := redistest.Standalone(t)
+	fleet := startFleet(t, 3, burstConfig(fmt.Sprintf("redis = [%q]", srv.Addr)))
+	var socks []string
+	for _, s := range fleet {
+		socks = append(socks, s.Socket)
+	}
+	runBursts(t, socks, burstKinds)
+}
+
+// TestCachedBurstsNoFalseRejectionsCluster: the same for the token
+// bucket on a Redis Cluster of three primaries (the recalls cross the
+// Cluster's pub/sub).
+func TestCachedBurstsNoFalseRejectionsCluster(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
+	fleet := startFleet(t, 3, burstConfig(fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs)))
+	var socks []string
+	for _, s := range fleet {
+		socks = append(socks, s.Socket)
+	}
+	runBursts(t, socks, []algo.Kind{algo.TokenBucket})
+}

@@ -1,0 +1,14 @@
+package shardcache
+
+// Held returns the units key's entry holds on lease and has admitted
+// from its lease without reporting them, and whether there is an entry.
+func (c *Cache) Held(key []byte) (lease, spent int64, ok bool) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[string(key)]
+	if e == nil {
+		return 0, 0, false
+	}
+	return e.lease, e.spent, true
+}
