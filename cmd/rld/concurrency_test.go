@@ -49,9 +49,11 @@ timeout = "1m"
 
 	code, out = run1("release", "-socket", s.Socket, got.Lease)
 	assert.Equal(t, exitAllowed, code, out)
-	code, out = run1("release", "-socket", s.Socket, got.Lease)
-	assert.Equal(t, exitDenied, code, out)
-	assert.Contains(t, out, "not_found")
+	var stdout, stderr bytes.Buffer
+	code = run([]string{"release", "-socket", s.Socket, got.Lease}, &stdout, &stderr)
+	assert.Equal(t, exitDenied, code, stdout.String())
+	assert.Contains(t, stderr.String(), "rld release: not_found: ", "the answer's error goes to stderr")
+	assert.NotContains(t, stdout.String(), "not_found")
 	code, out = run1("release", "-socket", s.Socket)
 	assert.Equal(t, exitError, code, out)
 

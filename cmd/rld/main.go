@@ -357,7 +357,8 @@ func printResult(cmd string, res client.Result, err error, asJSON bool, stdout, 
 		fmt.Fprintf(stdout, "%s rule=%q limit=%d remaining=%d reset=%ds retry_after=%ds\n",
 			decision, res.Rule, res.Limit, res.Remaining, header.Seconds(res.Reset), header.Seconds(res.RetryAfter))
 		if rerr != nil {
-			fmt.Fprintf(stdout, "error: %s: %s\n", rerr.Code, rerr.Message)
+			// The error of the answer goes with the other errors.
+			fmt.Fprintf(stderr, "rld %s: %s: %s\n", cmd, rerr.Code, rerr.Message)
 		}
 		if res.Lease != "" {
 			fmt.Fprintf(stdout, "lease=%s\n", res.Lease)
