@@ -146,6 +146,7 @@ type entry struct {
 	denyRate  int64 // checks denied per sync interval, smoothed
 	idleSyncs int   // syncs in a row that saw no check
 	seen      bool  // a check came since the last sync
+	warm      bool  // the lease was granted far from the limit: kept, renewed when low (see warmIntervals)
 
 	spent        int64 // units admitted from the lease not yet reported to the store
 	noLeaseUntil int64 // recalled: lease nothing more until then
@@ -366,7 +367,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	for ; j < len(reqs) && reqs[j].p == p; j++ {
 		need += reqs[j].cost
 	}
-	want := c.leaseWant(e, need, reqs[0].ns)
+	want, warm := c.leaseWant(e, need, reqs[0].ns)
 	var spent, spentAt int64
 	if i < j {
 		spent, spentAt = c.takeSpent(e), e.leaseAt // the call below reports it
@@ -387,7 +388,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 			costs[k] = reqs[i+k].cost
 		}
 		sent := c.o.Clock().UnixNano()
-		admitted, leased, parked, r, err := c.takeLease(ctx, key, p, costs, want, spent, spentAt)
+		admitted, leased, parked, r, err := c.takeLease(ctx, key, p, costs, want, spent, spentAt, c.lifeFor(warm))
 		storeCalls.Inc()
 		batchSize.Update(float64(len(costs)))
 		if err != nil {
@@ -400,7 +401,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		leasesGranted.Add(int(leased))
 		sh.mu.Lock()
 		e = c.entry(sh, key, p)
-		c.applyLease(key, e, leased, r, sent)
+		c.applyLease(key, e, leased, r, sent, warm)
 		c.learn(e, r, sent)
 		for k := range admitted {
 			e.used += costs[k]
@@ -563,18 +564,49 @@ func (c *Cache) takeSpent(e *entry) int64 {
 // back nothing (a return gives back no more than is counted out).
 func (c *Cache) leaseLife() time.Duration { return 5 * c.o.SyncInterval }
 
+// warmIntervals is the horizon of a warm lease, in sync intervals (5 s
+// at the default interval): a lease granted far from the key's limit
+// covers that long of the key's local traffic (at least warmFloor
+// units), is used for that long, and is renewed (its spend reported
+// and topped up, in one op) only when it runs low or its lifetime
+// nears. Long enough that a long-tail key seen a few times a second or
+// less costs the store one call per horizon, not one per check or per
+// interval; short enough that a crashed daemon's units (at most its
+// fair share of what is left) count as out for seconds only, and about
+// the time the heartbeats take to drop a silent daemon (3 s), so that
+// shares follow the fleet's size.
+const warmIntervals = 50
+
+// warmFloor is the fewest units a warm lease is sized for: a key seen
+// once is answered locally at its next few checks.
+const warmFloor = 8
+
+// warmLife is the lease lifetime a warm grant tells the store: the
+// horizon, and the same margin over the local use as leaseLife's (three
+// intervals), so that the holder never uses units after the lifetime it
+// told the store.
+func (c *Cache) warmLife() time.Duration { return (warmIntervals + 3) * c.o.SyncInterval }
+
+// lifeFor returns the lease lifetime of a grant, warm or not.
+func (c *Cache) lifeFor(warm bool) time.Duration {
+	if warm {
+		return c.warmLife()
+	}
+	return c.leaseLife()
+}
+
 // takeLease decides costs for key and leases up to want more units, in
 // one store call: with the lease accounting when the cache has a Holder
 // (reporting spent units, from the lease taken at spentAt), and then the units the other daemons have
 // parked in leases when a cost was refused.
-func (c *Cache) takeLease(ctx context.Context, key string, p algo.Params, costs []int64, want, spent, spentAt int64) (admitted int, leased, parked int64, r algo.Result, err error) {
+func (c *Cache) takeLease(ctx context.Context, key string, p algo.Params, costs []int64, want, spent, spentAt int64, life time.Duration) (admitted int, leased, parked int64, r algo.Result, err error) {
 	if c.o.Holder == "" {
 		admitted, leased, r, err = c.b.TakeLease(ctx, []byte(key), p, costs, want)
 		return admitted, leased, 0, r, err
 	}
 	ops := [1]algo.Op{{
 		Kind: algo.OpTakeLease, Key: []byte(key), Params: p, N: want, Costs: costs,
-		Holder: c.o.Holder, Spent: spent, SpentAt: spentAt, LeaseLife: c.leaseLife(),
+		Holder: c.o.Holder, Spent: spent, SpentAt: spentAt, LeaseLife: life,
 	}}
 	if err := c.b.Sync(ctx, ops[:]); err != nil {
 		return 0, 0, 0, algo.Result{}, err
@@ -623,7 +655,7 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 		}
 		sh.mu.Unlock()
 		rest := costs[admitted:]
-		a, _, parked, r2, err := c.takeLease(ctx, key, p, rest, 0, spent, spentAt)
+		a, _, parked, r2, err := c.takeLease(ctx, key, p, rest, 0, spent, spentAt, c.leaseLife())
 		storeCalls.Inc()
 		if err != nil {
 			return admitted, r
@@ -644,12 +676,16 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 // applyLease adds leased units, taken at the store's time r.At by a call
 // sent at local time sent, to the lease of e, key's entry. A lease of a windowed algorithm
 // holds slots of the window of r.At and lapses with it; any lease lapses
-// two sync intervals after it was taken unless renewed.
-func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, sent int64) {
+// two sync intervals after it was taken unless renewed, a warm one
+// (granted with warmLife) warmIntervals after.
+func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, sent int64, warm bool) {
 	if leased <= 0 {
 		return
 	}
 	until := sent + 2*int64(c.o.SyncInterval)
+	if warm {
+		until = sent + warmIntervals*int64(c.o.SyncInterval)
+	}
 	if windowed(e.p.Kind) {
 		per := e.p.PeriodMicros()
 		end := r.At - r.At%per + per // the window's end, store µs
@@ -674,7 +710,10 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 	}
 	e.lease += leased
 	e.leaseAt = r.At
+	// The store keeps the later of the holder's lifetimes, so that an
+	// earlier until here only shortens the local use.
 	e.leaseUntil = until
+	e.warm = warm
 }
 
 // windowMargin is how long before its window's end (as mapped to the
@@ -694,15 +733,17 @@ func windowed(k algo.Kind) bool {
 // capped so that all daemons' leases fit in the key's remaining quota
 // twice over, and 0 near the limit. A key far over its limit takes its
 // whole share of what remains: it will be denied anyway, and it then
-// costs the store one call to learn so.
-func (c *Cache) leaseWant(e *entry, need, ns int64) int64 {
+// costs the store one call to learn so. A key far from its limit (see
+// far) gets a warm lease: warmIntervals of its traffic, at least
+// warmFloor units, under the same cap; warm reports so.
+func (c *Cache) leaseWant(e *entry, need, ns int64) (want int64, warm bool) {
 	if windowed(e.p.Kind) && e.windowEnd > ns && e.windowEnd-ns <= windowMargin {
-		return 0 // the lease would lapse before it could be used
+		return 0, false // the lease would lapse before it could be used
 	}
 	if ns < e.noLeaseUntil {
-		return 0 // recalled: another daemon needs the key's quota
+		return 0, false // recalled: another daemon needs the key's quota
 	}
-	want := max(e.rate, e.used, need)
+	want = max(e.rate, e.used, need)
 	if windowed(e.p.Kind) && e.windowEnd > ns {
 		// Units still leased when the window ends are lost to it: lease
 		// only what the time left will use.
@@ -712,9 +753,25 @@ func (c *Cache) leaseWant(e *entry, need, ns int64) int64 {
 	peers := c.peers()
 	limit := c.remaining(e, ns)
 	if c.hammered(e) {
-		return max((limit-need)/peers, 0)
+		return max((limit-need)/peers, 0), false
 	}
-	return max(min(want, (limit-need)/(2*peers)), 0)
+	share := max((limit-need)/(2*peers), 0)
+	if c.far(e, limit-need) {
+		return min(max(want, warmIntervals*e.rate, warmFloor), share), true
+	}
+	return min(want, share), false
+}
+
+// far reports whether e, whose remaining quota at the store is left
+// once the checks at hand are taken, is far enough from its limit for a
+// warm lease: a bucket (a windowed lease lapses with its window anyway)
+// with at least half its capacity left and no denial lately, in a cache
+// that can recall leases (a warm lease is not returned when its key
+// goes idle: a client that moves to another daemon gets its units by a
+// recall).
+func (c *Cache) far(e *entry, left int64) bool {
+	return c.o.Holder != "" && c.o.Recall != nil && !windowed(e.p.Kind) &&
+		2*left >= e.p.Capacity() && e.denials == 0 && e.denyRate <= 1
 }
 
 // learn records the store's answer r to a call sent at sent.

@@ -155,6 +155,9 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 	hot := e.used > 0
 	e.used, e.denials, e.seen = 0, 0, false
 
+	if e.warm && e.lease > 0 {
+		return c.planWarm(e, ns, peers)
+	}
 	switch {
 	case e.lease > 0 && (!hot || c.returnable(e, ns)):
 		// Nobody used it, or it lapsed: give it back.
@@ -181,6 +184,35 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 		return c.heldOp(algo.OpLease, e, want), true
 	}
 	return c.heldOp(algo.OpPeek, e, 1), true
+}
+
+// planWarm returns the op a warm lease needs at the sync at ns, if any:
+// none while it holds more than two intervals of the key's traffic and
+// its lifetime is more than three intervals away, whether or not the
+// key saw checks; else a renewal (the spend reported, the lease topped up
+// to warmIntervals of traffic, its lifetime extended, in one op) when
+// the key used it since its last op and is still far from its limit,
+// and otherwise its return. The caller holds e's shard lock.
+func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
+	interval := int64(c.o.SyncInterval)
+	if e.lease > 2*e.rate && e.leaseUntil-ns > 3*interval {
+		return algo.Op{}, false
+	}
+	if ns < e.leaseUntil && e.spent > 0 && ns >= e.noLeaseUntil {
+		limit := c.remaining(e, ns)
+		if c.far(e, limit) {
+			want := min(max(warmIntervals*e.rate, warmFloor), limit/(2*peers)) - e.lease
+			if want > 0 {
+				op := c.heldOp(algo.OpLease, e, want)
+				op.LeaseLife = c.warmLife()
+				return op, true
+			}
+		}
+	}
+	op := c.heldOp(algo.OpRefund, e, e.lease)
+	op.TakenAt = e.leaseAt
+	e.lease = 0
+	return op, true
 }
 
 // minSyncRate is the fewest units per sync interval a key must use for
@@ -220,7 +252,7 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 		return
 	}
 	if op.Kind == algo.OpLease {
-		c.applyLease(ref.key, e, op.Granted, op.Result, sent)
+		c.applyLease(ref.key, e, op.Granted, op.Result, sent, op.LeaseLife == c.warmLife())
 	}
 	c.learn(e, op.Result, sent)
 }
@@ -230,6 +262,9 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 // with its window before the next tick (returned while its window is
 // current, the units count again; lapsed, they are lost to the window).
 func (c *Cache) returnable(e *entry, ns int64) bool {
+	if e.warm {
+		return ns >= e.leaseUntil // kept while idle: see planWarm
+	}
 	return c.idle(e, ns) || ns >= e.leaseUntil ||
 		(windowed(e.p.Kind) && e.leaseUntil-ns < int64(c.o.SyncInterval)/2)
 }
