@@ -564,28 +564,35 @@ func (c *Cache) takeSpent(e *entry) int64 {
 // back nothing (a return gives back no more than is counted out).
 func (c *Cache) leaseLife() time.Duration { return 5 * c.o.SyncInterval }
 
-// warmIntervals is the horizon of a warm lease, in sync intervals (5 s
-// at the default interval): a lease granted far from the key's limit
-// covers that long of the key's local traffic (at least warmFloor
-// units), is used for that long, and is renewed (its spend reported
-// and topped up, in one op) only when it runs low or its lifetime
-// nears. Long enough that a long-tail key seen a few times a second or
-// less costs the store one call per horizon, not one per check or per
-// interval; short enough that a crashed daemon's units (at most its
-// fair share of what is left) count as out for seconds only, and about
-// the time the heartbeats take to drop a silent daemon (3 s), so that
-// shares follow the fleet's size.
+// warmIntervals is the horizon a warm lease is sized for, in sync
+// intervals (5 s at the default interval): a lease granted far from the
+// key's limit covers that long of the key's local traffic (at least
+// warmFloor units), so that a hot key renews it about once per horizon
+// rather than every interval, while a lease stays a small part of the
+// key's fair share for any key whose limit is far from its traffic.
 const warmIntervals = 50
+
+// warmLifeIntervals is how long a warm lease may be used, in sync
+// intervals (30 s at the default interval); it is renewed (its spend
+// reported and topped up, in one op) only when it runs low or this
+// lifetime nears, and one that was not used since its last op then
+// lapses with no call. Long enough that a long-tail key seen once in a
+// few seconds costs the store about one call per 30 s, not one per
+// check or per interval; the price is that a crashed daemon's units (at
+// most its fair share of what was left, of a key far from its limit)
+// count as out that long, and that a lapsed unused lease is lost to the
+// bucket until it refills.
+const warmLifeIntervals = 300
 
 // warmFloor is the fewest units a warm lease is sized for: a key seen
 // once is answered locally at its next few checks.
 const warmFloor = 8
 
 // warmLife is the lease lifetime a warm grant tells the store: the
-// horizon, and the same margin over the local use as leaseLife's (three
+// local lifetime, and the same margin over the local use as leaseLife's (three
 // intervals), so that the holder never uses units after the lifetime it
 // told the store.
-func (c *Cache) warmLife() time.Duration { return (warmIntervals + 3) * c.o.SyncInterval }
+func (c *Cache) warmLife() time.Duration { return (warmLifeIntervals + 3) * c.o.SyncInterval }
 
 // lifeFor returns the lease lifetime of a grant, warm or not.
 func (c *Cache) lifeFor(warm bool) time.Duration {
@@ -677,14 +684,14 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 // sent at local time sent, to the lease of e, key's entry. A lease of a windowed algorithm
 // holds slots of the window of r.At and lapses with it; any lease lapses
 // two sync intervals after it was taken unless renewed, a warm one
-// (granted with warmLife) warmIntervals after.
+// (granted with warmLife) warmLifeIntervals after.
 func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, sent int64, warm bool) {
 	if leased <= 0 {
 		return
 	}
 	until := sent + 2*int64(c.o.SyncInterval)
 	if warm {
-		until = sent + warmIntervals*int64(c.o.SyncInterval)
+		until = sent + warmLifeIntervals*int64(c.o.SyncInterval)
 	}
 	if windowed(e.p.Kind) {
 		per := e.p.PeriodMicros()

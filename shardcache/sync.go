@@ -189,24 +189,34 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 // planWarm returns the op a warm lease needs at the sync at ns, if any:
 // none while it holds more than two intervals of the key's traffic and
 // its lifetime is more than three intervals away, whether or not the
-// key saw checks; else a renewal (the spend reported, the lease topped up
-// to warmIntervals of traffic, its lifetime extended, in one op) when
-// the key used it since its last op and is still far from its limit,
-// and otherwise its return. The caller holds e's shard lock.
+// key saw checks, nor while it was not used since its last op and its
+// lifetime is that far. Else, while the key is far from its limit: a
+// renewal (the spend reported, the lease topped up to warmIntervals of
+// traffic and its lifetime extended, in one op) when the key used it
+// since its last op; when not, the lease lapses with no call (a
+// bucket's units, lost, come back with its refill; the store stops
+// counting them out when the lifetime it was told ends). Otherwise its
+// return. The caller holds e's shard lock.
 func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
 	interval := int64(c.o.SyncInterval)
-	if e.lease > 2*e.rate && e.leaseUntil-ns > 3*interval {
+	ending := e.leaseUntil-ns <= 3*interval
+	if !ending && (e.lease > 2*e.rate || e.spent <= 0) {
 		return algo.Op{}, false
 	}
-	if ns < e.leaseUntil && e.spent > 0 && ns >= e.noLeaseUntil {
-		limit := c.remaining(e, ns)
-		if c.far(e, limit) {
-			want := min(max(warmIntervals*e.rate, warmFloor), limit/(2*peers)) - e.lease
-			if want > 0 {
-				op := c.heldOp(algo.OpLease, e, want)
-				op.LeaseLife = c.warmLife()
-				return op, true
-			}
+	if limit := c.remaining(e, ns); ns < e.leaseUntil && ns >= e.noLeaseUntil && c.far(e, limit) {
+		if e.spent <= 0 {
+			leasesLost.Add(int(e.lease))
+			e.lease, e.spent = 0, 0
+			return algo.Op{}, false
+		}
+		want := min(max(warmIntervals*e.rate, warmFloor), limit/(2*peers)) - e.lease
+		if ending {
+			want = max(want, 1) // a grant extends the lifetime
+		}
+		if want > 0 {
+			op := c.heldOp(algo.OpLease, e, want)
+			op.LeaseLife = c.warmLife()
+			return op, true
 		}
 	}
 	op := c.heldOp(algo.OpRefund, e, e.lease)
