@@ -2,6 +2,7 @@ package shardcache_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -123,58 +124,127 @@ func TestResetLeavesLeasesOut(t *testing.T) {
 // after every step, the units the store counts out for each daemon and
 // key are what the daemon holds on lease plus what it admitted from its
 // lease without reporting it yet, never fewer than it holds (a reset
-// would then over-admit), while the lease is live.
+// would then over-admit), while the lease is live. With recalls (which
+// reach nobody here), keys far from their limit get warm leases.
 func TestUnitsOutMatchLeases(t *testing.T) {
 	for _, k := range cachedKinds {
+		for _, warm := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/warm=%v", k, warm), func(t *testing.T) { unitsOutMatchLeases(t, k, warm) })
+		}
+	}
+}
+
+// unitsOutMatchLeases runs TestUnitsOutMatchLeases for kind k, with warm
+// leases or without.
+func unitsOutMatchLeases(t *testing.T, k algo.Kind, warm bool) {
+	b := newAlgoBackend()
+	var caches []*shardcache.Cache
+	for _, h := range []string{"a", "b", "c"} {
+		o := shardcache.Options{Timeout: time.Minute, Holder: h, Peers: func() int { return 3 }}
+		if warm {
+			o.RecallWait = time.Millisecond
+			o.Recall = func(context.Context, []byte, algo.Kind) error { return nil }
+		}
+		caches = append(caches, newCache(b, b.clk, o))
+	}
+	l := newLoops(b.clk, shardcache.DefaultSyncInterval, caches...)
+	p := algo.Params{Kind: k, Limit: 2_000, Period: time.Minute}
+	keys := [][]byte{[]byte("k0"), []byte("k1"), []byte("k2")}
+	rng := rand.New(rand.NewPCG(uint64(k), 7))
+	var taken []time.Time // admissions of cache 0 on k0, for refunds
+	for step := range 3_000 {
+		c, key := caches[rng.IntN(3)], keys[rng.IntN(3)]
+		switch rng.IntN(10) {
+		case 0:
+			l.advance(time.Duration(rng.IntN(60)) * time.Millisecond)
+		case 1:
+			if len(taken) > 0 {
+				at := taken[len(taken)-1]
+				taken = taken[:len(taken)-1]
+				require.NoError(t, caches[0].Refund(ctx, keys[0], p, 1, at, b.clk.Now()))
+			}
+		default:
+			r, err := c.Take(ctx, key, p, 1, b.clk.Now(), false)
+			require.NoError(t, err)
+			if r.Allowed && c == caches[0] && string(key) == "k0" {
+				taken = append(taken, time.UnixMicro(r.At))
+			}
+		}
+		b.mu.Lock()
+		now := b.clock()
+		for ci, c := range caches {
+			holder := string(rune('a' + ci))
+			for _, key := range keys {
+				lease, spent, ok := c.Held(key)
+				var out algo.Out
+				for _, o := range b.state(key, p).Out {
+					if o.Holder == holder && o.Until > now {
+						out = o
+					}
+				}
+				if ok && out.Until > 0 && out.Units != lease+spent || lease > 0 && out.Units < lease {
+					b.mu.Unlock()
+					t.Fatalf("step %d: %s holds %d on lease of %s, %d spent unreported (entry %v); the store counts %+v", step, holder, lease, key, spent, ok, out)
+				}
+			}
+		}
+		b.mu.Unlock()
+	}
+}
+
+// TestWarmLeaseKept: a key far from its limit is answered locally after
+// its first check, its lease is kept while the key is idle (the syncs
+// send nothing for it), renewed about once per lifetime while the key
+// is used now and then, and lapses with no call once it is not.
+func TestWarmLeaseKept(t *testing.T) {
+	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA} {
 		t.Run(k.String(), func(t *testing.T) {
 			b := newAlgoBackend()
-			var caches []*shardcache.Cache
-			for _, h := range []string{"a", "b", "c"} {
-				caches = append(caches, newCache(b, b.clk, shardcache.Options{Timeout: time.Minute, Holder: h, Peers: func() int { return 3 }}))
+			ca, _ := recallPair(b, false)
+			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Hour}
+			key := []byte("warm")
+			ops := func() int64 { return b.calls.Load() + b.syncOps.Load() }
+			take := func() {
+				t.Helper()
+				r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
 			}
-			l := newLoops(b.clk, shardcache.DefaultSyncInterval, caches...)
-			p := algo.Params{Kind: k, Limit: 2_000, Period: time.Minute}
-			keys := [][]byte{[]byte("k0"), []byte("k1"), []byte("k2")}
-			rng := rand.New(rand.NewPCG(uint64(k), 7))
-			var taken []time.Time // admissions of cache 0 on k0, for refunds
-			for step := range 3_000 {
-				c, key := caches[rng.IntN(3)], keys[rng.IntN(3)]
-				switch rng.IntN(10) {
-				case 0:
-					l.advance(time.Duration(rng.IntN(60)) * time.Millisecond)
-				case 1:
-					if len(taken) > 0 {
-						at := taken[len(taken)-1]
-						taken = taken[:len(taken)-1]
-						require.NoError(t, caches[0].Refund(ctx, keys[0], p, 1, at, b.clk.Now()))
-					}
-				default:
-					r, err := c.Take(ctx, key, p, 1, b.clk.Now(), false)
-					require.NoError(t, err)
-					if r.Allowed && c == caches[0] && string(key) == "k0" {
-						taken = append(taken, time.UnixMicro(r.At))
+			take()
+			require.EqualValues(t, 1, ops(), "the first check is one store op")
+			for range 3 {
+				take()
+			}
+			assert.EqualValues(t, 1, ops(), "the next checks are local (the lease is at least 8 units)")
+			step := func(n int) {
+				for i := range n {
+					b.clk.set(b.clk.Now().Add(shardcache.DefaultSyncInterval / 2))
+					if i%2 == 0 {
+						ca.ReturnIdle(b.clk.Now())
+					} else {
+						ca.Sync(b.clk.Now())
 					}
 				}
-				b.mu.Lock()
-				now := b.clock()
-				for ci, c := range caches {
-					holder := string(rune('a' + ci))
-					for _, key := range keys {
-						lease, spent, ok := c.Held(key)
-						var out algo.Out
-						for _, o := range b.state(key, p).Out {
-							if o.Holder == holder && o.Until > now {
-								out = o
-							}
-						}
-						if ok && out.Until > 0 && out.Units != lease+spent || lease > 0 && out.Units < lease {
-							b.mu.Unlock()
-							t.Fatalf("step %d: %s holds %d on lease of %s, %d spent unreported (entry %v); the store counts %+v", step, holder, lease, key, spent, ok, out)
-						}
-					}
-				}
-				b.mu.Unlock()
 			}
+			step(40) // 2 s idle
+			assert.EqualValues(t, 1, ops(), "an idle warm lease is kept, with no op")
+			take()
+			assert.EqualValues(t, 1, ops(), "and answers the key's next check")
+			// One check a second for a minute: renewed near each
+			// lifetime's end, not at every sync.
+			for range 60 {
+				step(20)
+				take()
+			}
+			renewals := ops() - 1
+			t.Logf("%s: %d store ops for a minute of one check a second", k, renewals)
+			assert.LessOrEqual(t, renewals, int64(4))
+			// Unused from now on: at most one renewal reports the last
+			// check's unit, then the lease lapses with no call.
+			before := ops()
+			step(4 * 310)
+			assert.LessOrEqual(t, ops()-before, int64(1), "an unused warm lease lapses with no call")
+			assert.Zero(t, ca.Len(), "and its entry is dropped")
 		})
 	}
 }
