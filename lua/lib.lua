@@ -20,6 +20,7 @@ local key = KEYS[1]
 -- lease since its last call, when that lease was taken (µs), and its
 -- leases' lifetime in µs; the op's own arguments follow them.
 local lkey = KEYS[2]
+local held_holder = ''
 local held, held_total, held_dirty = {}, 0, false
 
 -- quo returns Go's a / b (truncated) for integers a and b ~= 0.
@@ -83,6 +84,7 @@ end
 -- that lapsed (algo's outsLive), and applies the holder's spent units
 -- (spent 0 when they no longer count: algo.LeaseCounts).
 local function held_load(now, holder, spent)
+  held_holder = holder
   local v = redis.call('HGETALL', lkey)
   for i = 1, #v, 2 do
     local u, untl = string.match(v[i + 1], '^(%d+):(%d+)$')
@@ -122,21 +124,22 @@ local function held_add(holder, n, untl)
   held_dirty = true
 end
 
--- held_save writes the entries back when they changed, the hash kept
--- until the last of them lapses.
+-- held_save writes the holder's entry back when it changed: an op
+-- changes no other entry (held_load has dropped those that lapsed). The
+-- hash is kept until the entry lapses; its TTL is set to twice that when
+-- it falls short, so that the following writes need no PEXPIRE. An entry
+-- that lapsed counts as missing, so a longer TTL changes no decision.
 local function held_save(now)
   if not held_dirty then return end
-  local last = 0
-  for h, o in pairs(held) do
-    if o[1] > 0 then
-      redis.call('HSET', lkey, h, int(o[1]) .. ':' .. int(o[2]))
-      last = math.max(last, o[2])
-    else
-      redis.call('HDEL', lkey, h)
-    end
+  local own = held[held_holder]
+  if not own or own[1] <= 0 then
+    redis.call('HDEL', lkey, held_holder)
+    return
   end
-  if last > now then
-    redis.call('PEXPIRE', lkey, int(ceil_div(last - now, 1000)))
+  redis.call('HSET', lkey, held_holder, int(own[1]) .. ':' .. int(own[2]))
+  local ttl = ceil_div(own[2] - now, 1000)
+  if ttl > 0 and redis.call('PTTL', lkey) < ttl then
+    redis.call('PEXPIRE', lkey, int(2 * ttl))
   end
 end
 
