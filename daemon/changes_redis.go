@@ -172,38 +172,23 @@ func (d *Daemon) watchChanges(ctx context.Context, interval time.Duration) {
 		default:
 		}
 	}
-	go func() {
-		var failing atomic.Bool // written from rueidis's goroutine too
-		const minWait, maxWait = 100 * time.Millisecond, 5 * time.Second
-		var wait atomic.Int64 // the backoff between subscriptions
-		wait.Store(int64(minWait))
-		for ctx.Err() == nil {
-			err := rs.rc.Subscribe(ctx, func() {
-				wait.Store(int64(minWait))
-				if failing.Swap(false) {
-					d.log.Info("changes: subscribed to the announcements again", slog.String("channel", rs.rc.Key()))
-				}
+	go redisx.Resubscribe(ctx, func(subscribed func()) error {
+		return rs.rc.Subscribe(ctx, subscribed, func(v int64) {
+			if v != rs.version.Load() {
 				signal(changesLoadsAnnounced)
-			}, func(v int64) {
-				if v != rs.version.Load() {
-					signal(changesLoadsAnnounced)
-				}
-			})
-			if ctx.Err() != nil {
-				return
 			}
-			if !failing.Swap(true) {
-				d.log.Warn("changes: no subscription to the announcements; the poll of the version applies changes meanwhile",
-					slog.String("channel", rs.rc.Key()), slog.Duration("poll", interval), slog.Any("error", err))
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Duration(wait.Load())):
-			}
-			wait.Store(min(2*wait.Load(), int64(maxWait)))
+		})
+	}, func(again bool) {
+		if again {
+			d.log.Info("changes: subscribed to the announcements again", slog.String("channel", rs.rc.Key()))
 		}
-	}()
+		signal(changesLoadsAnnounced)
+	}, func(err error, first bool) {
+		if first {
+			d.log.Warn("changes: no subscription to the announcements; the poll of the version applies changes meanwhile",
+				slog.String("channel", rs.rc.Key()), slog.Duration("poll", interval), slog.Any("error", err))
+		}
+	})
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -179,33 +179,17 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 // fails or is lost. A recall missed meanwhile costs at most a refusal:
 // the holder's sync returns an idle lease within one interval.
 func (f *fleet) watchRecalls(ctx context.Context, log *slog.Logger) {
-	const minWait, maxWait = 100 * time.Millisecond, 5 * time.Second
-	wait := minWait
-	var subscribed atomic.Bool // written from rueidis's goroutine
-	failing := false
-	for ctx.Err() == nil {
-		err := f.recalls.Subscribe(ctx, func() { subscribed.Store(true) }, func(r redisx.Recall) {
+	redisx.Resubscribe(ctx, func(subscribed func()) error {
+		return f.recalls.Subscribe(ctx, subscribed, func(r redisx.Recall) {
 			if r.From != f.id {
 				f.cache.Recalled(r.Key, r.Kind, time.Now())
 			}
 		})
-		if ctx.Err() != nil {
-			return
-		}
-		if subscribed.Swap(false) {
-			wait, failing = minWait, false
-		}
-		if !failing {
-			failing = true
+	}, func(bool) {}, func(err error, first bool) {
+		if first {
 			log.Warn("no subscription to lease recalls; subscribing again", slog.Any("error", err))
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, maxWait)
-	}
+	})
 }
 
 // openBreakers returns the nodes whose breaker is not closed, with its

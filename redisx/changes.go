@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -220,29 +221,37 @@ func stamp(arr []rueidis.RedisMessage, before, after time.Time) (Stamp, error) {
 // or is lost (its error): the caller subscribes again, and reloads, as a
 // message may have been missed meanwhile.
 func (s *Changes) Subscribe(ctx context.Context, subscribed func(), announced func(version int64)) error {
-	rc, err := s.c.client()
+	return s.c.subscribe(ctx, s.key, "changes", subscribed, func(msg string) {
+		if v, err := strconv.ParseInt(msg, 10, 64); err == nil {
+			announced(v)
+		}
+	})
+}
+
+// subscribe listens on channel and calls message with each message
+// received, and subscribed once the subscription is confirmed. It
+// returns when ctx is done (nil) or the subscription fails or is lost
+// (its error, which names what, the subscriber).
+func (c *Client) subscribe(ctx context.Context, channel, what string, subscribed func(), message func(string)) error {
+	rc, err := c.client()
 	if err != nil {
 		return err
 	}
 	dc, cancel := rc.Dedicate()
 	defer cancel()
 	wait := dc.SetPubSubHooks(rueidis.PubSubHooks{
-		OnMessage: func(m rueidis.PubSubMessage) {
-			if v, err := strconv.ParseInt(m.Message, 10, 64); err == nil {
-				announced(v)
-			}
-		},
+		OnMessage: func(m rueidis.PubSubMessage) { message(m.Message) },
 		OnSubscription: func(ps rueidis.PubSubSubscription) {
 			if ps.Kind == "subscribe" {
 				subscribed()
 			}
 		},
 	})
-	cctx, ccancel := s.c.callCtx(ctx)
-	err = dc.Do(cctx, dc.B().Subscribe().Channel(s.key).Build()).Error()
+	cctx, ccancel := c.callCtx(ctx)
+	err = dc.Do(cctx, dc.B().Subscribe().Channel(channel).Build()).Error()
 	ccancel()
 	if err != nil {
-		return fmt.Errorf("redisx: changes: subscribe: %w", err)
+		return fmt.Errorf("redisx: %s: subscribe: %w", what, err)
 	}
 	select {
 	case <-ctx.Done():
@@ -251,7 +260,7 @@ func (s *Changes) Subscribe(ctx context.Context, subscribed func(), announced fu
 		if err == nil {
 			err = errors.New("subscription closed")
 		}
-		return fmt.Errorf("redisx: changes: subscription lost: %w", err)
+		return fmt.Errorf("redisx: %s: subscription lost: %w", what, err)
 	}
 }
 
@@ -260,3 +269,33 @@ func (s *Changes) Subscribe(ctx context.Context, subscribed func(), announced fu
 // that failed to reach Redis may be tried again, one that Redis refused
 // may not.
 func IsReply(err error) bool { return isRefusal(err) }
+
+// Resubscribe runs subscribe until ctx is done, and again each time it
+// returns (the subscription failed or was lost), after a backoff from
+// 100 ms that doubles up to 5 s and starts over once a subscription is
+// confirmed. subscribe calls its argument when its subscription is
+// confirmed, from any goroutine; Resubscribe then calls up with whether
+// a failure came before. It calls down with each failure's error and
+// whether it is the first of a run of failures.
+func Resubscribe(ctx context.Context, subscribe func(subscribed func()) error, up func(again bool), down func(err error, first bool)) {
+	const minWait, maxWait = 100 * time.Millisecond, 5 * time.Second
+	var wait atomic.Int64 // written from rueidis's goroutine too
+	var failing atomic.Bool
+	wait.Store(int64(minWait))
+	for ctx.Err() == nil {
+		err := subscribe(func() {
+			wait.Store(int64(minWait))
+			up(failing.Swap(false))
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		down(err, !failing.Swap(true))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(wait.Load())):
+		}
+		wait.Store(min(2*wait.Load(), int64(maxWait)))
+	}
+}

@@ -2,7 +2,6 @@ package redisx
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -89,37 +88,9 @@ func (s *Recalls) Publish(ctx context.Context, r Recall) (int64, error) {
 // again. A recall missed meanwhile costs a refused check at most one
 // sync interval, when the holder's sync returns its idle lease.
 func (s *Recalls) Subscribe(ctx context.Context, subscribed func(), recalled func(Recall)) error {
-	rc, err := s.c.client()
-	if err != nil {
-		return err
-	}
-	dc, cancel := rc.Dedicate()
-	defer cancel()
-	wait := dc.SetPubSubHooks(rueidis.PubSubHooks{
-		OnMessage: func(m rueidis.PubSubMessage) {
-			if r, err := parseRecall(m.Message); err == nil {
-				recalled(r)
-			}
-		},
-		OnSubscription: func(ps rueidis.PubSubSubscription) {
-			if ps.Kind == "subscribe" {
-				subscribed()
-			}
-		},
-	})
-	cctx, ccancel := s.c.callCtx(ctx)
-	err = dc.Do(cctx, dc.B().Subscribe().Channel(s.channel).Build()).Error()
-	ccancel()
-	if err != nil {
-		return fmt.Errorf("redisx: recalls: subscribe: %w", err)
-	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case err := <-wait:
-		if err == nil {
-			err = errors.New("subscription closed")
+	return s.c.subscribe(ctx, s.channel, "recalls", subscribed, func(msg string) {
+		if r, err := parseRecall(msg); err == nil {
+			recalled(r)
 		}
-		return fmt.Errorf("redisx: recalls: subscription lost: %w", err)
-	}
+	})
 }
