@@ -11,13 +11,20 @@ var files embed.FS
 // names lists the algorithms in the order of algo.Kind.
 var names = []string{"token_bucket", "gcra", "sliding_log", "sliding_counter", "fixed_window", "concurrency"}
 
-// sources maps an algorithm's name to its complete script: lib.lua, then
-// the algorithm's file.
+// shared names the file an algorithm's file builds on, after lib.lua.
+var shared = map[string]string{"sliding_log": "log.lua", "concurrency": "log.lua"}
+
+// sources maps an algorithm's name to its complete script: lib.lua, the
+// file it shares with others if any, then the algorithm's file.
 var sources = func() map[string]string {
 	lib := mustRead("lib.lua")
 	m := make(map[string]string, len(names))
 	for _, name := range names {
-		m[name] = lib + "\n" + mustRead(name+".lua")
+		src := lib + "\n"
+		if f, ok := shared[name]; ok {
+			src += mustRead(f) + "\n"
+		}
+		m[name] = src + mustRead(name+".lua")
 	}
 	return m
 }()
