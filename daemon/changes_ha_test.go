@@ -3,7 +3,6 @@ package daemon_test
 import (
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -115,8 +114,8 @@ func clients(t *testing.T, ps []*daemontest.Process) []*client.Client {
 // force and new ones keep reaching every daemon.
 func TestChangesCluster(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.AllowPartialCoverage())
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
-	ps := startHAFleet(t, haChangeConfig(fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs)), 3)
+	store := clusterStore(cl)
+	ps := startHAFleet(t, haChangeConfig(store), 3)
 	cs := clients(t, ps)
 
 	var lat []time.Duration
@@ -159,7 +158,7 @@ func TestChangesCluster(t *testing.T) {
 	t.Logf("cluster, after the failover: p50 %s, p99 %s, max %s", p50, p99, mx)
 
 	// A daemon started now loads the whole set.
-	late := startHAFleet(t, haChangeConfig(fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs)), 1)[0]
+	late := startHAFleet(t, haChangeConfig(store), 1)[0]
 	list := listAll(t, late.Socket)
 	assert.Len(t, list.Overrides, rounds+10)
 	assert.Len(t, list.Blocks, rounds+10)
@@ -173,7 +172,7 @@ func TestChangesCluster(t *testing.T) {
 // starts loads the current set.
 func TestChangesSentinel(t *testing.T) {
 	g := redistest.StartSentinel(t)
-	addrs := `"` + strings.Join(g.SentinelAddrs(), `", "`) + `"`
+	addrs := quotedList(g.SentinelAddrs())
 	cfg := haChangeConfig(fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q", addrs, g.MasterSet))
 	ps := startHAFleet(t, cfg, 3)
 	cs := clients(t, ps)

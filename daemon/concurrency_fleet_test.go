@@ -60,8 +60,8 @@ func TestConcurrencyFleetStandalone(t *testing.T) {
 // TestConcurrencyFleetCluster: three daemons on a Redis Cluster.
 func TestConcurrencyFleetCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
-	runConcurrencyFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs))
+	store := clusterStore(cl)
+	runConcurrencyFleet(t, store)
 }
 
 // runConcurrencyFleet starts three daemon processes on store and shows:

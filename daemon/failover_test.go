@@ -3,7 +3,6 @@ package daemon_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -167,8 +166,8 @@ func TestClusterFailover(t *testing.T) {
 			}
 		}
 	}
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
-	cfg := failoverConfig(fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs))
+	store := clusterStore(cl)
+	cfg := failoverConfig(store)
 	var sockets []string
 	for range 3 {
 		sockets = append(sockets, start(t, cfg).Socket)
@@ -198,7 +197,7 @@ func TestClusterFailover(t *testing.T) {
 // the failover plus a second, then exact again.
 func TestSentinelFailover(t *testing.T) {
 	g := redistest.StartSentinel(t)
-	addrs := `"` + strings.Join(g.SentinelAddrs(), `", "`) + `"`
+	addrs := quotedList(g.SentinelAddrs())
 	cfg := failoverConfig(fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q", addrs, g.MasterSet))
 	var sockets []string
 	for range 3 {

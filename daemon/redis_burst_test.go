@@ -242,8 +242,8 @@ func TestCachedBurstsNoFalseRejections(t *testing.T) {
 // Cluster's pub/sub).
 func TestCachedBurstsNoFalseRejectionsCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
-	fleet := startFleet(t, 3, burstConfig(fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs)))
+	store := clusterStore(cl)
+	fleet := startFleet(t, 3, burstConfig(store))
 	var socks []string
 	for _, s := range fleet {
 		socks = append(socks, s.Socket)

@@ -326,7 +326,7 @@ func TestFleetCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	primaries := cl.Primaries()
 	require.Len(t, primaries, 3)
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
+	store := clusterStore(cl)
 	var keys []*fleetKey
 	for _, mode := range []string{"cached", "strict"} {
 		keys = nil
@@ -346,7 +346,7 @@ func TestFleetCluster(t *testing.T) {
 			}
 		}
 		t.Run(mode, func(t *testing.T) {
-			runFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, keys, fleetOptions{mode: mode})
+			runFleet(t, store, 20, keys, fleetOptions{mode: mode})
 		})
 	}
 
@@ -372,7 +372,7 @@ func TestFleetCluster(t *testing.T) {
 			tenant = v
 		}
 	}
-	d := start(t, fleetConfig(fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), 20, "strict"))
+	d := start(t, fleetConfig(store, 20, "strict"))
 	c := client.New(d.Socket)
 	defer c.Close()
 	hier := func(tenant, tier string) []client.Descriptor {
@@ -394,4 +394,14 @@ func TestFleetCluster(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "hier-key", r.Rule)
 	assert.Equal(t, uint64(98), r.Remaining, "refunds across shards")
+}
+
+// clusterStore returns the [store] lines of a daemon on the Cluster cl.
+func clusterStore(cl *redistest.Cluster) string {
+	return fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", quotedList(cl.Addrs()))
+}
+
+// quotedList returns addrs as the items of a TOML array of strings.
+func quotedList(addrs []string) string {
+	return `"` + strings.Join(addrs, `", "`) + `"`
 }

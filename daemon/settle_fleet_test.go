@@ -91,8 +91,8 @@ func TestSettleFleetCluster(t *testing.T) {
 			}
 		}
 	}
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
-	runSettleFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs), keys)
+	store := clusterStore(cl)
+	runSettleFleet(t, store, keys)
 }
 
 // runSettleFleet runs the settle fleet on store, the callers spread over
@@ -343,8 +343,8 @@ func TestSettleOnceFleet(t *testing.T) {
 // lives in its counter's slot.
 func TestSettleOnceFleetCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
-	addrs := `"` + strings.Join(cl.Addrs(), `", "`) + `"`
-	runSettleOnceFleet(t, fmt.Sprintf("redis = [%s]\nmode = \"cluster\"", addrs))
+	store := clusterStore(cl)
+	runSettleOnceFleet(t, store)
 }
 
 func runSettleOnceFleet(t *testing.T, store string) {
