@@ -41,7 +41,11 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 				return err
 			}
 			fmt.Fprintf(stderr, "rld-bench: measuring %s for %v after a %v warm-up\n", label, c.load.duration, c.load.warmup)
-			m, err := runLoad(ctx, t, &c.load, pr)
+			var bc *boundCheck
+			if rule, ok := c.boundRule(name); ok {
+				bc = newBoundCheck(rule, c.load.keys.n, c.tmpl.keyed())
+			}
+			m, err := runLoad(ctx, t, &c.load, pr, bc)
 			if err != nil {
 				return fmt.Errorf("%s: %w", label, err)
 			}
@@ -83,6 +87,19 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// boundRule returns the rule that the answers of target name obey, when
+// rld-bench knows it: the spawned daemon's, and the redis target's token
+// bucket.
+func (c *options) boundRule(name string) (boundRule, bool) {
+	switch {
+	case name == targetRedis:
+		return boundRule{alg: algTokenBucket, limit: c.limit, period: limitPeriod}, true
+	case name == targetRLD && c.spawn:
+		return boundRule{alg: c.algorithm, limit: c.limit, period: limitPeriod}, true
+	}
+	return boundRule{}, false
 }
 
 // warnSlow notes the targets of an open-loop table that did not keep up
@@ -246,7 +263,9 @@ func (e *env) spawnedRLD(ctx context.Context, tb table) (string, error) {
 		socket:   filepath.Join(e.ps.dir, name+".sock"),
 		names:    e.c.tmpl.names(),
 		limit:    e.c.limit,
+		alg:      e.c.algorithm,
 		mode:     tb.mode,
+		prefix:   "rld-bench-" + tb.store + "-" + tb.mode + ":",
 		keys:     e.c.load.keys.n,
 		inflight: e.c.load.depth,
 	}

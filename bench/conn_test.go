@@ -113,7 +113,7 @@ func TestRunLoadEcho(t *testing.T) {
 	for _, mode := range []string{modeOpen, modeClosed} {
 		l := &load{mode: mode, rate: 5000, conns: 2, depth: 4, warmup: 100 * time.Millisecond,
 			duration: 300 * time.Millisecond, keys: keys, seed: 1}
-		m, err := runLoad(context.Background(), &socketTarget{path: sock, tmpl: testTemplate(t), cost: 1}, l, nil)
+		m, err := runLoad(context.Background(), &socketTarget{path: sock, tmpl: testTemplate(t), cost: 1}, l, nil, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)
 		}
@@ -161,7 +161,7 @@ func TestRunLoadDeadTarget(t *testing.T) {
 	l := &load{mode: modeOpen, rate: 1000, conns: 1, depth: 4, duration: 200 * time.Millisecond, keys: keys,
 		drain: 300 * time.Millisecond}
 	start := time.Now()
-	m, err := runLoad(context.Background(), &socketTarget{path: sock, tmpl: testTemplate(t), cost: 1}, l, nil)
+	m, err := runLoad(context.Background(), &socketTarget{path: sock, tmpl: testTemplate(t), cost: 1}, l, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestRunLoadInterrupted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := runLoad(ctx, &socketTarget{path: startEcho(t), tmpl: testTemplate(t), cost: 1}, l, nil)
+	_, err := runLoad(ctx, &socketTarget{path: startEcho(t), tmpl: testTemplate(t), cost: 1}, l, nil, nil)
 	if err == nil {
 		t.Fatal("no error")
 	}
@@ -203,7 +203,7 @@ func TestLoadDoesNotAllocate(t *testing.T) {
 	tgt := &socketTarget{path: sock, tmpl: testTemplate(t), cost: 1}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	m, err := runLoad(context.Background(), tgt, l, nil)
+	m, err := runLoad(context.Background(), tgt, l, nil, nil)
 	runtime.ReadMemStats(&after)
 	if err != nil {
 		t.Fatal(err)

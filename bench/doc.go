@@ -16,8 +16,9 @@
 //     rld's answer: the physical floor of this machine.
 //   - redis: rld's token-bucket script (package lua) called directly on a
 //     Redis with rueidis EVALSHA, as a service would without rld.
-//   - rld: the daemon, checking every request against one token-bucket
-//     rule keyed by all the descriptors.
+//   - rld: the daemon, checking every request against one rule (a token
+//     bucket unless -algorithm says otherwise) keyed by all the
+//     descriptors.
 //
 // With -spawn, rld-bench starts the daemon (bin/rld, or -rld) on a
 // configuration it writes to a temporary directory, on the embedded store
@@ -51,6 +52,12 @@
 // (INFO commandstats: EVALSHA, EVAL) and CPU time (INFO cpu) of the
 // Redis nodes behind it, with each node's share of the calls when there
 // are several.
+//
+// Where rld-bench knows the rule (a daemon it spawned: -limit per second
+// under -algorithm; the redis target's token bucket), it also counts each
+// key's allowed answers over the whole run and checks the most against
+// what the exact algorithm may admit on one key over the run: no key
+// may be over it.
 //
 // -rule-mode cached,strict gives the Redis store one table per rule
 // mode, each with a daemon of its own. -redis-cluster runs the spawned

@@ -64,6 +64,7 @@ type measurement struct {
 	unsent   int64  // open loop: requests due in the window never sent
 	strays   int64  // answers whose id was not in flight
 	costs    *Costs // what the probe read over the window; nil without one
+	bound    *Bound // what the bound check found over the run; nil without one
 }
 
 // timeouts returns how many requests due in the window were sent but
@@ -113,9 +114,10 @@ func (s *runState) fail(err error) {
 // sender and a receiver goroutine for the warm-up and the measurement,
 // waits up to l.drain for the last answers, and returns what was
 // recorded in the measurement window, with the costs that p (nil: none)
-// read at its start and end. It stops early, with an error, when ctx is
-// done or a connection fails.
-func runLoad(ctx context.Context, t target, l *load, p *probe) (*measurement, error) {
+// read at its start and end, and what bc (nil: none) found of the allowed
+// answers of each key over the whole run. It stops early, with an error,
+// when ctx is done or a connection fails.
+func runLoad(ctx context.Context, t target, l *load, p *probe, bc *boundCheck) (*measurement, error) {
 	workers := make([]*worker, 0, l.conns)
 	defer func() {
 		for _, w := range workers {
@@ -127,7 +129,10 @@ func runLoad(ctx context.Context, t target, l *load, p *probe) (*measurement, er
 		if err != nil {
 			return nil, fmt.Errorf("connection %d: %w", i, err)
 		}
-		workers = append(workers, newWorker(i, c, l))
+		workers = append(workers, newWorker(i, c, l, bc))
+	}
+	if bc != nil {
+		bc.first = time.Now().UnixMicro() // before the first request
 	}
 
 	s := &runState{abort: make(chan struct{})}
@@ -188,6 +193,9 @@ func runLoad(ctx context.Context, t target, l *load, p *probe) (*measurement, er
 	wg.Wait()
 	close(finished)
 	<-probed // by the end of the window, or at the abort
+	if bc != nil {
+		bc.last = time.Now().UnixMicro() // after the last answer
+	}
 
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("interrupted: %w", err)
@@ -221,6 +229,9 @@ func runLoad(ctx context.Context, t target, l *load, p *probe) (*measurement, er
 	}
 	if read == len(snaps) {
 		m.costs = p.costs(snaps[0], snaps[1], m.arrived)
+	}
+	if bc != nil {
+		m.bound = bc.result()
 	}
 	return m, nil
 }
@@ -258,8 +269,13 @@ type worker struct {
 	// outside the window (warm-up), and 0 when none is in flight. The
 	// sender alone decides which requests are in the window.
 	started []atomic.Int64
-	onAns   func(*answer) // w.answer, bound once
-	closed  atomic.Bool   // set before the connection is closed on purpose
+	// keyOf holds, by request id, the key number of the request in
+	// flight: written by the sender before it stores started[id], read
+	// by the receiver after it takes started[id].
+	keyOf  []int32
+	bound  *boundCheck   // counts the allowed answers by key; nil: none
+	onAns  func(*answer) // w.answer, bound once
+	closed atomic.Bool   // set before the connection is closed on purpose
 
 	// Sender.
 	next   int64 // open loop: the index of the next request to send
@@ -279,13 +295,15 @@ type worker struct {
 	strays   int64
 }
 
-func newWorker(id int, c conn, l *load) *worker {
+func newWorker(id int, c conn, l *load, bc *boundCheck) *worker {
 	w := &worker{
 		id:      id,
 		c:       c,
 		l:       l,
 		slots:   newSlots(l.depth),
 		started: make([]atomic.Int64, l.depth),
+		keyOf:   make([]int32, l.depth),
+		bound:   bc,
 		rng:     rand.New(rand.NewPCG(l.seed, uint64(id))),
 		lag:     newHist(),
 		freed:   make([]uint32, 0, l.depth),
@@ -361,11 +379,13 @@ func (w *worker) sendOpen() error {
 			if !ok {
 				break
 			}
+			key := w.l.keys.pick(w.rng)
+			w.keyOf[id] = int32(key)
 			w.start(id, min(next, now), next >= w.s.from)
 			if next >= w.s.from {
 				record(w.lag, now-next)
 			}
-			if err := w.c.queue(id, w.l.keys.pick(w.rng)); err != nil {
+			if err := w.c.queue(id, key); err != nil {
 				return err
 			}
 			w.next++
@@ -413,8 +433,10 @@ func (w *worker) sendClosed() error {
 			if !ok {
 				break
 			}
+			key := w.l.keys.pick(w.rng)
+			w.keyOf[id] = int32(key)
 			w.start(id, now, now >= w.s.from)
-			if err := w.c.queue(id, w.l.keys.pick(w.rng)); err != nil {
+			if err := w.c.queue(id, key); err != nil {
 				return err
 			}
 			n++
@@ -476,6 +498,9 @@ func (w *worker) answer(a *answer) {
 	w.freed = append(w.freed, a.id)
 	if a.at >= w.s.from && a.at < w.s.end {
 		w.arrived++
+	}
+	if w.bound != nil && a.status == wire.StatusAllowed {
+		w.bound.admit(int(w.keyOf[a.id]))
 	}
 	if start < 0 { // warm-up
 		return

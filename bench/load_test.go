@@ -134,7 +134,7 @@ func TestCoordinatedOmission(t *testing.T) {
 		l := &load{mode: mode, rate: rate, conns: 1, depth: depth, warmup: warmup, duration: duration, keys: keys, seed: 1}
 		// The stall comes a third of the way into the measurement.
 		tgt := &stallTarget{stallAt: time.Now().Add(startDelay + warmup + duration/3), stallFor: stall}
-		m, err := runLoad(context.Background(), tgt, l, nil)
+		m, err := runLoad(context.Background(), tgt, l, nil, nil)
 		if err != nil {
 			t.Fatalf("%s loop: %v", mode, err)
 		}

@@ -90,6 +90,7 @@ type options struct {
 	tmpl      *template
 	cost      uint32
 	limit     int64    // per second: the spawned rule's, and the redis target's
+	algorithm string   // the spawned rule's algorithm
 	ruleModes []string // with -spawn: the rule's modes, cached or strict; a table each on Redis
 	spawn     bool
 	rldBin    string // with -spawn
@@ -172,7 +173,8 @@ flags:
 	spawn := fs.Bool("spawn", false, "start rld (and redis-server when needed) in a temporary directory; else use -socket and -redis")
 	stores := fs.String("store", storeEmbedded, "with -spawn: the daemon's store, embedded or redis; a comma-separated list makes one table per store")
 	ruleMode := fs.String("rule-mode", "cached", "with -spawn: the rule's `mode`, cached (leases on Redis) or strict (every check in Redis); cached,strict makes one Redis table per mode")
-	limit := fs.Int64("limit", defaultLimit, "with -spawn and for the redis target: the token bucket's limit per second (lower it to see limited answers)")
+	limit := fs.Int64("limit", defaultLimit, "with -spawn and for the redis target: the rule's limit per second (lower it to see limited answers); each key's allowed answers are checked against it")
+	alg := fs.String("algorithm", algTokenBucket, "with -spawn: the rule's `algorithm`: "+strings.Join(algorithms, ", ")+" (the redis target runs token_bucket)")
 	rldBin := fs.String("rld", "", "with -spawn: the rld `binary` (default bin/rld, else rld on PATH)")
 	socket := fs.String("socket", "", "without -spawn: rld's socket `path` (default $RLD_SOCKET, else "+defaultSocket+")")
 	redis := fs.String("redis", defaultRedis, "without -spawn: the Redis `host:port` of the redis target")
@@ -189,7 +191,7 @@ flags:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
-	c := &options{spawn: *spawn, limit: *limit, json: *asJSON, plot: *plot, redis: *redis, pid: *pid}
+	c := &options{spawn: *spawn, limit: *limit, algorithm: *alg, json: *asJSON, plot: *plot, redis: *redis, pid: *pid}
 	var problems []error
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
 	switch *mode {
@@ -238,6 +240,12 @@ flags:
 	c.targets, err = parseList(*targets, targetEcho, targetRedis, targetRLD)
 	if err != nil {
 		bad("-targets=%q: %w", *targets, err)
+	}
+	switch {
+	case !slices.Contains(algorithms, *alg):
+		bad("-algorithm=%q: want %s", *alg, strings.Join(algorithms, ", "))
+	case *alg != algTokenBucket && slices.Contains(c.targets, targetRedis):
+		bad("-algorithm=%q: the redis target runs token_bucket only", *alg)
 	}
 	if c.spawn {
 		c.stores, err = parseList(*stores, storeEmbedded, storeRedis)

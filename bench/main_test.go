@@ -37,7 +37,7 @@ func TestParseFlags(t *testing.T) {
 		"-mode half", "-rate 0", "-connections 0", "-depth 0", "-duration 0s", "-warmup -1s", "-cost 0",
 		"-targets echo,echo", "-targets nginx", "-spawn -rld /bin/true -store disk", "-dist zipf -zipf 0",
 		"-descriptors a", "-limit 0", "extra", "-pid -1", "-spawn -rld /bin/true -pid 5", "-redis-cluster x",
-		"-redis-nodes 127.0.0.1:1,127.0.0.1:1",
+		"-redis-nodes 127.0.0.1:1,127.0.0.1:1", "-algorithm leaky", "-targets redis -algorithm gcra",
 	} {
 		if _, err := parseFlags(strings.Fields(args), io.Discard); err == nil {
 			t.Errorf("%s: no error", args)
@@ -56,6 +56,16 @@ func TestParseFlags(t *testing.T) {
 	}
 	if got := fmt.Sprint(c.tables()); got != "[{embedded cached} {redis cached} {redis strict}]" {
 		t.Errorf("tables %s", got)
+	}
+	c, err = parseFlags(strings.Fields("-spawn -rld /bin/true -targets rld -algorithm fixed_window -limit 100"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rule, ok := c.boundRule(targetRLD); c.algorithm != algFixedWindow || !ok || rule != (boundRule{alg: algFixedWindow, limit: 100, period: limitPeriod}) {
+		t.Errorf("-algorithm: %q, bound rule %+v", c.algorithm, rule)
+	}
+	if _, ok := c.boundRule(targetEcho); ok {
+		t.Error("the echo target has a bound rule")
 	}
 	if _, err := parseFlags(strings.Fields("-rule-mode cached,lax"), io.Discard); err == nil {
 		t.Error("-rule-mode lax: no error")

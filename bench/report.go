@@ -97,6 +97,9 @@ type Result struct {
 	// Costs is what the decisions cost in CPU and Redis calls, where
 	// rld-bench could read it (see Costs).
 	Costs *Costs `json:"costs,omitempty"`
+	// Bound is the allowed answers of each key over the whole run against
+	// the most its rule may admit, where rld-bench knows the rule.
+	Bound *Bound `json:"bound,omitempty"`
 	// Histogram is the latency histogram (ns), in HdrHistogram's
 	// compressed V2 encoding, base64: HdrHistogram's tools read it.
 	Histogram string `json:"histogram"`
@@ -163,6 +166,7 @@ func newResult(target string, m *measurement, l *load) (Result, error) {
 		FirstError:   m.firstErr,
 		Latency:      summarize(m.hist),
 		Costs:        m.costs,
+		Bound:        m.bound,
 		hist:         m.hist,
 	}
 	if len(m.byCode) > 0 {
@@ -274,8 +278,28 @@ func writeTable(w io.Writer, t *Table) error {
 	cost("CPU/decision", func(c *Costs) *float64 { return c.CPUPerDecisionUS }, formatMicros)
 	cost("script calls/decision", func(c *Costs) *float64 { return c.ScriptCallsPerDecision }, calls)
 	cost("Redis CPU/decision", func(c *Costs) *float64 { return c.RedisCPUPerDecisionUS }, formatMicros)
+	bound := func(name string, cell func(b *Bound) string) {
+		if !slices.ContainsFunc(t.Results, func(r Result) bool { return r.Bound != nil }) {
+			return
+		}
+		row(name, func(r *Result) string {
+			if r.Bound == nil {
+				return "-"
+			}
+			return cell(r.Bound)
+		})
+	}
+	bound("most allowed/key", func(b *Bound) string { return group(b.MostAllowed) + " of " + group(b.Limit) })
+	bound("keys at ≥90% of it", func(b *Bound) string { return group(b.AtLimit) })
+	bound("keys over it", func(b *Bound) string { return group(b.Over) })
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("cannot write table: %w", err)
+	}
+	for _, r := range t.Results {
+		if b := r.Bound; b != nil && b.Over > 0 {
+			fmt.Fprintf(w, "%s: BUG: %d keys were allowed more than %s admits over %.1fs (%d); the most: %d\n",
+				r.Target, b.Over, b.Rule, b.Seconds, b.Limit, b.MostAllowed)
+		}
 	}
 	for _, r := range t.Results {
 		if r.Costs == nil || len(r.Costs.Nodes) == 0 {

@@ -243,7 +243,9 @@ type rldConfig struct {
 	cluster  bool     // redis holds the seed nodes of a Cluster
 	names    []string
 	limit    int64
+	alg      string // the rule's algorithm; "" means the default (token_bucket)
 	mode     string // the rule's mode; "" means the default (cached)
+	prefix   string // store.key_prefix; "" means the default
 	keys     int
 	inflight int
 }
@@ -259,8 +261,9 @@ const (
 	spawnMinInflight = 1024
 )
 
-// toml returns the configuration file: one token-bucket rule, keyed by
-// every descriptor of the template, allowing limit per limitPeriod.
+// toml returns the configuration file: one rule (a token bucket unless
+// alg says otherwise), keyed by every descriptor of the template,
+// allowing limit per limitPeriod.
 func (c *rldConfig) toml() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Written by rld-bench for one run.\n[server]\nsocket = %q\nhttp = \"\"\n", c.socket)
@@ -275,6 +278,11 @@ func (c *rldConfig) toml() string {
 			fmt.Fprintf(&b, "%q", a)
 		}
 		fmt.Fprintf(&b, "]\ntimeout = %q\n", spawnRedisTimeout)
+		if c.prefix != "" {
+			// A table's daemon starts on fresh counters, whatever the
+			// tables before it left in the same Redis.
+			fmt.Fprintf(&b, "key_prefix = %q\n", c.prefix)
+		}
 		if c.cluster {
 			b.WriteString("mode = \"cluster\"\n")
 		}
@@ -287,6 +295,9 @@ func (c *rldConfig) toml() string {
 		fmt.Fprintf(&b, "%q", n)
 	}
 	fmt.Fprintf(&b, "]\nlimit = %d\nperiod = %q\n", c.limit, limitPeriod.String())
+	if c.alg != "" {
+		fmt.Fprintf(&b, "algorithm = %q\n", c.alg)
+	}
 	if c.mode != "" {
 		fmt.Fprintf(&b, "mode = %q\n", c.mode)
 	}

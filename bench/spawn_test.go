@@ -16,7 +16,7 @@ import (
 func TestRLDConfig(t *testing.T) {
 	for _, redis := range []string{"", "127.0.0.1:6390", "127.0.0.1:7001,127.0.0.1:7002"} {
 		rc := &rldConfig{socket: "/tmp/x/rld.sock", names: []string{"api_key", "endpoint"},
-			limit: 5000, keys: 3_000_000, inflight: 8}
+			limit: 5000, keys: 3_000_000, inflight: 8, prefix: "rld-bench-redis-cached:"}
 		if redis != "" {
 			rc.redis = strings.Split(redis, ",")
 			rc.cluster = len(rc.redis) > 1
@@ -30,6 +30,7 @@ func TestRLDConfig(t *testing.T) {
 			t.Errorf("redis %q: server %+v, store %+v", redis, c.Server, c.Store)
 		}
 		if redis != "" && (strings.Join(c.Store.Redis, ",") != redis || time.Duration(c.Store.Timeout) != 250*time.Millisecond ||
+			c.Store.KeyPrefix != rc.prefix ||
 			(c.Store.Mode == config.RedisCluster) != rc.cluster) {
 			t.Errorf("store %+v", c.Store)
 		}
@@ -40,6 +41,17 @@ func TestRLDConfig(t *testing.T) {
 		if r.Name != benchRule || r.Algorithm != "token_bucket" || r.Limit != 5000 || time.Duration(r.Period) != limitPeriod ||
 			strings.Join(r.By, ",") != "api_key,endpoint" || len(r.Match) != 0 {
 			t.Errorf("rule %+v", r)
+		}
+	}
+	for _, alg := range algorithms {
+		rc := &rldConfig{socket: "/tmp/x/rld.sock", names: []string{"api_key"}, limit: 100, alg: alg,
+			mode: ruleStrict, redis: []string{"127.0.0.1:6390"}}
+		c, err := config.Parse([]byte(rc.toml()), "spawned.toml")
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", alg, err, rc.toml())
+		}
+		if c.Rules[0].Algorithm != alg {
+			t.Errorf("%s: rule %+v", alg, c.Rules[0])
 		}
 	}
 }

@@ -71,6 +71,17 @@ func (t *template) names() []string {
 	return out
 }
 
+// keyed reports whether a value holds {n}: whether each key number is a
+// counter of its own under a rule keyed by every descriptor.
+func (t *template) keyed() bool {
+	for _, d := range t.descs {
+		if len(d.parts) > 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // String returns the template as written on the command line.
 func (t *template) String() string {
 	var b strings.Builder
