@@ -832,13 +832,35 @@ func (c *Cache) hammered(e *entry) bool {
 
 // denialFor returns how long to deny e locally after the store denied it
 // with retry-after d; the client is told the same. A key far over its
-// limit waits out d exactly: it costs the store one call per retry-after.
-// Any other waits at most one sync interval: the denial may be for quota
-// that other daemons hold in leases and return at their next sync, and a
-// client within its limit must get it then.
+// limit waits out d, and a bucket's at least until its refill is worth
+// one call (see refillHold): it costs the store one call per retry-after
+// or per hold, which then leases the refill, rather than one call per
+// unit the bucket refills. Any other waits at most one sync interval:
+// the denial may be for quota that other daemons hold in leases and
+// return at their next sync, and a client within its limit must get it
+// then.
 func (c *Cache) denialFor(e *entry, d time.Duration) time.Duration {
 	if c.hammered(e) {
-		return d
+		return max(d, c.refillHold(e.p))
 	}
 	return min(d, c.o.SyncInterval)
+}
+
+// refillHold is how long a bucket (token bucket, GCRA) far over its
+// limit is denied at least: a sync interval per live daemon, so that the
+// call at its end takes this daemon's share of the refill, about an
+// interval of the key's rate (it admits the check at hand and leases
+// the rest: see leaseWant), instead of the one unit that fits after the
+// exact retry-after, which the next check's call then finds gone; and
+// at most the time half the capacity takes to refill, so that no refill
+// is lost to a full bucket while the key waits. The key still gets its
+// whole rate, in a batch per hold; only when within the hold is the
+// check not exact, and only for a client sending more than twice its
+// limit. A window's retry-after already runs to the window's end: 0.
+func (c *Cache) refillHold(p algo.Params) time.Duration {
+	if windowed(p.Kind) || p.Limit <= 0 {
+		return 0
+	}
+	half := time.Duration(float64(p.Period) * float64(p.Capacity()) / float64(2*p.Limit))
+	return min(time.Duration(c.peers())*c.o.SyncInterval, half)
 }

@@ -528,3 +528,47 @@ func TestPeeksAreRememberedAndCoalesced(t *testing.T) {
 	}
 	assert.LessOrEqual(t, b.calls.Load()-calls, int64(1), "ten denied peeks: one store call at most")
 }
+
+// TestHammeredBucketCostsOneCallPerHold: a bucket checked through three
+// caches at 300× its limit is admitted about its whole rate, never more
+// than its exact bound, at a few store calls per cache per hold (see
+// Cache's refillHold: three sync intervals here, or the refill of half
+// the capacity when that is shorter), where its exact retry-after cost
+// 3.5–3.9 calls per unit admitted (measured before the holds: each
+// refilled unit is a call that takes it and a call that finds it gone,
+// from each cache). A small burst, which shortens the hold, loses none
+// of the refill to a full bucket either.
+func TestHammeredBucketCostsOneCallPerHold(t *testing.T) {
+	for _, tc := range []struct {
+		kind    algo.Kind
+		burst   int64
+		perUnit float64 // the most store calls per unit admitted
+	}{
+		{algo.TokenBucket, 0, 0.5}, {algo.GCRA, 0, 0.5}, // measured 0.31–0.32
+		{algo.TokenBucket, 10, 2}, {algo.GCRA, 10, 2}, // a hold of 5 ms: 1.24–1.28
+	} {
+		t.Run(fmt.Sprintf("%s/burst=%d", tc.kind, tc.burst), func(t *testing.T) {
+			t.Parallel()
+			b := newAlgoBackend()
+			o := shardcache.Options{SyncInterval: 10 * time.Millisecond, Timeout: time.Second, Peers: func() int { return 3 }}
+			var caches []*shardcache.Cache
+			for range 3 {
+				caches = append(caches, newCache(b, b.clk, o))
+			}
+			l := newLoops(b.clk, o.SyncInterval, caches...)
+			// 1 unit per ms, offered 100,000 checks/s.
+			p := algo.Params{Kind: tc.kind, Limit: 100, Period: 100 * time.Millisecond, Burst: tc.burst}
+			from := b.clk.Now().UnixMicro()
+			admitted, denied := hammer(l, caches, 4, "abuser", p, time.Second)
+			max := bound(p, from, b.clk.Now().UnixMicro())
+			calls := b.calls.Load()
+			t.Logf("admitted %d of bound %d (%.3f), denied %d: %d store calls (%.2f per admitted unit), %d sync ops",
+				admitted, max, float64(admitted)/float64(max), denied, calls, float64(calls)/float64(admitted), b.syncOps.Load())
+			assert.LessOrEqual(t, admitted, max)
+			// The last hold's refill (30 units) is not taken yet when
+			// the run ends.
+			assert.Greater(t, float64(admitted), 0.95*float64(max), "the key gets its rate")
+			assert.LessOrEqual(t, float64(calls), tc.perUnit*float64(admitted))
+		})
+	}
+}

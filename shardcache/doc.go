@@ -17,7 +17,9 @@
 //
 //   - admits locally when the key's lease covers the cost;
 //   - denies locally while the key is denied-until a time the store gave,
-//     with the exact retry-after;
+//     with the exact retry-after (at most a sync interval, unless the key
+//     is far over its limit; then a bucket's is at least a hold of a sync
+//     interval per daemon, whose call takes the refill as a lease);
 //   - otherwise asks the store, through a coalesce.Group, so that at most
 //     one call per key is in flight and the checks that arrive meanwhile
 //     go as one batch: the call decides the batch's costs in arrival order
