@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,15 +11,18 @@ import (
 )
 
 // clusterBenchFlags is the load of BenchmarkCluster when RLD_BENCH_FLAGS
-// does not name one: the long tail of docs/performance.md.
+// does not name one: the long tail of docs/performance.md, measured
+// once the warm leases are taken.
 const clusterBenchFlags = "-mode closed -connections 4 -depth 16 -targets echo,rld -store redis -rule-mode cached,strict " +
-	"-dist zipf -zipf 1.1 -keys 100000 -duration 5s"
+	"-dist zipf -zipf 1.1 -keys 100000 -warmup 20s -duration 5s"
 
 // BenchmarkCluster runs rld-bench against a daemon on a Redis Cluster of
 // three primaries (and a replica each) that it starts with redistest,
 // and prints rld-bench's tables, each primary's share of the script
-// calls among them. The daemon is bin/rld (build it first), or
-// $RLD_BIN; the load is $RLD_BENCH_FLAGS, else clusterBenchFlags:
+// calls among them; then, for comparison in the same run, the same load
+// against a daemon on one Redis (a redis-server rld-bench spawns). The
+// daemon is bin/rld (build it first), or $RLD_BIN; the load is
+// $RLD_BENCH_FLAGS, else clusterBenchFlags:
 //
 //	make build && go test -run '^$' -bench Cluster -benchtime 1x ./bench
 func BenchmarkCluster(b *testing.B) {
@@ -38,10 +42,16 @@ func BenchmarkCluster(b *testing.B) {
 	for _, s := range c.Primaries() {
 		primaries = append(primaries, s.Addr)
 	}
-	args := append(strings.Fields(flags), "-spawn", "-rld", bin, "-redis-cluster", strings.Join(primaries, ","))
+	cluster := append(strings.Fields(flags), "-spawn", "-rld", bin, "-redis-cluster", strings.Join(primaries, ","))
+	one := append(strings.Fields(flags), "-spawn", "-rld", bin)
 	for b.Loop() {
-		if code := run(args, os.Stdout, os.Stderr); code != 0 {
-			b.Fatalf("rld-bench %s: exit %d", strings.Join(args, " "), code)
+		for _, args := range [][]string{cluster, one} {
+			if len(args) == len(one) {
+				fmt.Println("\nThe same load on one Redis:")
+			}
+			if code := run(args, os.Stdout, os.Stderr); code != 0 {
+				b.Fatalf("rld-bench %s: exit %d", strings.Join(args, " "), code)
+			}
 		}
 	}
 }
