@@ -16,6 +16,11 @@ const (
 	algSlidingLog     = "sliding_log"
 )
 
+// boundMargin widens a run's span at its end, for the bound: the last
+// answer's time is read on the monotonic clock and the bound is counted
+// on the wall clock, which Redis's time follows.
+const boundMargin = time.Millisecond
+
 // algorithms are the values -algorithm accepts.
 var algorithms = []string{algTokenBucket, algGCRA, algFixedWindow, algSlidingCounter, algSlidingLog}
 

@@ -194,7 +194,13 @@ func runLoad(ctx context.Context, t target, l *load, p *probe, bc *boundCheck) (
 	close(finished)
 	<-probed // by the end of the window, or at the abort
 	if bc != nil {
-		bc.last = time.Now().UnixMicro() // after the last answer
+		// After the last answer: not when the drain ended, which would
+		// add to the bound the refill of a time no request was sent in.
+		last := int64(0)
+		for _, w := range workers {
+			last = max(last, w.lastAt)
+		}
+		bc.last = max(bc.first, epoch.Add(time.Duration(last)+boundMargin).UnixMicro())
 	}
 
 	if err := ctx.Err(); err != nil {
@@ -293,6 +299,7 @@ type worker struct {
 	byCode   [maxCode + 1]int64
 	firstErr string
 	strays   int64
+	lastAt   int64 // nanotime of the last answer
 }
 
 func newWorker(id int, c conn, l *load, bc *boundCheck) *worker {
@@ -499,6 +506,7 @@ func (w *worker) answer(a *answer) {
 	if a.at >= w.s.from && a.at < w.s.end {
 		w.arrived++
 	}
+	w.lastAt = max(w.lastAt, a.at)
 	if w.bound != nil && a.status == wire.StatusAllowed {
 		w.bound.admit(int(w.keyOf[a.id]))
 	}
