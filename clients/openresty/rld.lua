@@ -19,6 +19,9 @@ local concat, sort = table.concat, table.sort
 local floor = math.floor
 local type, pairs, ipairs, tostring, tonumber, setmetatable = type, pairs, ipairs, tostring, tonumber, setmetatable
 
+local bit = require "bit"
+local band, rshift = bit.band, bit.rshift
+
 local _M = { _VERSION = "1.0" }
 
 -- Ops, statuses and limits of the protocol (docs/protocol.md).
@@ -26,7 +29,8 @@ _M.OP_CHECK, _M.OP_PEEK, _M.OP_PING = 1, 2, 3
 _M.OP_ACQUIRE, _M.OP_RELEASE, _M.OP_SETTLE = 5, 6, 7
 local MAX_LEASE = 1024
 _M.ALLOWED, _M.LIMITED, _M.BLOCKED, _M.ALLOWED_DEGRADED, _M.ERROR = 0, 1, 2, 3, 4
-_M.STATUS_NAMES = { [0] = "allowed", "limited", "blocked", "allowed-degraded", "error" }
+local STATUS_NAMES = { [0] = "allowed", "limited", "blocked", "allowed-degraded", "error" }
+_M.STATUS_NAMES = STATUS_NAMES
 _M.ERROR_NAMES = { [0] = "none", "malformed", "frame_too_large", "unknown_op", "bad_version",
     "too_large", "cost_too_large", "internal", "overloaded", "not_supported", "bad_flags",
     "unavailable", "bad_cost" }
@@ -177,8 +181,9 @@ end
 
 --- decode(frame) decodes a complete response frame (length prefix
 -- included) into a table {id, op, flags, status, limit, remaining, reset,
--- retry, window, quota, quota_window, next, rule, code, message, lease}
--- (lease: an ACQUIRE answer's, "" for the others; times in
+-- retry, window, quota, quota_window, next, rule, code, message, lease,
+-- allowed, status_name} (lease: an ACQUIRE answer's, "" for the others;
+-- allowed: true for allowed and allowed-degraded; times in
 -- milliseconds; op is the byte as sent, e.g. 129; next is 4294967295 when
 -- the daemon does not know when quota comes back), or returns nil and an
 -- error. Unknown flag bits are passed through. A limit, remaining or
@@ -268,6 +273,10 @@ function _M.decode(f)
         code = rd16(f, p),
         message = sub(f, p + 4, p + 3 + ml),
         lease = lease,
+        -- Here rather than set by the caller: a table made with all its
+        -- fields is not grown (and rehashed) afterwards.
+        allowed = status == 0 or status == 3,
+        status_name = STATUS_NAMES[status],
     }
 end
 
@@ -296,6 +305,11 @@ end
 
 local next_id = 0
 
+local function new_id()
+    next_id = (next_id + 1) % 4294967296
+    return next_id
+end
+
 -- retryable reports whether a failed exchange on a pooled connection
 -- may be repeated on a new one: the daemon closed it (a restart, an idle
 -- timeout) before the request reached it.
@@ -306,12 +320,18 @@ end
 -- exchange sends one request and returns the decoded answer, or nil and
 -- an error.
 function Client:exchange(op, descs, cost, lease)
-    next_id = (next_id + 1) % 4294967296
-    local id = next_id
+    local id = new_id()
     local frame, err = _M.encode(id, op, cost, descs, lease)
     if not frame then
         return nil, err
     end
+    return self:roundtrip(id, frame)
+end
+
+-- roundtrip sends frame, a request with id, and returns the decoded
+-- answer, or nil and an error.
+function Client:roundtrip(id, frame)
+    local err
     if self.pipeline then
         return self:pipelined(id, frame)
     end
@@ -360,8 +380,6 @@ function Client:receive(sock, id)
             return nil, "bad answer: " .. derr
         end
         if res.id == id then
-            res.allowed = res.status == 0 or res.status == 3
-            res.status_name = _M.STATUS_NAMES[res.status]
             return res
         end
     end
@@ -444,8 +462,6 @@ local function run_batch(p, c, frames, ids)
             left = left - 1
             local w = p.waiters[res.id]
             if w and not w.posted then -- else the request gave up waiting
-                res.allowed = res.status == 0 or res.status == 3
-                res.status_name = _M.STATUS_NAMES[res.status]
                 w.res, w.posted = res, true
                 w.sema:post(1)
             end
@@ -666,6 +682,43 @@ local function rule_fields(res)
     return r
 end
 
+-- fields renders the header fields of an answer, in order, through
+-- put(h, name, value): one rendering for headers() and for access(),
+-- which sets them on the response without a table in between.
+local function fields(res, now, put, h)
+    local r = rule_fields(res)
+    local limit = res.limit
+    if r.limit ~= limit then
+        r.limit, r.limit_s = limit, num(limit)
+    end
+    local remaining = num(res.remaining)
+    put(h, "X-RateLimit-Limit", r.limit_s)
+    put(h, "X-RateLimit-Remaining", remaining)
+    -- Many answers in a row share their reset second: the last one's
+    -- rendering is kept.
+    local reset = floor(now + res.reset / 1000 + 0.999999999)
+    if r.reset ~= reset then
+        r.reset, r.reset_s = reset, num(reset)
+    end
+    put(h, "X-RateLimit-Reset", r.reset_s)
+    if r.policy then
+        put(h, "RateLimit-Policy", r.policy)
+    end
+    if res.next ~= MAX_U32 then
+        put(h, "RateLimit", r.quoted .. remaining .. ";t=" .. seconds(res.next))
+    else
+        put(h, "RateLimit", r.quoted .. remaining)
+    end
+    if res.retry > 0 then
+        put(h, "Retry-After", tostring(math.max(1, seconds(res.retry))))
+    end
+end
+
+local function put_field(h, name, value)
+    h[#h + 1] = name
+    h[name] = value
+end
+
 --- headers(res, now) returns the response header fields for an answer,
 -- as docs/protocol.md ("Rendering HTTP headers") and rld's HTTP endpoint
 -- render them: h[1], h[2], ... are the field names in order and h[name]
@@ -676,29 +729,14 @@ end
 -- rule, or the allow and deny lists).
 function _M.headers(res, now)
     local h = {}
-    if res.rule == "" or res.limit == 0 then
-        return h
-    end
-    now = now or ngx.now()
-    local r = rule_fields(res)
-    local remaining = num(res.remaining)
-    h[1], h["X-RateLimit-Limit"] = "X-RateLimit-Limit", num(res.limit)
-    h[2], h["X-RateLimit-Remaining"] = "X-RateLimit-Remaining", remaining
-    h[3], h["X-RateLimit-Reset"] = "X-RateLimit-Reset", num(floor(now + res.reset / 1000 + 0.999999999))
-    local i = 4
-    if r.policy then
-        h[4], h["RateLimit-Policy"] = "RateLimit-Policy", r.policy
-        i = 5
-    end
-    local rl = r.quoted .. remaining
-    if res.next ~= MAX_U32 then
-        rl = rl .. ";t=" .. seconds(res.next)
-    end
-    h[i], h["RateLimit"] = "RateLimit", rl
-    if res.retry > 0 then
-        h[i + 1], h["Retry-After"] = "Retry-After", tostring(math.max(1, seconds(res.retry)))
+    if res.rule ~= "" and res.limit ~= 0 then
+        fields(res, now or ngx.now(), put_field, h)
     end
     return h
+end
+
+local function set_field(_, name, value)
+    ngx.header[name] = value
 end
 
 local function json_string(s)
@@ -853,6 +891,87 @@ function _M.descriptors(opts)
     return d
 end
 
+-- The request's own descriptors, as a frame carries them: the name's
+-- length byte and the name.
+local NAME_IP, NAME_KEY, NAME_ENDPOINT, NAME_METHOD = "\2ip", "\7api_key", "\8endpoint", "\6method"
+
+-- vlen returns a value's length as a frame carries it (u16).
+local function vlen(v)
+    local n = #v
+    return char(rshift(n, 8), band(n, 255))
+end
+
+-- too_long returns encode's error for a value over 1024 bytes.
+local function too_long(name, v)
+    return nil, "descriptor " .. name .. ": value of " .. #v .. " bytes (at most 1024)"
+end
+
+--- request_frame(opts, id, op, cost) returns the frame that access(opts)
+-- sends for the current request: the same bytes as encode(id, op, cost,
+-- descriptors(opts)), or nil and encode's error. Unless opts adds
+-- descriptors of its own, it is built in one concatenation, without the
+-- tables of descriptors() or a pass over them: straight-line code that
+-- LuaJIT compiles.
+function _M.request_frame(opts, id, op, cost)
+    if opts.descriptors or opts.descriptors_fn then
+        return _M.encode(id, op, cost, _M.descriptors(opts))
+    end
+    cost = cost or 1
+    if type(cost) ~= "number" or cost < 0 or cost > MAX_U32 or cost ~= floor(cost) then
+        return nil, "cost " .. tostring(cost) .. " is not a whole number from 0 to 4294967295"
+    end
+    local var = ngx.var
+    local n, size = 0, 17
+    local nip, ip, nkey, key, nep, ep, nm, m = "", "", "", "", "", "", "", ""
+    if opts.ip ~= false then
+        ip = var.remote_addr or ""
+        if #ip > MAX_VALUE then
+            return too_long("ip", ip)
+        end
+        nip, n, size = NAME_IP, n + 1, size + 5 + #ip
+    end
+    local hdr = opts.api_key_header
+    if hdr == nil then
+        hdr = "X-API-Key"
+    end
+    if hdr then
+        local name = header_vars[hdr]
+        if not name then
+            name = "http_" .. gsub(hdr:lower(), "-", "_")
+            header_vars[hdr] = name
+        end
+        local v = var[name]
+        if v and v ~= "" then
+            if #v > MAX_VALUE then
+                return too_long("api_key", v)
+            end
+            nkey, key, n, size = NAME_KEY, v, n + 1, size + 10 + #v
+        end
+    end
+    if opts.endpoint ~= false then
+        ep = endpoint()
+        if #ep > MAX_VALUE then
+            return too_long("endpoint", ep)
+        end
+        nep, n, size = NAME_ENDPOINT, n + 1, size + 11 + #ep
+    end
+    if opts.method ~= false then
+        m = ngx.req.get_method()
+        if #m > MAX_VALUE then
+            return too_long("method", m)
+        end
+        nm, n, size = NAME_METHOD, n + 1, size + 9 + #m
+    end
+    local l = size - 4
+    return char(rshift(l, 24), band(rshift(l, 16), 255), band(rshift(l, 8), 255), band(l, 255), 1, op, 0, 0,
+        rshift(id, 24), band(rshift(id, 16), 255), band(rshift(id, 8), 255), band(id, 255),
+        rshift(cost, 24), band(rshift(cost, 16), 255), band(rshift(cost, 8), 255), band(cost, 255), n)
+        .. nip .. (nip ~= "" and vlen(ip) or "") .. ip
+        .. nkey .. (nkey ~= "" and vlen(key) or "") .. key
+        .. nep .. (nep ~= "" and vlen(ep) or "") .. ep
+        .. nm .. (nm ~= "" and vlen(m) or "") .. m
+end
+
 --- access(opts) checks the current request from access_by_lua_block.
 -- Allowed: it sets the rate-limit header fields and returns the answer.
 -- Limited: it answers 429 with Retry-After and a JSON body. Blocked: 403.
@@ -872,14 +991,14 @@ function _M.access(opts)
     if type(cost) == "function" then
         cost = cost()
     end
-    local res, err
-    if opts.acquire then
-        res, err = c:acquire(_M.descriptors(opts), cost)
-        if res and res.lease ~= "" then
-            ngx.ctx.rld_lease = res.lease
-        end
-    else
-        res, err = c:check(_M.descriptors(opts), cost)
+    local id, op = new_id(), opts.acquire and 5 or 1
+    local res
+    local frame, err = _M.request_frame(opts, id, op, cost)
+    if frame then
+        res, err = c:roundtrip(id, frame)
+    end
+    if res and op == 5 and res.lease ~= "" then
+        ngx.ctx.rld_lease = res.lease
     end
     if res and res.status == 4 then
         res, err = nil, "error answer " .. (_M.ERROR_NAMES[res.code] or tostring(res.code)) .. ": " .. res.message
@@ -896,11 +1015,8 @@ function _M.access(opts)
         return nil, err
     end
     local now = ngx.now()
-    local h = _M.headers(res, now)
-    local header = ngx.header
-    for i = 1, #h do
-        local name = h[i]
-        header[name] = h[name]
+    if res.rule ~= "" and res.limit ~= 0 then
+        fields(res, now, set_field)
     end
     if res.status == 1 then
         ngx.status = 429
