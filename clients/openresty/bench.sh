@@ -205,7 +205,7 @@ run() {
 ALL="static:$CONNS:$P1/static lua_empty:$CONNS:$P1/lua-empty lua:$CONNS:$P1/lua ${BEFORE:+lua_before:$CONNS:$P1/lua-before}
   lua_pool:$CONNS:$P1/lua-pool auth:$CONNS:$P2/static proxy:$CONNS:$P1/proxy proxy_lua:$CONNS:$P1/proxy-lua
   php_nocheck:$CONNS:$P1/nocheck.php php_check:$CONNS:$P1/check.php php_lua:$CONNS:$P1/lua.php
-  static_c1:1:$P1/static lua_c1:1:$P1/lua ${BEFORE:+lua_before_c1:1:$P1/lua-before}"
+  static_c1:1:$P1/static lua_c1:1:$P1/lua ${BEFORE:+lua_before_c1:1:$P1/lua-before} lua_pool_c1:1:$P1/lua-pool"
 # CASES picks some of them; each case's baseline runs too.
 RUN=""
 for c in $ALL; do

@@ -684,8 +684,10 @@ end
 
 -- fields renders the header fields of an answer, in order, through
 -- put(h, name, value): one rendering for headers() and for access(),
--- which sets them on the response without a table in between.
+-- which sets them on the response without a table in between. now is
+-- ngx.now() when nil: read here, on code LuaJIT compiles.
 local function fields(res, now, put, h)
+    now = now or ngx.now()
     local r = rule_fields(res)
     local limit = res.limit
     if r.limit ~= limit then
@@ -730,7 +732,7 @@ end
 function _M.headers(res, now)
     local h = {}
     if res.rule ~= "" and res.limit ~= 0 then
-        fields(res, now or ngx.now(), put_field, h)
+        fields(res, now, put_field, h)
     end
     return h
 end
@@ -1014,14 +1016,13 @@ function _M.access(opts)
         end
         return nil, err
     end
-    local now = ngx.now()
     if res.rule ~= "" and res.limit ~= 0 then
-        fields(res, now, set_field)
+        fields(res, nil, set_field)
     end
     if res.status == 1 then
         ngx.status = 429
         ngx.header["Content-Type"] = "application/json"
-        ngx.print(_M.limited_body(res, now))
+        ngx.print(_M.limited_body(res))
         return ngx.exit(ngx.HTTP_OK)
     elseif res.status == 2 then
         ngx.status = 403
