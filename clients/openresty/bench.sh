@@ -27,7 +27,7 @@
 # needs nginx, libnginx-mod-http-lua, php-fpm8.2, wrk and taskset (make
 # deps). CONNS=32 and TIMEOUT_MS=200 (the clients' check timeout) by
 # default; CASES="static lua ..." runs only those cases (with their
-# baselines).
+# baselines), MODES=unpinned (or pinned) only that mode.
 set -euo pipefail
 DURATION=${1:-5s}
 ROUNDS=${2:-5}
@@ -216,8 +216,10 @@ for c in $ALL; do
     if [ "$name" = "$want" ] || [ "$name" = "$base" ]; then RUN="$RUN $c"; break; fi
   done
 done
-MODES="unpinned"
-if [ "$NCPU" -ge 2 ]; then MODES="unpinned pinned"; else echo "bench: one CPU: no pinned runs" >&2; fi
+if [ -z "${MODES:-}" ]; then
+  MODES="unpinned"
+  if [ "$NCPU" -ge 2 ]; then MODES="unpinned pinned"; else echo "bench: one CPU: no pinned runs" >&2; fi
+fi
 echo "wrk -t1 -c$CONNS (-c1 for the _c1 cases) -d$DURATION --latency, $ROUNDS rounds; $NCPU CPUs; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "pinned: nginx (one worker), the application (php-fpm, the second nginx) on CPU 0, rld and wrk on CPU 1; unpinned: anywhere"
 printf '%-9s %5s %-12s %10s %8s %8s %9s %7s\n' mode round case "req/s" "p50 us" "p99 us" "nginx us" "rld us"
