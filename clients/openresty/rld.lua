@@ -305,6 +305,7 @@ end
 
 local next_id = 0
 
+-- new_id returns the next request id of this worker.
 local function new_id()
     next_id = (next_id + 1) % 4294967296
     return next_id
