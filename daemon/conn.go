@@ -21,29 +21,44 @@ const readBufSize = 2 * wire.MaxFrame
 // to hold the answers of one batch.
 const outBufSize = 8 << 10
 
-// conn serves one client connection. It is owned by one goroutine.
+// conn serves one client connection. Its read loop runs on one goroutine;
+// with Redis, the connection's workers answer frames alongside it (see
+// concurrent).
 type conn struct {
 	d   *Daemon
 	c   *net.UnixConn
 	in  []byte // read buffer; in[start:end] holds unprocessed bytes
-	out []byte // answers not yet written
+	out []byte // the read loop's answers not yet written
 	fs  frameState
-	// writeDeadline is the write deadline in force.
+	// writeDeadline is the write deadline in force; only the writer of
+	// the moment (the read loop, or the one holding writing) uses it.
 	writeDeadline time.Time
 
-	// With Redis, a read batch's frames that the host answers (a lease,
-	// a denial in force: policy.TryCheckTo) are answered inline; those
-	// that wait on Redis are handed to the connection's workers, so that
-	// one does not hold up those behind it and checks of one key share a
-	// Redis call. frames collects the batch, slots hold one frameState
-	// per frame, and jobs feeds the workers, started as a batch first
-	// needs them and kept until the connection ends.
+	// With Redis (concurrent), the read loop answers at once the frames
+	// the host decides (a lease, a denial in force: policy.TryCheckTo);
+	// a frame that waits on Redis is copied into a frameState of its own
+	// and handed to the connection's workers, and its answer is written
+	// when its decision is ready, out of order, while the read loop goes
+	// on. Answers reach the socket one write at a time: whoever has some
+	// to write and finds no write in progress writes them, with those
+	// added to pending meanwhile; the others append to pending and go on.
 	concurrent bool
-	frames     [][]byte
-	slots      []frameState
-	wg         sync.WaitGroup
-	jobs       chan *frameState
-	workers    int
+	jobs       chan *frameState // feeds the workers; nil until the first hand-off
+	nworkers   int              // workers started; read loop only
+	nstates    int              // frameStates made for hand-offs; read loop only
+	workers    sync.WaitGroup   // the running workers
+
+	mu sync.Mutex // guards the fields below
+	// cond is signalled (on mu) when waiting falls, a write ends or a
+	// write takes pending: the read loop waits on it for room or for the
+	// answers it handed off.
+	cond    sync.Cond
+	pending []byte        // answers waiting for the writer
+	spare   []byte        // the buffer pending is swapped with for a write
+	writing bool          // a write is in progress
+	failed  bool          // a write failed: nothing more is written
+	waiting int           // frames handed off and not yet answered
+	free    []*frameState // frameStates of answered hand-offs, for reuse
 }
 
 // frameState is what answering one frame needs; it is reused.
@@ -54,12 +69,15 @@ type frameState struct {
 	sc  policy.Scratch
 	obs *observer
 	os  obsScratch
-	out []byte // a concurrent frame's answer
+	out []byte // a handed-off frame's answer
 
-	// A frame handed to a worker: what deciding it needs.
-	ctx context.Context
-	p   *policy.Policy
-	now time.Time
+	// A frame handed to a worker: a copy of it (its request's fields
+	// point into it, never into the read buffer), and what deciding it
+	// needs.
+	frame []byte
+	ctx   context.Context
+	p     *policy.Policy
+	now   time.Time
 }
 
 func newFrameState(obs *observer) frameState {
@@ -71,7 +89,7 @@ func newFrameState(obs *observer) frameState {
 }
 
 func (d *Daemon) newConn(c *net.UnixConn) *conn {
-	return &conn{
+	cn := &conn{
 		d:          d,
 		c:          c,
 		in:         make([]byte, readBufSize),
@@ -79,6 +97,8 @@ func (d *Daemon) newConn(c *net.UnixConn) *conn {
 		fs:         newFrameState(d.ops.obs),
 		concurrent: d.fleet != nil,
 	}
+	cn.cond.L = &cn.mu
+	return cn
 }
 
 // drainGrace is how long a draining connection waits for more bytes
@@ -92,7 +112,7 @@ const drainGrace = 50 * time.Millisecond
 // many answers per write.
 func (cn *conn) serve(ctx context.Context) {
 	defer cn.c.Close()
-	defer cn.stopWorkers()
+	defer cn.finish()
 	start, end := 0, 0
 	srv := cn.d.cfg().Server
 	readTimeout, idleTimeout := time.Duration(srv.ReadTimeout), time.Duration(srv.IdleTimeout)
@@ -170,7 +190,8 @@ func (cn *conn) serve(ctx context.Context) {
 }
 
 // process answers every complete frame in in[start:end] and returns the new
-// start. lost is true when framing is lost and the connection must close.
+// start. lost is true when framing is lost, or an answer could not be
+// written, and the connection must close.
 func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInflight int) (int, bool) {
 	p := cn.d.policy.Load()
 	served := 0
@@ -178,9 +199,12 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 	for {
 		frame, n, err := wire.Next(cn.in[start:end])
 		if err != nil {
-			cn.answerFrames(ctx, p, now)
-			// Framing is lost. Answer the request id when the header is
-			// there to read, then close.
+			// Framing is lost. The frames handed off are answered
+			// first; then the request id, when the header is there to
+			// read; then the connection closes.
+			if cn.concurrent {
+				cn.settle()
+			}
 			code := wire.CodeOf(err)
 			countFrameError(code)
 			if h, herr := wire.ParseHeader(cn.in[start:end]); herr == nil || len(cn.in[start:end]) >= wire.HeaderSize {
@@ -189,100 +213,186 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 			return end, true
 		}
 		if frame == nil {
-			cn.answerFrames(ctx, p, now)
 			return start, false
 		}
 		start += n
 		served++
 		if wire.Op(frame[5]) == wire.OpAdmin {
 			// Admin frames are rare: answered in order, inline, after
-			// the frames before them.
-			cn.answerFrames(ctx, p, now)
+			// the frames before them and before those after them.
+			if cn.concurrent && !cn.settle() {
+				return end, true
+			}
 			cn.out = cn.d.answerAdmin(ctx, cn.c, frame, cn.out)
+			if cn.concurrent && !cn.flush() {
+				return end, true
+			}
 		} else if cn.concurrent {
-			cn.frames = append(cn.frames, frame)
+			var ok bool
+			if cn.out, ok = cn.fs.answerLocal(ctx, p, now, frame, cn.out); !ok && !cn.handOff(ctx, p, now, frame, maxInflight) {
+				return end, true
+			}
 		} else {
 			cn.out = cn.fs.answer(ctx, p, now, frame, cn.out)
 		}
-		if served%maxInflight == 0 {
-			cn.answerFrames(ctx, p, now)
-			if !cn.flush() {
-				return end, true
-			}
+		if served%maxInflight == 0 && !cn.flush() {
+			return end, true
 		}
 	}
 }
 
-// answerFrames answers the frames collected in cn.frames and appends the
-// answers to cn.out in the frames' order: inline those the host answers,
-// the others on the connection's workers when there are several (see
-// conn.jobs).
-func (cn *conn) answerFrames(ctx context.Context, p *policy.Policy, now time.Time) {
-	n := len(cn.frames)
-	switch n {
-	case 0:
-		return
-	case 1:
-		cn.out = cn.fs.answer(ctx, p, now, cn.frames[0], cn.out)
-	default:
-		for len(cn.slots) < n {
-			cn.slots = append(cn.slots, newFrameState(cn.d.ops.obs))
+// handOff gives frame, which waits on Redis, to a worker: copied into a
+// frameState of its own, so that the read buffer can be reused. With
+// maxInflight frames already waiting, it first writes the answers at hand
+// and waits for room (the read loop reads nothing meanwhile). It reports
+// false when an answer could not be written.
+func (cn *conn) handOff(ctx context.Context, p *policy.Policy, now time.Time, frame []byte, maxInflight int) bool {
+	cn.mu.Lock()
+	if cn.waiting >= maxInflight {
+		cn.mu.Unlock()
+		if !cn.flush() {
+			return false
 		}
-		var last *frameState
-		for i, f := range cn.frames {
-			s := &cn.slots[i]
-			if s.answerLocal(ctx, p, now, f) {
-				continue
-			}
-			if last != nil {
-				cn.handOff(last)
-			}
-			s.ctx, s.p, s.now = ctx, p, now
-			last = s
-		}
-		if last != nil {
-			last.decide() // the batch's last waiting frame: on this goroutine
-		}
-		cn.wg.Wait()
-		for i := range n {
-			s := &cn.slots[i]
-			s.ctx, s.p = nil, nil
-			cn.out = append(cn.out, s.out...)
+		cn.mu.Lock()
+		for cn.waiting >= maxInflight {
+			cn.cond.Wait()
 		}
 	}
-	clear(cn.frames) // drop the references to the read buffer
-	cn.frames = cn.frames[:0]
-}
-
-// handOff gives fs, decoded and waiting on Redis, to a worker, starting
-// one when every worker is busy.
-func (cn *conn) handOff(fs *frameState) {
+	var fs *frameState
+	if n := len(cn.free); n > 0 {
+		fs = cn.free[n-1]
+		cn.free[n-1] = nil
+		cn.free = cn.free[:n-1]
+	}
+	cn.waiting++
+	cn.mu.Unlock()
+	if fs == nil {
+		fs = new(frameState)
+		*fs = newFrameState(cn.d.ops.obs)
+		cn.nstates++
+	}
+	fs.frame = append(fs.frame[:0], frame...)
+	if err := wire.DecodeRequest(fs.frame, &fs.req); err != nil {
+		panic("BUG: a frame decoded once does not decode again: " + err.Error())
+	}
+	fs.ctx, fs.p, fs.now = ctx, p, now
 	if cn.jobs == nil {
 		cn.jobs = make(chan *frameState)
 	}
-	cn.wg.Add(1)
 	select {
 	case cn.jobs <- fs:
 	default:
-		cn.workers++
-		go cn.work()
+		// Every worker is busy: start one, up to one per frame that
+		// may wait (a worker between two frames may take this one).
+		if cn.nworkers < maxInflight {
+			cn.nworkers++
+			cn.workers.Add(1)
+			go cn.work()
+		}
 		cn.jobs <- fs
 	}
+	return true
 }
 
-// work decides the frames handed off until the connection ends.
+// keptFrame is the largest copy of a frame a frameState keeps for reuse:
+// typical frames fit, and max_inflight states holding frames of up to
+// wire.MaxFrame each would hold far more memory than a connection needs.
+const keptFrame = 4 << 10
+
+// work decides the frames handed off, and delivers their answers, until
+// the connection ends.
 func (cn *conn) work() {
+	defer cn.workers.Done()
 	for fs := range cn.jobs {
 		fs.decide()
-		cn.wg.Done()
+		fs.sc.Flush() // the checks are counted before their answers can be seen
+		read := fs.now
+		fs.ctx, fs.p = nil, nil
+		cn.deliver(fs) // fs may be reused from here on
+		checkDuration.UpdateDuration(read)
 	}
 }
 
-// stopWorkers ends the connection's workers.
-func (cn *conn) stopWorkers() {
-	if cn.jobs != nil {
-		close(cn.jobs)
+// deliver queues the answer in fs.out for writing, gives fs back for
+// reuse, and writes what is pending unless a write is in progress (whose
+// writer then writes it).
+func (cn *conn) deliver(fs *frameState) {
+	cn.mu.Lock()
+	if !cn.failed {
+		cn.pending = append(cn.pending, fs.out...)
 	}
+	if cap(fs.frame) > keptFrame {
+		fs.frame = nil // a rare large frame's copy is not kept
+	}
+	cn.free = append(cn.free, fs)
+	cn.waiting--
+	cn.cond.Signal()
+	if !cn.writing {
+		cn.writePending()
+	}
+	cn.mu.Unlock()
+}
+
+// writePending writes pending, and what is added to it meanwhile, until
+// it is empty or a write fails. It is called with mu held and no write in
+// progress; mu is released during each write.
+func (cn *conn) writePending() {
+	cn.writing = true
+	for len(cn.pending) > 0 && !cn.failed {
+		buf := cn.pending
+		cn.pending = cn.spare[:0]
+		cn.cond.Signal() // pending has room again
+		cn.mu.Unlock()
+		err := cn.write(buf)
+		cn.mu.Lock()
+		cn.spare = buf[:0]
+		if err != nil {
+			cn.fail()
+		}
+	}
+	cn.writing = false
+	cn.cond.Signal()
+}
+
+// fail records, with mu held, that an answer could not be written: the
+// connection is done. Its read side is shut so that a read loop waiting
+// for the client's next bytes returns and closes it.
+func (cn *conn) fail() {
+	if cn.failed {
+		return
+	}
+	cn.failed = true
+	cn.pending = cn.pending[:0]
+	_ = cn.c.CloseRead()
+}
+
+// settle writes the read loop's answers, then waits until every frame
+// handed off is answered (its answer queued behind them). It reports
+// whether the answers could be written.
+func (cn *conn) settle() bool {
+	ok := cn.flush()
+	cn.mu.Lock()
+	for cn.waiting > 0 {
+		cn.cond.Wait()
+	}
+	ok = ok && !cn.failed
+	cn.mu.Unlock()
+	return ok
+}
+
+// finish ends a connection's work before it closes: every frame handed off
+// is answered and written (or its write failed), then the workers end.
+func (cn *conn) finish() {
+	if cn.jobs == nil {
+		return
+	}
+	cn.mu.Lock()
+	for cn.waiting > 0 || cn.writing {
+		cn.cond.Wait()
+	}
+	cn.mu.Unlock()
+	close(cn.jobs)
+	cn.workers.Wait()
 }
 
 // answer appends the answer to one complete frame to out.
@@ -302,43 +412,40 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 	return fs.respond(p, now, out)
 }
 
-// answerLocal writes to fs.out the answer to frame when it needs no wait
-// (a malformed frame, a ping, a check the host decides: see
-// policy.TryCheckTo) and reports whether it did. When not, fs holds the
-// decoded request for decide.
-func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now time.Time, frame []byte) bool {
+// answerLocal appends to out the answer to frame when it needs no wait (a
+// malformed frame, a ping, a check the host decides: see
+// policy.TryCheckTo) and reports true. When not, it reports false with out
+// unchanged, having decided nothing: the frame goes to a worker.
+func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now time.Time, frame, out []byte) ([]byte, bool) {
 	req := &fs.req
 	if err := wire.DecodeRequest(frame, req); err != nil {
 		code := wire.CodeOf(err)
 		countFrameError(code)
-		fs.out = fs.appendError(fs.out[:0], req.Op, req.ID, code, err.Error())
-		return true
+		return fs.appendError(out, req.Op, req.ID, code, err.Error()), true
 	}
 	if req.Op == wire.OpPing {
 		fs.res = wire.Response{Op: req.Op, ID: req.ID}
-		fs.out = wire.AppendResponse(fs.out[:0], &fs.res)
-		return true
+		return wire.AppendResponse(out, &fs.res), true
 	}
 	switch req.Op {
 	case wire.OpRelease, wire.OpSettle:
-		return false // store calls: decided off the read loop
+		return out, false // store calls: decided off the read loop
 	case wire.OpAcquire:
 		lease, ok := p.TryAcquireTo(ctx, now, req.Descs, int64(req.Cost), &fs.sc, &fs.dec)
 		if !ok {
-			return false
+			return out, false
 		}
 		fs.res.Token = lease
 	default:
 		if !p.TryCheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec) {
-			return false
+			return out, false
 		}
 	}
-	fs.out = fs.respond(p, now, fs.out[:0])
-	return true
+	return fs.respond(p, now, out), true
 }
 
-// decide answers the request that answerLocal left in fs, waiting on the
-// stores as needed, to fs.out.
+// decide answers the request handed off in fs, waiting on the stores as
+// needed, to fs.out.
 func (fs *frameState) decide() {
 	fs.decideOn(fs.ctx, fs.p, fs.now)
 	fs.out = fs.respond(fs.p, fs.now, fs.out[:0])
@@ -385,25 +492,67 @@ func (cn *conn) appendError(op wire.Op, id uint32, code wire.Code, msg string) {
 	cn.out = cn.fs.appendError(cn.out, op, id, code, msg)
 }
 
-// flush writes the pending answers; it reports whether the write succeeded.
+// flush writes the read loop's answers; it reports whether the write
+// succeeded. With workers (concurrent), a write in progress takes them
+// along instead, unless more than maxPending bytes are already pending:
+// then flush waits for room, so that a client that does not read its
+// answers holds up its read loop rather than growing the buffer.
 func (cn *conn) flush() bool {
 	// The checks are counted before their answers can be seen.
 	cn.fs.sc.Flush()
-	for i := range cn.slots {
-		cn.slots[i].sc.Flush()
+	if !cn.concurrent {
+		if len(cn.out) == 0 {
+			return true
+		}
+		err := cn.write(cn.out)
+		cn.out = cn.out[:0]
+		return err == nil
 	}
 	if len(cn.out) == 0 {
 		return true
 	}
+	cn.mu.Lock()
+	switch {
+	case cn.failed:
+	case !cn.writing && len(cn.pending) == 0:
+		// The usual case: no answer of a worker to write with these.
+		cn.writing = true
+		cn.mu.Unlock()
+		err := cn.write(cn.out)
+		cn.mu.Lock()
+		if err != nil {
+			cn.fail()
+		}
+		cn.writePending() // those delivered during the write
+	default:
+		cn.pending = append(cn.pending, cn.out...)
+		if !cn.writing {
+			cn.writePending()
+		}
+		for cn.writing && len(cn.pending) > maxPending && !cn.failed {
+			cn.cond.Wait()
+		}
+	}
+	ok := !cn.failed
+	cn.mu.Unlock()
+	cn.out = cn.out[:0]
+	return ok
+}
+
+// maxPending bounds the answers a connection's read loop adds to pending
+// while a write is in progress (see flush).
+const maxPending = readBufSize
+
+// write writes b to the client; only one write is in progress at a time.
+func (cn *conn) write(b []byte) error {
 	// The write deadline moves only once it is half spent: moving it costs
 	// a lock and a timer update on every batch.
 	if now := time.Now(); cn.writeDeadline.Sub(now) < writeTimeout/2 {
 		cn.writeDeadline = now.Add(writeTimeout)
 		_ = cn.c.SetWriteDeadline(cn.writeDeadline)
 	}
-	_, err := cn.c.Write(cn.out)
-	cn.out = cn.out[:0]
-	return err == nil
+	_, err := cn.c.Write(b)
+	return err
 }
 
 // writeTimeout bounds a write to a client that does not read its answers;

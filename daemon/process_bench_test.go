@@ -62,7 +62,7 @@ func BenchmarkProcessRedisLeases(b *testing.B) {
 	}
 	b.Cleanup(func() { d.fleet.close(d.log) })
 	cn := d.newConn(nil)
-	defer cn.stopWorkers()
+	defer cn.finish()
 	var batch []byte
 	for i := range 64 {
 		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpCheck, ID: uint32(i), Cost: 1,
