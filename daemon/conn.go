@@ -45,7 +45,6 @@ type conn struct {
 	concurrent bool
 	jobs       chan *frameState // feeds the workers; nil until the first hand-off
 	nworkers   int              // workers started; read loop only
-	nstates    int              // frameStates made for hand-offs; read loop only
 	workers    sync.WaitGroup   // the running workers
 
 	mu sync.Mutex // guards the fields below
@@ -269,7 +268,6 @@ func (cn *conn) handOff(ctx context.Context, p *policy.Policy, now time.Time, fr
 	if fs == nil {
 		fs = new(frameState)
 		*fs = newFrameState(cn.d.ops.obs)
-		cn.nstates++
 	}
 	fs.frame = append(fs.frame[:0], frame...)
 	if err := wire.DecodeRequest(fs.frame, &fs.req); err != nil {
@@ -371,11 +369,17 @@ func (cn *conn) fail() {
 // whether the answers could be written.
 func (cn *conn) settle() bool {
 	ok := cn.flush()
+	return cn.waitAnswered() && ok
+}
+
+// waitAnswered waits until every frame handed off is answered (its answer
+// written or queued for writing); it reports whether no write failed.
+func (cn *conn) waitAnswered() bool {
 	cn.mu.Lock()
 	for cn.waiting > 0 {
 		cn.cond.Wait()
 	}
-	ok = ok && !cn.failed
+	ok := !cn.failed
 	cn.mu.Unlock()
 	return ok
 }
