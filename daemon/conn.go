@@ -43,6 +43,13 @@ type conn struct {
 	// to write and finds no write in progress writes them, with those
 	// added to pending meanwhile; the others append to pending and go on.
 	concurrent bool
+	// pipelining is set once a read brings more than one frame, or a
+	// frame and the start of the next: the client sends requests before
+	// it has its answers. Until then a frame that waits on Redis is
+	// decided on the read loop, which has nothing else to answer or read
+	// meanwhile, saving two goroutine hand-offs per request (and no
+	// frame is ever waiting, see handOff). Read loop only.
+	pipelining bool
 	jobs       chan *frameState // feeds the workers; nil until the first hand-off
 	nworkers   int              // workers started; read loop only
 	workers    sync.WaitGroup   // the running workers
@@ -212,10 +219,16 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 			return end, true
 		}
 		if frame == nil {
+			if start < end && served > 0 {
+				cn.pipelining = true
+			}
 			return start, false
 		}
 		start += n
 		served++
+		if served > 1 {
+			cn.pipelining = true
+		}
 		if wire.Op(frame[5]) == wire.OpAdmin {
 			// Admin frames are rare: answered in order, inline, after
 			// the frames before them and before those after them.
@@ -228,7 +241,14 @@ func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInfli
 			}
 		} else if cn.concurrent {
 			var ok bool
-			if cn.out, ok = cn.fs.answerLocal(ctx, p, now, frame, cn.out); !ok && !cn.handOff(ctx, p, now, frame, maxInflight) {
+			cn.out, ok = cn.fs.answerLocal(ctx, p, now, frame, cn.out)
+			switch {
+			case ok:
+			case !cn.pipelining && start == end:
+				// One request at a time, and this read brought only it.
+				cn.fs.decideOn(ctx, p, now)
+				cn.out = cn.fs.respond(p, now, cn.out)
+			case !cn.handOff(ctx, p, now, frame, maxInflight):
 				return end, true
 			}
 		} else {

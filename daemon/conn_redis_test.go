@@ -98,6 +98,13 @@ func TestRedisWaitHoldsNoOtherAnswer(t *testing.T) {
 		r.write(checkFrame(uint32(900+i), "api_key=warm", "mode=cached"))
 		require.Equal(t, wire.StatusAllowed, r.mustRead().Status)
 	}
+	// One request at a time, strict ones among them: decided on the
+	// read loop, no worker started.
+	for i := range 3 {
+		r.write(checkFrame(uint32(910+i), "api_key=one", "mode=strict"))
+		require.Equal(t, wire.StatusAllowed, r.mustRead().Status)
+	}
+	assert.Zero(t, workers(), "workers for a client with one request at a time")
 
 	proxy.Blackhole()
 	var batch []byte
