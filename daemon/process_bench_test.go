@@ -115,10 +115,11 @@ func drainedConn(b *testing.B) *net.UnixConn {
 	return conns[0]
 }
 
-// BenchmarkProcessRedisStrict measures a read batch of 64 checks of eight
-// keys of a strict rule: every one is handed to the connection's workers
-// and decided in Redis. Per frame, the allocations are the Redis call's
-// and the coalescing's, none the hand-off's.
+// BenchmarkProcessRedisStrict measures read batches of checks of eight
+// keys of a strict rule, decided in Redis: batch=64 hands every one to
+// the connection's workers; batch=1, a client with one request at a
+// time, decides it on the read loop. Per frame, the allocations are the
+// Redis call's and the coalescing's, none the hand-off's.
 func BenchmarkProcessRedisStrict(b *testing.B) {
 	srv := redistest.Standalone(b)
 	dir := b.TempDir()
@@ -132,28 +133,32 @@ func BenchmarkProcessRedisStrict(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { d.fleet.close(d.log) })
-	cn := d.newConn(drainedConn(b))
-	defer cn.finish()
-	var batch []byte
-	for i := range 64 {
-		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpCheck, ID: uint32(i), Cost: 1,
-			Descs: []wire.Descriptor{{Name: []byte("api_key"), Value: fmt.Appendf(nil, "k%d", i%8)}}})
-	}
-	n := copy(cn.in, batch)
-	ctx := context.Background()
-	run := func() {
-		cn.out = cn.out[:0]
-		if start, lost := cn.process(ctx, time.Now(), 0, n, 1<<30); lost || start != n {
-			b.Fatal("frames not processed")
-		}
-		cn.waitAnswered()
-	}
-	for range 20 { // workers and buffers grow to a batch's needs
-		run()
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i += 64 {
-		run()
+	for _, size := range []int{64, 1} {
+		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+			cn := d.newConn(drainedConn(b))
+			defer cn.finish()
+			var batch []byte
+			for i := range size {
+				batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpCheck, ID: uint32(i), Cost: 1,
+					Descs: []wire.Descriptor{{Name: []byte("api_key"), Value: fmt.Appendf(nil, "k%d", i%8)}}})
+			}
+			n := copy(cn.in, batch)
+			ctx := context.Background()
+			run := func() {
+				cn.out = cn.out[:0]
+				if start, lost := cn.process(ctx, time.Now(), 0, n, 1<<30); lost || start != n {
+					b.Fatal("frames not processed")
+				}
+				cn.waitAnswered()
+			}
+			for range 20 { // workers and buffers grow to a batch's needs
+				run()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i += size {
+				run()
+			}
+		})
 	}
 }
