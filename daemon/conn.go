@@ -47,8 +47,8 @@ type conn struct {
 	// frame and the start of the next: the client sends requests before
 	// it has its answers. Until then a frame that waits on Redis is
 	// decided on the read loop, which has nothing else to answer or read
-	// meanwhile, saving two goroutine hand-offs per request (and no
-	// frame is ever waiting, see handOff). Read loop only.
+	// meanwhile, saving two goroutine hand-offs per request; no frame is
+	// then waiting on a worker. Read loop only.
 	pipelining bool
 	jobs       chan *frameState // feeds the workers; nil until the first hand-off
 	nworkers   int              // workers started; read loop only
