@@ -327,3 +327,27 @@ func TestRedisDrainAnswersWaitingFrames(t *testing.T) {
 	require.NoError(t, <-stopped)
 	assert.Zero(t, workers(), "workers left after the drain")
 }
+
+// TestRedisAdminInOrder: an ADMIN frame is answered after the frames
+// before it, those waiting on Redis included, and before the frames
+// after it.
+func TestRedisAdminInOrder(t *testing.T) {
+	s, proxy := startConnDaemon(t, 1024)
+	r := dialRaw(t, s.Socket)
+	r.ping(1000)
+	proxy.Blackhole()
+	batch := checkFrame(1, "api_key=a1", "mode=strict")
+	batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpAdmin, ID: 2, Body: []byte(`{"op":"config"}`)})
+	batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpPing, ID: 3})
+	r.write(batch)
+	// The check waits on Redis in a worker; the read loop waits for it
+	// before it answers the ADMIN frame.
+	redistest.WaitFor(t, "the check waits on Redis", func() bool { return workers() == 1 })
+	proxy.Heal()
+	var ids []uint32
+	for range 3 {
+		f := readFrame(t, r)
+		ids = append(ids, binary.BigEndian.Uint32(f[8:]))
+	}
+	assert.Equal(t, []uint32{1, 2, 3}, ids)
+}
