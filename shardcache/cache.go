@@ -109,7 +109,9 @@ type Cache struct {
 	orphanMu sync.Mutex
 	orphans  []algo.Op
 
-	sync syncBuf // the ops of Sync and ReturnIdle
+	sync  syncBuf      // the ops of Sync and ReturnIdle
+	syncN atomic.Int64 // Syncs started: an entry's rates are smoothed up to e.synced of them
+	half  int64        // half a sync interval, ns: the sync loop's tick and the wheel's slot
 
 	closed  atomic.Bool
 	running atomic.Int64 // runMiss calls in progress
@@ -117,14 +119,24 @@ type Cache struct {
 
 type shard struct {
 	mu sync.Mutex
-	m  map[string]*entry
-	_  [40]byte // keeps the next shard's lock off this one's cache line
+	m  map[string]*entry // guarded by mu
+	// wheel holds, guarded by mu, the entries of m that the sync loop
+	// must visit, each in the slot of the tick it is due at (see
+	// schedule): the loop visits only those, never the whole map.
+	wheel  [][]dueRef
+	soon   []dueRef // the entries due at the next tick, cursor+1
+	cursor int64    // the last tick whose slot was taken, in half sync intervals since the epoch
+	_      [56]byte // keeps the next shard's lock off this one's cache line
 }
 
 // entry is what the cache knows of one key. All times are local unix ns
 // except leaseAt, which is the store's clock in µs.
 type entry struct {
-	p algo.Params
+	p   algo.Params
+	key string // its key in the shard's map (the same string)
+
+	due    int64 // the tick of its visit by the sync loop (0: none; dead: dropped)
+	synced int64 // the Syncs (Cache.syncN) its rates were smoothed for
 
 	lease      int64 // leased units not yet admitted
 	leaseAt    int64 // store µs when the lease was taken (Result.At)
@@ -155,9 +167,12 @@ type entry struct {
 // New returns a Cache in front of b.
 func New(b Backend, o Options) *Cache {
 	o = o.withDefaults()
-	c := &Cache{b: b, o: o, shards: make([]shard, o.Shards), mask: uint64(o.Shards - 1)}
+	c := &Cache{b: b, o: o, shards: make([]shard, o.Shards), mask: uint64(o.Shards - 1), half: max(int64(o.SyncInterval/2), 1)}
+	start := o.Clock().UnixNano()/c.half - 1
 	for i := range c.shards {
 		c.shards[i].m = make(map[string]*entry)
+		c.shards[i].wheel = make([][]dueRef, wheelSlots)
+		c.shards[i].cursor = start
 	}
 	c.miss = coalesce.New(c.runMiss, coalesce.Options{})
 	c.strict = coalesce.New(c.runStrict, coalesce.Options{})
@@ -213,7 +228,7 @@ func (c *Cache) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, 
 		sh.mu.Unlock()
 		return algo.Result{}, false
 	}
-	e.seen, e.lastUse = true, max(e.lastUse, ns)
+	c.touch(sh, e, ns)
 	var r algo.Result
 	var ok bool
 	if peek {
@@ -314,6 +329,7 @@ func (c *Cache) Refund(ctx context.Context, key []byte, p algo.Params, cost int6
 		e.lease += cost
 		e.used = max(e.used-cost, 0)
 		e.spent -= cost
+		c.schedule(sh, e, 0) // a lease to return when idle
 		sh.mu.Unlock()
 		return nil
 	}
@@ -348,7 +364,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	sh := c.shard([]byte(key))
 	sh.mu.Lock()
 	e := c.entry(sh, key, p)
-	e.seen, e.lastUse = true, max(e.lastUse, reqs[len(reqs)-1].ns)
+	c.touch(sh, e, reqs[len(reqs)-1].ns)
 	i := 0
 	for ; i < len(reqs) && reqs[i].p == p; i++ {
 		r, ok := c.local(e, reqs[i].ns, reqs[i].cost, false)
@@ -464,7 +480,8 @@ func (c *Cache) entry(sh *shard, key string, p algo.Params) *entry {
 	if e != nil {
 		if e.p != p {
 			c.orphan(key, e)
-			*e = entry{p: p}
+			*e = entry{p: p, key: e.key, synced: c.syncN.Load()}
+			c.schedule(sh, e, 0)
 		}
 		return e
 	}
@@ -473,8 +490,9 @@ func (c *Cache) entry(sh *shard, key string, p algo.Params) *entry {
 		// a key for each shard that holds none.
 		c.evictOne(sh)
 	}
-	e = &entry{p: p}
+	e = &entry{p: p, key: key, synced: c.syncN.Load()}
 	sh.m[key] = e
+	c.schedule(sh, e, 0)
 	c.entries.Add(1)
 	liveEntries.Add(1)
 	return e
@@ -498,6 +516,7 @@ func (c *Cache) evictOne(sh *shard) {
 		return
 	}
 	c.orphan(victim, ve)
+	ve.due = dead
 	delete(sh.m, victim)
 	c.entries.Add(-1)
 	liveEntries.Add(-1)

@@ -44,7 +44,8 @@ type syncBuf struct {
 	mu   sync.Mutex
 	ops  []algo.Op
 	refs []syncRef
-	keys []byte // the ops' keys, back to back
+	keys []byte   // the ops' keys, back to back
+	due  []dueRef // the entries of one shard due at a tick
 }
 
 // add appends op, the op of entry e of key in sh (nil for an orphan's),
@@ -79,8 +80,10 @@ func (b *syncBuf) seal() {
 // Sync runs one sync at now: it returns the leases of keys that saw no
 // traffic since the last sync and the leases that lapsed, renews the
 // leases of keys still hot, refreshes the remaining quota of the other
-// hot keys, and drops entries idle for two syncs, in one Backend.Sync. It
-// reports how many ops it sent. Run calls it every interval.
+// hot keys, and drops entries idle for two syncs, in Backend.Sync calls
+// of at most syncChunk ops. It visits only the entries due (see
+// schedule), never holding a shard lock for more than syncChunk of
+// them. It reports how many ops it sent. Run calls it every interval.
 func (c *Cache) Sync(now time.Time) int {
 	if c.closed.Load() {
 		return 0
@@ -88,27 +91,31 @@ func (c *Cache) Sync(now time.Time) int {
 	start := time.Now() // for the duration metric only
 	ns := now.UnixNano()
 	peers := c.peers()
+	n := c.syncN.Add(1)
 	b := &c.sync
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	defer b.reset()
 	for i := range c.shards {
 		sh := &c.shards[i]
-		sh.mu.Lock()
-		for key, e := range sh.m {
+		c.visitDue(sh, ns, func(e *entry) {
+			c.catchUp(e, n-1)
+			e.synced = n
 			if op, ok := c.plan(e, ns, peers); ok {
-				b.add(op, sh, key, e)
+				b.add(op, sh, e.key, e)
 			}
 			if e.idleSyncs >= 2 && e.lease == 0 && ns >= e.deniedUntil {
 				if e.spent != 0 && c.o.Holder != "" {
-					b.add(c.reportOp(e), sh, key, e)
+					b.add(c.reportOp(e), sh, e.key, e)
 				}
-				delete(sh.m, key)
+				e.due = dead
+				delete(sh.m, e.key)
 				c.entries.Add(-1)
 				liveEntries.Add(-1)
+				return
 			}
-		}
-		sh.mu.Unlock()
+			c.reschedule(sh, e, ns)
+		})
 	}
 	c.orphanMu.Lock()
 	for _, op := range c.orphans {
@@ -117,29 +124,181 @@ func (c *Cache) Sync(now time.Time) int {
 	clear(c.orphans)
 	c.orphans = c.orphans[:0]
 	c.orphanMu.Unlock()
-	if len(b.ops) == 0 {
-		return 0
-	}
-	b.seal()
-	c.send(b.ops, b.refs)
 	syncs.Inc()
+	if len(b.ops) > 0 {
+		b.seal()
+		c.send(b.ops, b.refs)
+	}
 	syncDuration.UpdateDuration(start)
 	return len(b.ops)
 }
 
-// send runs ops in one Backend.Sync and applies each outcome to the entry
-// of its ref.
-func (c *Cache) send(ops []algo.Op, refs []syncRef) {
-	sent := c.o.Clock().UnixNano()
-	if err := c.b.Sync(context.Background(), ops); err != nil {
-		for i := range ops {
-			ops[i].Err = err
+// wheelSlots is the number of ticks (half sync intervals) a shard's
+// wheel spans: 12.8 s at the default interval. An entry due later is
+// put in its last slot and visited then, early, to be put back.
+const wheelSlots = 256
+
+// maxSlotCap is the largest array a wheel's slot keeps for its next
+// round.
+const maxSlotCap = 256
+
+// dead is the due of an entry dropped from its shard's map.
+const dead = -1
+
+// dueRef is an entry in a wheel's slot, for its visit at tick due. It
+// is stale, and skipped, once the entry's due is another (visited,
+// moved earlier, or dropped).
+type dueRef struct {
+	e   *entry
+	due int64
+}
+
+// syncChunk is the most entries the sync loop visits under one hold of
+// a shard's lock, and the most ops it sends in one Backend.Sync: a tick
+// with many leases due (warm leases granted together, lapsing together)
+// neither holds a shard's checks nor blocks the store with one huge
+// pipeline.
+const syncChunk = 256
+
+// tick returns the sync loop's tick of local time ns: half sync
+// intervals since the epoch, rounded up.
+func (c *Cache) tick(ns int64) int64 { return (ns + c.half - 1) / c.half }
+
+// schedule puts e, in sh whose lock the caller holds, in the wheel's
+// slot of tick, or in the list of the next tick the loop visits if that
+// is later (tick 0: the next one), unless it is due no later already.
+// Once the list has grown to a tick's traffic it allocates nothing: a
+// check (touch) only ever adds to the list, which keeps its array from
+// one tick to the next.
+func (c *Cache) schedule(sh *shard, e *entry, tick int64) {
+	tick = min(max(tick, sh.cursor+1), sh.cursor+wheelSlots)
+	if e.due > sh.cursor && e.due <= tick {
+		return
+	}
+	e.due = tick
+	if tick == sh.cursor+1 {
+		sh.soon = append(sh.soon, dueRef{e: e, due: tick})
+		return
+	}
+	slot := &sh.wheel[tick%wheelSlots]
+	*slot = append(*slot, dueRef{e: e, due: tick})
+}
+
+// reschedule puts e, just visited at ns, back in the wheel for when it
+// next needs the loop: the next tick while it saw checks since the last
+// sync, holds a lease that goes back when idle, or holds nothing (it is
+// dropped after two idle syncs); a denial's end when that is later; for
+// a warm lease, when its lifetime nears its end (see planWarm). The
+// caller holds sh's lock.
+func (c *Cache) reschedule(sh *shard, e *entry, ns int64) {
+	switch {
+	case e.seen || (e.lease > 0 && !e.warm):
+		c.schedule(sh, e, 0)
+	case e.lease == 0:
+		c.schedule(sh, e, c.tick(e.deniedUntil))
+	default:
+		c.schedule(sh, e, c.tick(e.leaseUntil-3*int64(c.o.SyncInterval)))
+	}
+}
+
+// touch records a check of e, in sh whose lock the caller holds, at ns:
+// its first since the last sync brings its rates up to date and puts it
+// in the next tick's slot.
+func (c *Cache) touch(sh *shard, e *entry, ns int64) {
+	e.lastUse = max(e.lastUse, ns)
+	if e.seen {
+		return
+	}
+	e.seen = true
+	c.catchUp(e, c.syncN.Load())
+	c.schedule(sh, e, 0)
+}
+
+// catchUp brings e's smoothed rates up to n Syncs: those it was not
+// visited at saw no check of it (a check puts it in the next tick's
+// slot), so each is one idle step of plan's smoothing. The caller holds
+// e's shard lock.
+func (c *Cache) catchUp(e *entry, n int64) {
+	k := n - e.synced
+	if k <= 0 {
+		return
+	}
+	e.synced = n
+	e.idleSyncs += int(min(k, 1<<20))
+	// (r+1)/2 reaches 1 from any r ≥ 1 (0 stays 0) within 64 steps.
+	for range min(k, 64) {
+		if e.rate <= 1 && e.denyRate <= 1 {
+			break
+		}
+		e.rate = (e.rate + 1) / 2
+		e.denyRate = (e.denyRate + 1) / 2
+	}
+}
+
+// visitDue calls visit, holding sh's lock, for each entry of sh due at
+// ns: those in the wheel's slots from the one after the last visited up
+// to ns's (at least one slot: a tick is never skipped, whatever the
+// clock), syncChunk of them per hold of the lock. visit has taken the
+// entry out of the wheel; it puts it back (reschedule) or drops it. The
+// caller holds c.sync.mu.
+func (c *Cache) visitDue(sh *shard, ns int64, visit func(e *entry)) {
+	b := &c.sync
+	sh.mu.Lock()
+	to := max(ns/c.half, sh.cursor+1)
+	from := max(sh.cursor+1, to-wheelSlots+1)
+	take := func(refs []dueRef) {
+		for _, r := range refs {
+			if r.e.due == r.due && r.due <= to {
+				b.due = append(b.due, r)
+			}
+		}
+		clear(refs)
+	}
+	take(sh.soon)
+	sh.soon = sh.soon[:0]
+	for t := from; t <= to; t++ {
+		slot := &sh.wheel[t%wheelSlots]
+		take(*slot)
+		if cap(*slot) > maxSlotCap {
+			*slot = nil // a burst's array is not kept for a whole round
+		} else {
+			*slot = (*slot)[:0]
 		}
 	}
-	for i := range ops {
-		c.apply(&ops[i], refs[i], sent)
+	sh.cursor = to
+	for i, r := range b.due {
+		if i > 0 && i%syncChunk == 0 {
+			sh.mu.Unlock()
+			sh.mu.Lock()
+		}
+		if r.e.due != r.due {
+			continue // checked meanwhile: due at the next tick
+		}
+		r.e.due = 0
+		visit(r.e)
 	}
-	syncOps.Add(len(ops))
+	sh.mu.Unlock()
+	clear(b.due)
+	b.due = b.due[:0]
+}
+
+// send runs ops in Backend.Sync calls of at most syncChunk ops, one
+// after the other, and applies each outcome to the entry of its ref.
+func (c *Cache) send(ops []algo.Op, refs []syncRef) {
+	for len(ops) > 0 {
+		n := min(len(ops), syncChunk)
+		sent := c.o.Clock().UnixNano()
+		if err := c.b.Sync(context.Background(), ops[:n]); err != nil {
+			for i := range ops[:n] {
+				ops[i].Err = err
+			}
+		}
+		for i := range ops[:n] {
+			c.apply(&ops[i], refs[i], sent)
+		}
+		syncOps.Add(n)
+		ops, refs = ops[n:], refs[n:]
+	}
 }
 
 // plan updates e's rates for the interval that ended at ns and returns
@@ -263,6 +422,7 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 	}
 	if op.Kind == algo.OpLease {
 		c.applyLease(ref.key, e, op.Granted, op.Result, sent, op.LeaseLife == c.warmLife())
+		c.schedule(ref.sh, e, c.tick(e.leaseUntil-3*int64(c.o.SyncInterval)))
 	}
 	c.learn(e, op.Result, sent)
 }
@@ -284,8 +444,9 @@ func (c *Cache) idle(e *entry, ns int64) bool {
 	return e.lastUse < ns-int64(c.o.SyncInterval)/2
 }
 
-// ReturnIdle returns, in one Backend.Sync, the leases of the keys that saw
-// no check in the last half sync interval. Run calls it between syncs.
+// ReturnIdle returns the leases of the keys that saw no check in the
+// last half sync interval, visiting only the entries due, as Sync does.
+// Run calls it between syncs.
 func (c *Cache) ReturnIdle(now time.Time) int {
 	if c.closed.Load() {
 		return 0
@@ -297,16 +458,15 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 	defer b.reset()
 	for i := range c.shards {
 		sh := &c.shards[i]
-		sh.mu.Lock()
-		for key, e := range sh.m {
+		c.visitDue(sh, ns, func(e *entry) {
 			if e.lease > 0 && c.returnable(e, ns) {
 				op := c.heldOp(algo.OpRefund, e, e.lease)
 				op.TakenAt = e.leaseAt
-				b.add(op, sh, key, e)
+				b.add(op, sh, e.key, e)
 				e.lease = 0
 			}
-		}
-		sh.mu.Unlock()
+			c.reschedule(sh, e, ns)
+		})
 	}
 	if len(b.ops) > 0 {
 		b.seal()
@@ -339,6 +499,7 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 	}
 	e.deniedUntil, e.answerAt, e.peekUntil = 0, 0, 0
 	e.noLeaseUntil = ns + int64(c.o.SyncInterval)
+	c.schedule(sh, e, 0) // an entry without a lease is dropped when idle
 	var op algo.Op
 	switch {
 	case e.lease > 0:

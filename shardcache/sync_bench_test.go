@@ -3,8 +3,12 @@ package shardcache_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/shardcache"
@@ -35,7 +39,10 @@ func warmCache(tb testing.TB, b *algoBackend, n int) (*shardcache.Cache, [][]byt
 // BenchmarkSync100k times one Sync and one ReturnIdle of a cache holding
 // 100,000 warm leases, none of which needs an op: the cost of a tick of
 // the sync loop on a daemon that serves a long tail of keys, which the
-// loop pays twice per sync interval.
+// loop pays twice per sync interval. Each iteration is the next tick
+// (half an interval later), over 20 s of ticks and then again from the
+// start: run it with -benchtime 200x (10 s) to keep every lease far
+// from its lifetime's end.
 func BenchmarkSync100k(b *testing.B) {
 	for _, tc := range []struct {
 		name string
@@ -53,8 +60,8 @@ func BenchmarkSync100k(b *testing.B) {
 			ops := be.syncOps.Load()
 			b.ReportAllocs()
 			b.ResetTimer()
-			for range b.N {
-				tc.run(c, now)
+			for i := range b.N {
+				tc.run(c, now.Add(time.Duration(i%400)*shardcache.DefaultSyncInterval/2))
 			}
 			b.StopTimer()
 			if c.Len() != 100_000 {
@@ -63,4 +70,91 @@ func BenchmarkSync100k(b *testing.B) {
 			b.ReportMetric(float64(be.syncOps.Load()-ops)/float64(b.N), "ops/tick")
 		})
 	}
+}
+
+// TestSyncVisitsDueEntries: the sync loop, visiting only the entries
+// due, still returns, renews, lapses and drops every one of them at its
+// time: 2,000 warm leases taken over 10 s, each key checked again now
+// and then, all back or lapsed, and every entry dropped, once the keys
+// have been idle longer than two warm leases live; and a clock that jumps
+// past the wheel's span finds every entry due.
+func TestSyncVisitsDueEntries(t *testing.T) {
+	b := newAlgoBackend()
+	c, keys := warmCache(t, b, 0)
+	l := newLoops(b.clk, shardcache.DefaultSyncInterval, c)
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000_000, Period: time.Second}
+	for i := range 2000 {
+		keys = append(keys, fmt.Appendf(nil, "k%d", i))
+	}
+	take := func(k []byte) {
+		t.Helper()
+		r, err := c.Take(ctx, k, p, 1, b.clk.Now(), false)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+	}
+	for i, k := range keys {
+		take(k)
+		if i%20 == 19 {
+			l.advance(shardcache.DefaultSyncInterval)
+		}
+	}
+	require.Equal(t, 2000, c.Len())
+	for i := range 30 { // checks of a tenth of the keys over 30 s
+		for _, k := range keys[i%10*200 : i%10*200+20] {
+			take(k)
+		}
+		l.advance(time.Second)
+	}
+	// A lease used since its last op is renewed once more near its
+	// lifetime's end, then lapses unused.
+	l.advance(65 * time.Second)
+	assert.Zero(t, c.Len(), "every entry dropped once idle past two warm leases' lives")
+	for _, k := range keys {
+		lease, _, ok := c.Held(k)
+		assert.False(t, ok)
+		assert.Zero(t, lease)
+	}
+
+	for _, k := range keys[:100] {
+		take(k)
+	}
+	l.advance(shardcache.DefaultSyncInterval)
+	require.Equal(t, 100, c.Len())
+	b.clk.set(b.clk.Now().Add(time.Hour))
+	for range 3 {
+		b.clk.set(b.clk.Now().Add(shardcache.DefaultSyncInterval))
+		c.Sync(b.clk.Now())
+	}
+	assert.Zero(t, c.Len(), "a jump past the wheel's span finds every entry due")
+}
+
+// TestTakeLocalAllocatesNothing: a check answered from a lease
+// allocates nothing, the first of an interval (which puts its entry in
+// the sync loop's wheel) included, once the wheel's slots have grown.
+func TestTakeLocalAllocatesNothing(t *testing.T) {
+	b := newAlgoBackend()
+	c, keys := warmCache(t, b, 64)
+	l := newLoops(b.clk, shardcache.DefaultSyncInterval, c)
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000_000, Period: time.Second}
+	check := func() {
+		for _, k := range keys {
+			if _, ok := c.TakeLocal(k, p, 1, b.clk.Now(), false); !ok {
+				t.Fatal("not answered locally")
+			}
+		}
+	}
+	for range 4 {
+		check()
+		l.advance(shardcache.DefaultSyncInterval)
+	}
+	var before, after runtime.MemStats
+	var allocs uint64
+	for range 20 {
+		runtime.ReadMemStats(&before)
+		check()
+		runtime.ReadMemStats(&after)
+		allocs += after.Mallocs - before.Mallocs
+		l.advance(shardcache.DefaultSyncInterval)
+	}
+	assert.Zero(t, allocs)
 }
