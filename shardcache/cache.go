@@ -160,8 +160,45 @@ type entry struct {
 	seen      bool  // a check came since the last sync
 	warm      bool  // the lease was granted far from the limit: kept, renewed when low (see warmIntervals)
 
-	spent        int64 // units admitted from the lease not yet reported to the store
-	noLeaseUntil int64 // recalled: lease nothing more until then
+	spent        int64      // units admitted from the lease not yet reported to the store
+	noLeaseUntil int64      // recalled: lease nothing more until then
+	gone         missReason // why the lease is empty, when it is
+}
+
+// missReason is why a check of a cached rule could not be answered from
+// its key's lease and waited on the store: the label of
+// rld_cache_misses_total.
+type missReason uint8
+
+const (
+	missNew      missReason = iota // the key's first check (or first since its entry was dropped)
+	missSpent                      // the lease ran out, or holds less than the cost
+	missLapsed                     // the lease's lifetime ended
+	missWindow                     // the lease's window ended
+	missReturned                   // the lease went back to the store (idle, or its key came near its limit)
+	missRecalled                   // another daemon recalled the lease
+	missDenied                     // a denial ended, or did not cover the cost
+	missNoLease                    // the store granted no lease (the key near or over its limit)
+)
+
+// missReason returns why e could not answer a check of cost at ns from
+// its lease. The caller holds e's shard lock.
+func (c *Cache) missReason(e *entry, ns, cost int64) missReason {
+	switch {
+	case e.answerAt == 0 && e.leaseAt == 0:
+		return missNew
+	case ns < e.noLeaseUntil:
+		return missRecalled
+	case e.lease > 0 && ns >= e.leaseUntil && windowed(e.p.Kind):
+		return missWindow
+	case e.lease > 0 && ns >= e.leaseUntil:
+		return missLapsed
+	case e.lease > 0:
+		return missSpent // less than cost
+	case e.deniedUntil != 0:
+		return missDenied
+	}
+	return e.gone
 }
 
 // New returns a Cache in front of b.
@@ -270,6 +307,9 @@ func (c *Cache) local(e *entry, ns, cost int64, peek bool) (algo.Result, bool) {
 			e.lease -= cost
 			e.used += cost
 			e.spent += cost
+			if e.lease == 0 {
+				e.gone = missSpent
+			}
 		}
 		return algo.Result{
 			Allowed: true, Limit: capacity,
@@ -383,6 +423,9 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	for ; j < len(reqs) && reqs[j].p == p; j++ {
 		need += reqs[j].cost
 	}
+	if i < j {
+		misses[c.missReason(e, reqs[i].ns, reqs[i].cost)].Add(j - i)
+	}
 	want, warm := c.leaseWant(e, need, reqs[0].ns)
 	var spent, spentAt int64
 	if i < j {
@@ -419,6 +462,9 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		e = c.entry(sh, key, p)
 		c.applyLease(key, e, leased, r, sent, warm)
 		c.learn(e, r, sent)
+		if leased == 0 && e.lease == 0 {
+			e.gone = missNoLease
+		}
 		for k := range admitted {
 			e.used += costs[k]
 		}
@@ -710,7 +756,7 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 	}
 	until := sent + 2*int64(c.o.SyncInterval)
 	if warm {
-		until = sent + warmLifeIntervals*int64(c.o.SyncInterval)
+		until = sent + warmLifeIntervals*int64(c.o.SyncInterval) - c.warmJitter(key, sent)
 	}
 	if windowed(e.p.Kind) {
 		per := e.p.PeriodMicros()
@@ -727,7 +773,7 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 			c.orphan(key, e)
 		} else {
 			leasesLost.Add(int(e.lease))
-			e.lease = 0
+			e.lease, e.gone = 0, missWindow
 			// What the old lease admitted counted against its window's
 			// units out, which the store dropped with the window:
 			// reported now, it would be taken from the new lease's.
@@ -740,6 +786,17 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 	// earlier until here only shortens the local use.
 	e.leaseUntil = until
 	e.warm = warm
+}
+
+// warmJitter returns how much shorter than warmLifeIntervals the local
+// lifetime of key's warm lease granted at sent is: up to a fifth of it,
+// spread by key and time, so that leases granted together (a daemon's
+// first seconds on a long tail of keys) come due for renewal or lapse
+// over several seconds rather than at one tick. Shorter is safe: the
+// store counts the units out for warmLife whatever the local use.
+func (c *Cache) warmJitter(key string, sent int64) int64 {
+	h := (xxhash.Sum64String(key) ^ uint64(sent)) * 0x9e3779b97f4a7c15
+	return int64(h>>1) % (warmLifeIntervals * int64(c.o.SyncInterval) / 5)
 }
 
 // windowMargin is how long before its window's end (as mapped to the

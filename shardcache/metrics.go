@@ -24,11 +24,23 @@ var (
 	recallsAdmitted = metrics.NewCounter(`rld_cache_recalls_total{event="admitted"}`)
 	recallsReceived = metrics.NewCounter(`rld_cache_recalls_total{event="received"}`)
 	recallsReturned = metrics.NewCounter(`rld_cache_recalls_total{event="returned"}`)
-	syncs           = metrics.NewCounter(`rld_cache_syncs_total`)
-	syncOps         = metrics.NewCounter(`rld_cache_sync_ops_total`)
-	syncErrors      = metrics.NewCounter(`rld_cache_sync_errors_total`)
-	syncDuration    = metrics.NewPrometheusHistogramExt(`rld_cache_sync_duration_seconds`, []float64{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1})
-	_               = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })
+	// Misses: checks of cached rules that waited on the store, by why
+	// the key's lease could not answer them (see missReason).
+	misses = [...]*metrics.Counter{
+		missNew:      metrics.NewCounter(`rld_cache_misses_total{reason="new"}`),
+		missSpent:    metrics.NewCounter(`rld_cache_misses_total{reason="spent"}`),
+		missLapsed:   metrics.NewCounter(`rld_cache_misses_total{reason="lapsed"}`),
+		missWindow:   metrics.NewCounter(`rld_cache_misses_total{reason="window"}`),
+		missReturned: metrics.NewCounter(`rld_cache_misses_total{reason="returned"}`),
+		missRecalled: metrics.NewCounter(`rld_cache_misses_total{reason="recalled"}`),
+		missDenied:   metrics.NewCounter(`rld_cache_misses_total{reason="denied"}`),
+		missNoLease:  metrics.NewCounter(`rld_cache_misses_total{reason="no_lease"}`),
+	}
+	syncs        = metrics.NewCounter(`rld_cache_syncs_total`)
+	syncOps      = metrics.NewCounter(`rld_cache_sync_ops_total`)
+	syncErrors   = metrics.NewCounter(`rld_cache_sync_errors_total`)
+	syncDuration = metrics.NewPrometheusHistogramExt(`rld_cache_sync_duration_seconds`, []float64{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1})
+	_            = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })
 )
 
 // liveEntries is the number of keys held by all Caches.

@@ -137,6 +137,7 @@ func (c *Cache) forget(op *algo.Op) (ret algo.Op, ok bool) {
 	default:
 		c.orphan(string(key), e)
 	}
+	e.due = dead
 	delete(sh.m, string(key))
 	c.entries.Add(-1)
 	liveEntries.Add(-1)

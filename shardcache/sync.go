@@ -271,8 +271,8 @@ func (c *Cache) visitDue(sh *shard, ns int64, visit func(e *entry)) {
 			sh.mu.Unlock()
 			sh.mu.Lock()
 		}
-		if r.e.due != r.due {
-			continue // checked meanwhile: due at the next tick
+		if r.e.due != r.due || sh.m[r.e.key] != r.e {
+			continue // checked meanwhile (due at the next tick), or dropped
 		}
 		r.e.due = 0
 		visit(r.e)
@@ -322,7 +322,7 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 		// Nobody used it, or it lapsed: give it back.
 		op := c.heldOp(algo.OpRefund, e, e.lease)
 		op.TakenAt = e.leaseAt
-		e.lease = 0
+		e.lease, e.gone = 0, c.goneReason(e, ns)
 		return op, true
 	case !hot || ns < e.deniedUntil:
 		// Idle, or denied until a time the store gave: nothing to renew
@@ -365,7 +365,7 @@ func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
 	if limit := c.remaining(e, ns); ns < e.leaseUntil && ns >= e.noLeaseUntil && c.far(e, limit) {
 		if e.spent <= 0 {
 			leasesLost.Add(int(e.lease))
-			e.lease, e.spent = 0, 0
+			e.lease, e.spent, e.gone = 0, 0, missLapsed
 			return algo.Op{}, false
 		}
 		want := min(max(warmIntervals*e.rate, warmFloor), limit/(2*peers)) - e.lease
@@ -380,7 +380,7 @@ func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
 	}
 	op := c.heldOp(algo.OpRefund, e, e.lease)
 	op.TakenAt = e.leaseAt
-	e.lease = 0
+	e.lease, e.gone = 0, c.goneReason(e, ns)
 	return op, true
 }
 
@@ -439,6 +439,18 @@ func (c *Cache) returnable(e *entry, ns int64) bool {
 		(windowed(e.p.Kind) && e.leaseUntil-ns < int64(c.o.SyncInterval)/2)
 }
 
+// goneReason returns why e's lease, returned by the sync loop at ns,
+// is gone: its window or lifetime ends, or it went back.
+func (c *Cache) goneReason(e *entry, ns int64) missReason {
+	switch {
+	case windowed(e.p.Kind) && e.leaseUntil-ns < int64(c.o.SyncInterval)/2:
+		return missWindow
+	case ns >= e.leaseUntil:
+		return missLapsed
+	}
+	return missReturned
+}
+
 // idle reports whether e saw no check in the last half sync interval.
 func (c *Cache) idle(e *entry, ns int64) bool {
 	return e.lastUse < ns-int64(c.o.SyncInterval)/2
@@ -463,7 +475,7 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 				op := c.heldOp(algo.OpRefund, e, e.lease)
 				op.TakenAt = e.leaseAt
 				b.add(op, sh, e.key, e)
-				e.lease = 0
+				e.lease, e.gone = 0, c.goneReason(e, ns)
 			}
 			c.reschedule(sh, e, ns)
 		})
@@ -505,7 +517,7 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 	case e.lease > 0:
 		op = c.heldOp(algo.OpRefund, e, e.lease)
 		op.TakenAt = e.leaseAt
-		e.lease = 0
+		e.lease, e.gone = 0, missRecalled
 		recallsReturned.Inc()
 	case e.spent != 0:
 		// Nothing to give back, but what the lease admitted is still
