@@ -39,21 +39,25 @@ func warmCache(tb testing.TB, b *algoBackend, n int) (*shardcache.Cache, [][]byt
 // BenchmarkSync100k times one Sync and one ReturnIdle of a cache holding
 // 100,000 warm leases, none of which needs an op: the cost of a tick of
 // the sync loop on a daemon that serves a long tail of keys, which the
-// loop pays twice per sync interval. Each iteration is the next tick
+// loop pays twice per sync interval; and a Sync after 1,000 of the keys
+// saw a check (untimed), which it smooths the rates of. Each iteration is the next tick
 // (half an interval later), over 20 s of ticks and then again from the
 // start: run it with -benchtime 200x (10 s) to keep every lease far
 // from its lifetime's end.
 func BenchmarkSync100k(b *testing.B) {
 	for _, tc := range []struct {
-		name string
-		run  func(*shardcache.Cache, time.Time) int
+		name    string
+		run     func(*shardcache.Cache, time.Time) int
+		checked int // keys checked before each tick, untimed
 	}{
-		{"Sync", (*shardcache.Cache).Sync},
-		{"ReturnIdle", (*shardcache.Cache).ReturnIdle},
+		{"Sync", (*shardcache.Cache).Sync, 0},
+		{"ReturnIdle", (*shardcache.Cache).ReturnIdle, 0},
+		{"Sync/1k-checked", (*shardcache.Cache).Sync, 1000},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			be := newAlgoBackend()
-			c, _ := warmCache(b, be, 100_000)
+			c, keys := warmCache(b, be, 100_000)
+			p := algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000_000, Period: time.Second}
 			now := be.clk.Now().Add(shardcache.DefaultSyncInterval)
 			be.clk.set(now)
 			c.Sync(now) // the first sync after the checks settles the rates
@@ -61,7 +65,15 @@ func BenchmarkSync100k(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := range b.N {
-				tc.run(c, now.Add(time.Duration(i%400)*shardcache.DefaultSyncInterval/2))
+				at := now.Add(time.Duration(i%400) * shardcache.DefaultSyncInterval / 2)
+				if tc.checked > 0 {
+					b.StopTimer()
+					for k := range tc.checked {
+						c.TakeLocal(keys[(i*tc.checked+k)%len(keys)], p, 1, at, false)
+					}
+					b.StartTimer()
+				}
+				tc.run(c, at)
 			}
 			b.StopTimer()
 			if c.Len() != 100_000 {
