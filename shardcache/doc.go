@@ -50,11 +50,14 @@
 //
 // # Sync
 //
-// Every interval the sync loop, in one pipelined call per store node
+// Every interval the sync loop, in pipelined calls of at most 256 ops
 // (Backend.Sync), returns the leases of keys that saw no traffic and the
 // leases that expired, tops up the leases of keys that are still hot,
 // refreshes the remaining quota of the others that are hot, and drops
-// entries idle for two intervals. Close returns every lease.
+// entries idle for two intervals. It visits only the entries that have
+// something due (a timing wheel per shard: the keys checked since the
+// last tick, the leases that go back when idle, a warm lease near its
+// lifetime's end), not every key it holds. Close returns every lease.
 //
 // # Peeks
 //
