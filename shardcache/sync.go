@@ -384,6 +384,32 @@ func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
 	return op, true
 }
 
+// renewEarly returns the renewal of e's warm lease at a ReturnIdle tick
+// at ns, half an interval after a sync, when the lease holds no more
+// than an interval of the key's traffic, or than it used since that
+// sync: renewed now, the lease is topped up before it runs out, where
+// waiting for the next sync would leave the key's next checks to the
+// store. Only a key still far from its limit is renewed here; the rest
+// waits for the sync (planWarm). The caller holds e's shard lock.
+func (c *Cache) renewEarly(e *entry, ns, peers int64) (algo.Op, bool) {
+	rate := max(e.rate, e.used) // e.used: since the sync half an interval ago
+	if !e.warm || e.lease <= 0 || e.spent <= 0 || e.lease > rate ||
+		ns >= e.leaseUntil || ns < e.noLeaseUntil {
+		return algo.Op{}, false
+	}
+	limit := c.remaining(e, ns)
+	if !c.far(e, limit) {
+		return algo.Op{}, false
+	}
+	want := min(max(warmIntervals*rate, warmFloor), limit/(2*peers)) - e.lease
+	if want <= 0 {
+		return algo.Op{}, false
+	}
+	op := c.heldOp(algo.OpLease, e, want)
+	op.LeaseLife = c.warmLife()
+	return op, true
+}
+
 // minSyncRate is the fewest units per sync interval a key must use for
 // the sync to renew its lease or refresh its view.
 const minSyncRate = 4
@@ -457,13 +483,15 @@ func (c *Cache) idle(e *entry, ns int64) bool {
 }
 
 // ReturnIdle returns the leases of the keys that saw no check in the
-// last half sync interval, visiting only the entries due, as Sync does.
-// Run calls it between syncs.
+// last half sync interval, and renews the warm leases that run low (see
+// renewEarly), visiting only the entries due, as Sync does. Run calls it
+// between syncs.
 func (c *Cache) ReturnIdle(now time.Time) int {
 	if c.closed.Load() {
 		return 0
 	}
 	ns := now.UnixNano()
+	peers := c.peers()
 	b := &c.sync
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -476,6 +504,8 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 				op.TakenAt = e.leaseAt
 				b.add(op, sh, e.key, e)
 				e.lease, e.gone = 0, c.goneReason(e, ns)
+			} else if op, ok := c.renewEarly(e, ns, peers); ok {
+				b.add(op, sh, e.key, e)
 			}
 			c.reschedule(sh, e, ns)
 		})
