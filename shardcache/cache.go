@@ -789,14 +789,15 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 }
 
 // warmJitter returns how much shorter than warmLifeIntervals the local
-// lifetime of key's warm lease granted at sent is: up to a fifth of it,
-// spread by key and time, so that leases granted together (a daemon's
-// first seconds on a long tail of keys) come due for renewal or lapse
-// over several seconds rather than at one tick. Shorter is safe: the
-// store counts the units out for warmLife whatever the local use.
+// lifetime of key's warm lease granted at sent is: up to a tenth of it
+// (3 s at the default interval), spread by key and time, so that leases
+// granted together (a daemon's first seconds on a long tail of keys)
+// come due for renewal or lapse over 60 ticks rather than at one.
+// Shorter is safe: the store counts the units out for warmLife whatever
+// the local use.
 func (c *Cache) warmJitter(key string, sent int64) int64 {
 	h := (xxhash.Sum64String(key) ^ uint64(sent)) * 0x9e3779b97f4a7c15
-	return int64(h>>1) % (warmLifeIntervals * int64(c.o.SyncInterval) / 5)
+	return int64(h>>1) % (warmLifeIntervals * int64(c.o.SyncInterval) / 10)
 }
 
 // windowMargin is how long before its window's end (as mapped to the
