@@ -12,3 +12,13 @@ func (c *Cache) Held(key []byte) (lease, spent int64, ok bool) {
 	}
 	return e.lease, e.spent, true
 }
+
+// Misses returns rld_cache_misses_total{reason}, counted by every Cache.
+func Misses(reason string) uint64 {
+	for r, name := range missNames {
+		if name == reason {
+			return misses[r].Get()
+		}
+	}
+	panic("BUG: no miss reason " + reason)
+}

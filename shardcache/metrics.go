@@ -26,22 +26,25 @@ var (
 	recallsReturned = metrics.NewCounter(`rld_cache_recalls_total{event="returned"}`)
 	// Misses: checks of cached rules that waited on the store, by why
 	// the key's lease could not answer them (see missReason).
-	misses = [...]*metrics.Counter{
-		missNew:      metrics.NewCounter(`rld_cache_misses_total{reason="new"}`),
-		missSpent:    metrics.NewCounter(`rld_cache_misses_total{reason="spent"}`),
-		missLapsed:   metrics.NewCounter(`rld_cache_misses_total{reason="lapsed"}`),
-		missWindow:   metrics.NewCounter(`rld_cache_misses_total{reason="window"}`),
-		missReturned: metrics.NewCounter(`rld_cache_misses_total{reason="returned"}`),
-		missRecalled: metrics.NewCounter(`rld_cache_misses_total{reason="recalled"}`),
-		missDenied:   metrics.NewCounter(`rld_cache_misses_total{reason="denied"}`),
-		missNoLease:  metrics.NewCounter(`rld_cache_misses_total{reason="no_lease"}`),
-	}
+	misses = func() (m [len(missNames)]*metrics.Counter) {
+		for r, name := range missNames {
+			m[r] = metrics.NewCounter(`rld_cache_misses_total{reason="` + name + `"}`)
+		}
+		return m
+	}()
 	syncs        = metrics.NewCounter(`rld_cache_syncs_total`)
 	syncOps      = metrics.NewCounter(`rld_cache_sync_ops_total`)
 	syncErrors   = metrics.NewCounter(`rld_cache_sync_errors_total`)
 	syncDuration = metrics.NewPrometheusHistogramExt(`rld_cache_sync_duration_seconds`, []float64{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1})
 	_            = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })
 )
+
+// missNames are the reason labels of rld_cache_misses_total, by
+// missReason.
+var missNames = [...]string{
+	missNew: "new", missSpent: "spent", missLapsed: "lapsed", missWindow: "window",
+	missReturned: "returned", missRecalled: "recalled", missDenied: "denied", missNoLease: "no_lease",
+}
 
 // liveEntries is the number of keys held by all Caches.
 var liveEntries atomic.Int64

@@ -170,3 +170,46 @@ func TestTakeLocalAllocatesNothing(t *testing.T) {
 	}
 	assert.Zero(t, allocs)
 }
+
+// TestMissReasons: rld_cache_misses_total counts each check that waits
+// on the store by why the key's lease could not answer it: its first
+// check, a lease run out, a lease returned when the key went idle.
+func TestMissReasons(t *testing.T) {
+	b := newAlgoBackend()
+	c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
+	l := newLoops(b.clk, shardcache.DefaultSyncInterval, c)
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Second}
+	key := []byte("k")
+	count := func() map[string]uint64 {
+		m := map[string]uint64{}
+		for _, r := range []string{"new", "spent", "returned"} {
+			m[r] = shardcache.Misses(r)
+		}
+		return m
+	}
+	take := func() {
+		t.Helper()
+		r, err := c.Take(ctx, key, p, 1, b.clk.Now(), false)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+	}
+	before := count()
+	take()
+	assert.Equal(t, before["new"]+1, shardcache.Misses("new"), "the key's first check")
+	for {
+		lease, _, _ := c.Held(key)
+		if lease == 0 {
+			break
+		}
+		take()
+	}
+	take()
+	assert.Equal(t, before["spent"]+1, shardcache.Misses("spent"), "a check after the lease ran out")
+	l.advance(shardcache.DefaultSyncInterval) // idle: the lease goes back
+	lease, _, ok := c.Held(key)
+	require.True(t, ok)
+	require.Zero(t, lease)
+	take()
+	assert.Equal(t, before["returned"]+1, shardcache.Misses("returned"), "a check after the lease went back")
+	assert.Equal(t, before["new"]+1, shardcache.Misses("new"))
+}
