@@ -177,7 +177,7 @@ const (
 	missWindow                     // the lease's window ended
 	missReturned                   // the lease went back to the store (idle, or its key came near its limit)
 	missRecalled                   // another daemon recalled the lease
-	missDenied                     // a denial ended, or did not cover the cost
+	missDenied                     // a local denial ended, or was for a larger cost
 	missNoLease                    // the store granted no lease (the key near or over its limit)
 )
 
@@ -195,8 +195,8 @@ func (c *Cache) missReason(e *entry, ns, cost int64) missReason {
 		return missLapsed
 	case e.lease > 0:
 		return missSpent // less than cost
-	case e.deniedUntil != 0:
-		return missDenied
+	case ns < e.deniedUntil:
+		return missDenied // for less than cost
 	}
 	return e.gone
 }
@@ -489,6 +489,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 				denied.RetryAfter = c.denialFor(e, r.RetryAfter)
 				e.deniedUntil = sent + int64(denied.RetryAfter)
 				e.deniedCost = costs[admitted]
+				e.gone = missDenied
 			}
 		}
 		allowed := algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: min(r.Remaining+e.lease, p.Capacity()), Reset: r.Reset, At: r.At}

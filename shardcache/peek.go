@@ -117,6 +117,9 @@ func (c *Cache) runPeek(key string, reqs []missReq, out []missResp) error {
 			r.RetryAfter = c.denialFor(e, r.RetryAfter)
 			e.deniedUntil = sent + int64(r.RetryAfter)
 			e.deniedCost = q.cost
+			if e.lease == 0 {
+				e.gone = missDenied
+			}
 		}
 		sh.mu.Unlock()
 		out[k].r = r
