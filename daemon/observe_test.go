@@ -54,6 +54,9 @@ func TestMetricsForPrometheus(t *testing.T) {
 	for _, line := range strings.Split(m, "\n") {
 		if name, ok := strings.CutPrefix(line, "# HELP "); ok {
 			assert.Contains(t, name, " ", "a help text for %s", name)
+			if strings.HasPrefix(name, "rld_") {
+				assert.NotContains(t, name, "; see docs/operations.md.", "an rld metric has its own help text in metricHelp")
+			}
 		}
 		if f, ok := strings.CutPrefix(line, "# TYPE "); ok {
 			parts := strings.Fields(f)
