@@ -20,11 +20,13 @@ type algoBackend struct {
 	states map[string]*algo.State
 	// admitted counts the units admitted per key, leases included, minus
 	// those returned.
-	calls    atomic.Int64 // TakeLease and Take calls
-	syncs    atomic.Int64 // Sync calls
-	syncOps  atomic.Int64
-	clk      *fakeClock // the store's time, and its caches'
-	failNext atomic.Bool
+	calls   atomic.Int64 // TakeLease and Take calls
+	syncs   atomic.Int64 // Sync calls
+	syncOps atomic.Int64
+	// maxSyncOps is the most ops one Sync call carried.
+	maxSyncOps atomic.Int64
+	clk        *fakeClock // the store's time, and its caches'
+	failNext   atomic.Bool
 }
 
 func newAlgoBackend() *algoBackend {
@@ -134,6 +136,12 @@ func (b *algoBackend) TakeLease(_ context.Context, key []byte, p algo.Params, co
 func (b *algoBackend) Sync(_ context.Context, ops []algo.Op) error {
 	b.syncs.Add(1)
 	b.syncOps.Add(int64(len(ops)))
+	for n := int64(len(ops)); ; {
+		m := b.maxSyncOps.Load()
+		if n <= m || b.maxSyncOps.CompareAndSwap(m, n) {
+			break
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.clock()

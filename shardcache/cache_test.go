@@ -393,6 +393,30 @@ func TestSyncEvictsIdle(t *testing.T) {
 	}
 }
 
+// TestSyncSendsSmallCalls: a tick with a thousand leases to return sends
+// them in calls of at most SendChunk ops, so that a check written to the
+// same Redis connection behind a sync call waits for a few script calls,
+// not a thousand; every lease still comes back.
+func TestSyncSendsSmallCalls(t *testing.T) {
+	b := newAlgoBackend()
+	c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
+	for i := range 1000 {
+		_, err := c.Take(ctx, fmt.Appendf(nil, "k%d", i), p, 1, b.clk.Now(), false)
+		require.NoError(t, err)
+	}
+	for range 3 {
+		b.clk.set(b.clk.Now().Add(shardcache.DefaultSyncInterval))
+		c.Sync(b.clk.Now())
+	}
+	assert.GreaterOrEqual(t, b.syncOps.Load(), int64(1000), "a return per lease")
+	assert.LessOrEqual(t, b.maxSyncOps.Load(), int64(shardcache.SendChunk))
+	assert.GreaterOrEqual(t, b.syncs.Load(), 1000/int64(shardcache.SendChunk))
+	for i := range 1000 {
+		assert.Equal(t, int64(999), b.remaining(fmt.Sprintf("k%d", i), p), "key %d: its lease came back", i)
+	}
+}
+
 // TestStoreErrorIsReturned: a failing store call fails the checks that
 // needed it, and the next call works.
 func TestStoreErrorIsReturned(t *testing.T) {

@@ -50,7 +50,7 @@
 //
 // # Sync
 //
-// Every interval the sync loop, in pipelined calls of at most 256 ops
+// Every interval the sync loop, in pipelined calls of at most 8 ops
 // (Backend.Sync), returns the leases of keys that saw no traffic and the
 // leases that expired, tops up the leases of keys that are still hot,
 // refreshes the remaining quota of the others that are hot, and drops

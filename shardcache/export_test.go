@@ -1,5 +1,8 @@
 package shardcache
 
+// SendChunk is sendChunk, for the tests.
+const SendChunk = sendChunk
+
 // Held returns the units key's entry holds on lease and has admitted
 // from its lease without reporting them, and whether there is an entry.
 func (c *Cache) Held(key []byte) (lease, spent int64, ok bool) {
