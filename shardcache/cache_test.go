@@ -393,27 +393,40 @@ func TestSyncEvictsIdle(t *testing.T) {
 	}
 }
 
-// TestSyncSendsSmallCalls: a tick with a thousand leases to return sends
-// them in calls of at most SendChunk ops, so that a check written to the
-// same Redis connection behind a sync call waits for a few script calls,
-// not a thousand; every lease still comes back.
+// TestSyncSendsSmallCalls: a tick sends its ops in calls of SendChunk
+// ops, so that a check written to the same Redis connection behind a
+// sync call waits for a few script calls, not hundreds; a tick with
+// more ops than SendChunk × SendCalls makes SendCalls larger calls, so
+// that it ends within that many round trips. Every lease comes back.
 func TestSyncSendsSmallCalls(t *testing.T) {
-	b := newAlgoBackend()
-	c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
-	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
-	for i := range 1000 {
-		_, err := c.Take(ctx, fmt.Appendf(nil, "k%d", i), p, 1, b.clk.Now(), false)
-		require.NoError(t, err)
-	}
-	for range 3 {
-		b.clk.set(b.clk.Now().Add(shardcache.DefaultSyncInterval))
-		c.Sync(b.clk.Now())
-	}
-	assert.GreaterOrEqual(t, b.syncOps.Load(), int64(1000), "a return per lease")
-	assert.LessOrEqual(t, b.maxSyncOps.Load(), int64(shardcache.SendChunk))
-	assert.GreaterOrEqual(t, b.syncs.Load(), 1000/int64(shardcache.SendChunk))
-	for i := range 1000 {
-		assert.Equal(t, int64(999), b.remaining(fmt.Sprintf("k%d", i), p), "key %d: its lease came back", i)
+	for _, n := range []int{100, 1000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			b := newAlgoBackend()
+			c := newCache(b, b.clk, shardcache.Options{Timeout: time.Second})
+			p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: time.Hour}
+			for i := range n {
+				_, err := c.Take(ctx, fmt.Appendf(nil, "k%d", i), p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+			}
+			biggest := int64(0)
+			for range 3 {
+				b.clk.set(b.clk.Now().Add(shardcache.DefaultSyncInterval))
+				calls, ops := b.syncs.Load(), b.syncOps.Load()
+				c.Sync(b.clk.Now())
+				calls, ops = b.syncs.Load()-calls, b.syncOps.Load()-ops
+				assert.LessOrEqual(t, calls, int64(shardcache.SendCalls), "calls in one tick of %d ops", ops)
+				biggest = max(biggest, ops)
+			}
+			assert.GreaterOrEqual(t, b.syncOps.Load(), int64(n), "a return per lease")
+			want := max(int64(shardcache.SendChunk), (biggest+shardcache.SendCalls-1)/shardcache.SendCalls)
+			assert.LessOrEqual(t, b.maxSyncOps.Load(), want, "ops in one call, the biggest tick %d ops", biggest)
+			if n <= shardcache.SendChunk*shardcache.SendCalls {
+				assert.LessOrEqual(t, b.maxSyncOps.Load(), int64(shardcache.SendChunk))
+			}
+			for i := range n {
+				assert.Equal(t, int64(999), b.remaining(fmt.Sprintf("k%d", i), p), "key %d: its lease came back", i)
+			}
+		})
 	}
 }
 

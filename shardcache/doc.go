@@ -50,9 +50,10 @@
 //
 // # Sync
 //
-// Every interval the sync loop, in pipelined calls of at most 8 ops
-// (Backend.Sync), returns the leases of keys that saw no traffic and the
-// leases that expired, tops up the leases of keys that are still hot,
+// Every interval the sync loop, in pipelined calls of 8 ops (at most 16
+// calls a tick, larger when a tick has more; Backend.Sync), returns the
+// leases of keys that saw no traffic and the leases that expired, tops
+// up the leases of keys that are still hot,
 // refreshes the remaining quota of the others that are hot, and drops
 // entries idle for two intervals. It visits only the entries that have
 // something due (a timing wheel per shard: the keys checked since the

@@ -1,7 +1,10 @@
 package shardcache
 
-// SendChunk is sendChunk, for the tests.
-const SendChunk = sendChunk
+// SendChunk and SendCalls are sendChunk and sendCalls, for the tests.
+const (
+	SendChunk = sendChunk
+	SendCalls = sendCalls
+)
 
 // Held returns the units key's entry holds on lease and has admitted
 // from its lease without reporting them, and whether there is an entry.

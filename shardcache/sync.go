@@ -80,8 +80,8 @@ func (b *syncBuf) seal() {
 // Sync runs one sync at now: it returns the leases of keys that saw no
 // traffic since the last sync and the leases that lapsed, renews the
 // leases of keys still hot, refreshes the remaining quota of the other
-// hot keys, and drops entries idle for two syncs, in Backend.Sync calls
-// of at most sendChunk ops. It visits only the entries due (see
+// hot keys, and drops entries idle for two syncs, in at most sendCalls
+// Backend.Sync calls of sendChunk ops or more (chunkSize). It visits only the entries due (see
 // schedule), never holding a shard lock for more than syncChunk of
 // them. It reports how many ops it sent. Run calls it every interval.
 func (c *Cache) Sync(now time.Time) int {
@@ -158,15 +158,27 @@ type dueRef struct {
 // together, lapsing together) does not hold a shard's checks for long.
 const syncChunk = 256
 
-// sendChunk is the most ops the sync loop sends in one Backend.Sync,
-// the calls going one after the other. Sync ops share the store's
-// pipelined connections with checks, and Redis runs a connection's
-// commands in order, so a check written behind a sync call waits for
-// all of it. A lease script call costs Redis 50-100 µs of CPU on a
-// small machine: 8 of them hold a check for well under a millisecond,
-// where one call of 256 held it for over ten. A tick of 1,000 ops is
-// then 125 round trips, a few tens of milliseconds of a 100 ms interval.
-const sendChunk = 8
+// sendChunk is the fewest ops the sync loop puts in one Backend.Sync of
+// a tick that has more, and sendCalls the most calls a tick makes, one
+// after the other. Sync ops share the store's pipelined connections
+// with checks, and Redis runs a connection's commands in order, so a
+// check written behind a sync call waits for all of it. A lease script
+// call costs Redis 50-100 µs of CPU on a small machine: 8 of them hold
+// a check for well under a millisecond, where the one call of up to 256
+// ops the loop used to send held it for over ten. A tick with more than
+// sendChunk × sendCalls ops (a daemon holding 100,000 warm leases sends
+// about 230 a tick) makes larger calls rather than more, so that it
+// ends within sendCalls round trips, well inside the interval, however
+// slow Redis is under load.
+const (
+	sendChunk = 8
+	sendCalls = 16
+)
+
+// chunkSize returns how many of a tick's n ops each Backend.Sync
+// carries: sendChunk, or more when n would need more than sendCalls
+// calls.
+func chunkSize(n int) int { return max(sendChunk, (n+sendCalls-1)/sendCalls) }
 
 // tick returns the sync loop's tick of local time ns: half sync
 // intervals since the epoch, rounded up.
@@ -290,11 +302,12 @@ func (c *Cache) visitDue(sh *shard, ns int64, visit func(e *entry)) {
 	b.due = b.due[:0]
 }
 
-// send runs ops in Backend.Sync calls of at most sendChunk ops, one
+// send runs ops in Backend.Sync calls of chunkSize(len(ops)) ops, one
 // after the other, and applies each outcome to the entry of its ref.
 func (c *Cache) send(ops []algo.Op, refs []syncRef) {
+	size := chunkSize(len(ops))
 	for len(ops) > 0 {
-		n := min(len(ops), sendChunk)
+		n := min(len(ops), size)
 		sent := c.o.Clock().UnixNano()
 		if err := c.b.Sync(context.Background(), ops[:n]); err != nil {
 			for i := range ops[:n] {
