@@ -95,9 +95,9 @@ func bench(ctx context.Context, c *options, stdout, stderr io.Writer) error {
 func (c *options) boundRule(name string) (boundRule, bool) {
 	switch {
 	case name == targetRedis:
-		return boundRule{alg: algTokenBucket, limit: c.limit, period: limitPeriod}, true
+		return boundRule{alg: algTokenBucket, limit: c.limit, period: c.period}, true
 	case name == targetRLD && c.spawn:
-		return boundRule{alg: c.algorithm, limit: c.limit, period: limitPeriod}, true
+		return boundRule{alg: c.algorithm, limit: c.limit, period: c.period}, true
 	}
 	return boundRule{}, false
 }
@@ -194,7 +194,7 @@ func (e *env) target(ctx context.Context, name string, tb table) (target, string
 		if err != nil {
 			return nil, "", nil, err
 		}
-		return newRedisTarget(addrs, c.tmpl, c.load.depth, c.limit, limitPeriod, c.cost), name, &probe{nodes: nodes}, nil
+		return newRedisTarget(addrs, c.tmpl, c.load.depth, c.limit, c.period, c.cost), name, &probe{nodes: nodes}, nil
 	}
 	label, sock, pid := targetRLD, c.socket, c.pid
 	if c.spawn {
@@ -263,6 +263,7 @@ func (e *env) spawnedRLD(ctx context.Context, tb table) (string, error) {
 		socket:   filepath.Join(e.ps.dir, name+".sock"),
 		names:    e.c.tmpl.names(),
 		limit:    e.c.limit,
+		period:   e.c.period,
 		alg:      e.c.algorithm,
 		mode:     tb.mode,
 		prefix:   "rld-bench-" + tb.store + "-" + tb.mode + ":",

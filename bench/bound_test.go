@@ -48,7 +48,7 @@ func TestBoundCheck(t *testing.T) {
 	rule := boundRule{alg: algTokenBucket, limit: 50, period: time.Second}
 
 	bc := newBoundCheck(rule, keys.n, tmpl.keyed())
-	m, err := runLoad(context.Background(), newRedisTarget([]string{srv.Addr}, tmpl, l.depth, rule.limit, limitPeriod, 1), l, nil, bc)
+	m, err := runLoad(context.Background(), newRedisTarget([]string{srv.Addr}, tmpl, l.depth, rule.limit, defaultPeriod, 1), l, nil, bc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,8 +73,8 @@ const (
 	defaultSocket      = "/run/rld/rld.sock"
 )
 
-// limitPeriod is the period of -limit: the limit is per second.
-const limitPeriod = time.Second
+// defaultPeriod is the default period of -limit: the limit is per second.
+const defaultPeriod = time.Second
 
 // Bounds of the flags.
 const (
@@ -89,7 +89,8 @@ type options struct {
 	stores    []string // with -spawn; else one ""
 	tmpl      *template
 	cost      uint32
-	limit     int64    // per second: the spawned rule's, and the redis target's
+	limit     int64 // per period: the spawned rule's, and the redis target's
+	period    time.Duration
 	algorithm string   // the spawned rule's algorithm
 	ruleModes []string // with -spawn: the rule's modes, cached or strict; a table each on Redis
 	spawn     bool
@@ -173,7 +174,8 @@ flags:
 	spawn := fs.Bool("spawn", false, "start rld (and redis-server when needed) in a temporary directory; else use -socket and -redis")
 	stores := fs.String("store", storeEmbedded, "with -spawn: the daemon's store, embedded or redis; a comma-separated list makes one table per store")
 	ruleMode := fs.String("rule-mode", "cached", "with -spawn: the rule's `mode`, cached (leases on Redis) or strict (every check in Redis); cached,strict makes one Redis table per mode")
-	limit := fs.Int64("limit", defaultLimit, "with -spawn and for the redis target: the rule's limit per second (lower it to see limited answers); each key's allowed answers are checked against it")
+	limit := fs.Int64("limit", defaultLimit, "with -spawn and for the redis target: the rule's limit per -period (lower it to see limited answers); each key's allowed answers are checked against it")
+	period := fs.Duration("period", defaultPeriod, "with -spawn and for the redis target: the rule's period")
 	alg := fs.String("algorithm", algTokenBucket, "with -spawn: the rule's `algorithm`: "+strings.Join(algorithms, ", ")+" (the redis target runs token_bucket)")
 	rldBin := fs.String("rld", "", "with -spawn: the rld `binary` (default bin/rld, else rld on PATH)")
 	socket := fs.String("socket", "", "without -spawn: rld's socket `path` (default $RLD_SOCKET, else "+defaultSocket+")")
@@ -191,7 +193,7 @@ flags:
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 
-	c := &options{spawn: *spawn, limit: *limit, algorithm: *alg, json: *asJSON, plot: *plot, redis: *redis, pid: *pid}
+	c := &options{spawn: *spawn, limit: *limit, period: *period, algorithm: *alg, json: *asJSON, plot: *plot, redis: *redis, pid: *pid}
 	var problems []error
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Errorf(format, a...)) }
 	switch *mode {
@@ -222,6 +224,9 @@ flags:
 	c.cost = uint32(*cost)
 	if *limit < 1 {
 		bad("-limit=%d: must be positive", *limit)
+	}
+	if *period < time.Millisecond || *period%time.Millisecond != 0 {
+		bad("-period=%v: want a whole number of milliseconds, at least 1ms", *period)
 	}
 	var err error
 	if c.ruleModes, err = parseList(*ruleMode, ruleCached, ruleStrict); err != nil {

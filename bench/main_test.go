@@ -61,8 +61,20 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rule, ok := c.boundRule(targetRLD); c.algorithm != algFixedWindow || !ok || rule != (boundRule{alg: algFixedWindow, limit: 100, period: limitPeriod}) {
+	if rule, ok := c.boundRule(targetRLD); c.algorithm != algFixedWindow || !ok || rule != (boundRule{alg: algFixedWindow, limit: 100, period: defaultPeriod}) {
 		t.Errorf("-algorithm: %q, bound rule %+v", c.algorithm, rule)
+	}
+	c, err = parseFlags(strings.Fields("-spawn -rld /bin/true -targets rld -algorithm fixed_window -limit 6000 -period 1m"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rule, ok := c.boundRule(targetRLD); !ok || rule != (boundRule{alg: algFixedWindow, limit: 6000, period: time.Minute}) {
+		t.Errorf("-period 1m: bound rule %+v", rule)
+	}
+	for _, bad := range []string{"0s", "1500us", "-1s"} {
+		if _, err := parseFlags([]string{"-period", bad}, io.Discard); err == nil {
+			t.Errorf("-period %s: no error", bad)
+		}
 	}
 	if _, ok := c.boundRule(targetEcho); ok {
 		t.Error("the echo target has a bound rule")

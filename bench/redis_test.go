@@ -32,7 +32,7 @@ func TestRedisTarget(t *testing.T) {
 	} {
 		tmpl2 := *tmpl // a key of its own for each limit
 		tmpl2.descs = append([]tmplDesc{{name: []byte("case"), parts: [][]byte{[]byte(group(tc.limit))}}}, tmpl.descs...)
-		m, err := runLoad(context.Background(), newRedisTarget([]string{srv.Addr}, &tmpl2, l.depth, tc.limit, limitPeriod, 1), l, nil, nil)
+		m, err := runLoad(context.Background(), newRedisTarget([]string{srv.Addr}, &tmpl2, l.depth, tc.limit, defaultPeriod, 1), l, nil, nil)
 		if err != nil {
 			t.Fatalf("limit %d: %v", tc.limit, err)
 		}

@@ -243,9 +243,10 @@ type rldConfig struct {
 	cluster  bool     // redis holds the seed nodes of a Cluster
 	names    []string
 	limit    int64
-	alg      string // the rule's algorithm; "" means the default (token_bucket)
-	mode     string // the rule's mode; "" means the default (cached)
-	prefix   string // store.key_prefix; "" means the default
+	period   time.Duration // 0 means defaultPeriod
+	alg      string        // the rule's algorithm; "" means the default (token_bucket)
+	mode     string        // the rule's mode; "" means the default (cached)
+	prefix   string        // store.key_prefix; "" means the default
 	keys     int
 	inflight int
 }
@@ -263,7 +264,7 @@ const (
 
 // toml returns the configuration file: one rule (a token bucket unless
 // alg says otherwise), keyed by every descriptor of the template,
-// allowing limit per limitPeriod.
+// allowing limit per period.
 func (c *rldConfig) toml() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Written by rld-bench for one run.\n[server]\nsocket = %q\nhttp = \"\"\n", c.socket)
@@ -294,7 +295,11 @@ func (c *rldConfig) toml() string {
 		}
 		fmt.Fprintf(&b, "%q", n)
 	}
-	fmt.Fprintf(&b, "]\nlimit = %d\nperiod = %q\n", c.limit, limitPeriod.String())
+	period := c.period
+	if period == 0 {
+		period = defaultPeriod
+	}
+	fmt.Fprintf(&b, "]\nlimit = %d\nperiod = %q\n", c.limit, period.String())
 	if c.alg != "" {
 		fmt.Fprintf(&b, "algorithm = %q\n", c.alg)
 	}

@@ -38,19 +38,19 @@ func TestRLDConfig(t *testing.T) {
 			t.Fatalf("%d rules", len(c.Rules))
 		}
 		r := c.Rules[0]
-		if r.Name != benchRule || r.Algorithm != "token_bucket" || r.Limit != 5000 || time.Duration(r.Period) != limitPeriod ||
+		if r.Name != benchRule || r.Algorithm != "token_bucket" || r.Limit != 5000 || time.Duration(r.Period) != defaultPeriod ||
 			strings.Join(r.By, ",") != "api_key,endpoint" || len(r.Match) != 0 {
 			t.Errorf("rule %+v", r)
 		}
 	}
 	for _, alg := range algorithms {
-		rc := &rldConfig{socket: "/tmp/x/rld.sock", names: []string{"api_key"}, limit: 100, alg: alg,
+		rc := &rldConfig{socket: "/tmp/x/rld.sock", names: []string{"api_key"}, limit: 100, period: time.Minute, alg: alg,
 			mode: ruleStrict, redis: []string{"127.0.0.1:6390"}}
 		c, err := config.Parse([]byte(rc.toml()), "spawned.toml")
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", alg, err, rc.toml())
 		}
-		if c.Rules[0].Algorithm != alg {
+		if c.Rules[0].Algorithm != alg || time.Duration(c.Rules[0].Period) != time.Minute {
 			t.Errorf("%s: rule %+v", alg, c.Rules[0])
 		}
 	}

@@ -136,7 +136,7 @@ func TestProbedRun(t *testing.T) {
 	}
 	l := &load{mode: modeClosed, conns: 1, depth: 2, warmup: 50 * time.Millisecond,
 		duration: 300 * time.Millisecond, keys: keys, seed: 1}
-	tgt := newRedisTarget([]string{srv.Addr}, testTemplate(t), l.depth, defaultLimit, limitPeriod, 1)
+	tgt := newRedisTarget([]string{srv.Addr}, testTemplate(t), l.depth, defaultLimit, defaultPeriod, 1)
 	m, err := runLoad(context.Background(), tgt, l, &probe{pid: os.Getpid(), nodes: []string{srv.Addr}}, nil)
 	if err != nil {
 		t.Fatal(err)
