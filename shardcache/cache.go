@@ -159,6 +159,7 @@ type entry struct {
 	idleSyncs int   // syncs in a row that saw no check
 	seen      bool  // a check came since the last sync
 	warm      bool  // the lease was granted far from the limit: kept, renewed when low (see warmIntervals)
+	inWindow  bool  // the lease lapses with its window, before its lifetime (windowed algorithms)
 
 	spent        int64      // units admitted from the lease not yet reported to the store
 	noLeaseUntil int64      // recalled: lease nothing more until then
@@ -759,12 +760,15 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 	if warm {
 		until = sent + warmLifeIntervals*int64(c.o.SyncInterval) - c.warmJitter(key, sent)
 	}
+	inWindow := false
 	if windowed(e.p.Kind) {
 		per := e.p.PeriodMicros()
 		end := r.At - r.At%per + per // the window's end, store µs
 		// The call ran at or after sent: mapping the store's time to
 		// the local clock through sent errs on the early side.
-		until = min(until, sent+(end-r.At)*1000-windowMargin)
+		end = sent + (end-r.At)*1000 - windowMargin
+		inWindow = end <= until
+		until = min(until, end)
 	}
 	if e.lease > 0 && (windowed(e.p.Kind) && e.leaseAt-e.leaseAt%e.p.PeriodMicros() != r.At-r.At%e.p.PeriodMicros()) {
 		// The old units belong to a window that has ended: a sliding
@@ -786,7 +790,7 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 	// The store keeps the later of the holder's lifetimes, so that an
 	// earlier until here only shortens the local use.
 	e.leaseUntil = until
-	e.warm = warm
+	e.warm, e.inWindow = warm, inWindow
 }
 
 // warmJitter returns how much shorter than warmLifeIntervals the local
@@ -842,20 +846,32 @@ func (c *Cache) leaseWant(e *entry, need, ns int64) (want int64, warm bool) {
 	}
 	share := max((limit-need)/(2*peers), 0)
 	if c.far(e, limit-need) {
-		return min(max(want, warmIntervals*e.rate, warmFloor), share), true
+		return min(max(want, c.warmWant(e, e.rate, ns)), share), true
 	}
 	return min(want, share), false
 }
 
+// warmWant returns the size of a warm lease of e at ns for a key using
+// rate units per sync interval, before the fair-share cap:
+// warmIntervals of its traffic, or of a windowed key's traffic until its
+// window ends when that is sooner (units still leased then are lost to
+// the window), and at least warmFloor units.
+func (c *Cache) warmWant(e *entry, rate, ns int64) int64 {
+	intervals := int64(warmIntervals)
+	if windowed(e.p.Kind) && e.windowEnd > ns {
+		intervals = min(intervals, (e.windowEnd-ns)/int64(c.o.SyncInterval))
+	}
+	return max(intervals*rate, warmFloor)
+}
+
 // far reports whether e, whose remaining quota at the store is left
 // once the checks at hand are taken, is far enough from its limit for a
-// warm lease: a bucket (a windowed lease lapses with its window anyway)
-// with at least half its capacity left and no denial lately, in a cache
-// that can recall leases (a warm lease is not returned when its key
-// goes idle: a client that moves to another daemon gets its units by a
-// recall).
+// warm lease: at least half its capacity left (of its current window,
+// for a windowed algorithm) and no denial lately, in a cache that can
+// recall leases (a warm lease is not returned when its key goes idle: a
+// client that moves to another daemon gets its units by a recall).
 func (c *Cache) far(e *entry, left int64) bool {
-	return c.o.Holder != "" && c.o.Recall != nil && !windowed(e.p.Kind) &&
+	return c.o.Holder != "" && c.o.Recall != nil &&
 		2*left >= e.p.Capacity() && e.denials == 0 && e.denyRate <= 1
 }
 

@@ -248,3 +248,103 @@ func TestWarmLeaseKept(t *testing.T) {
 		})
 	}
 }
+
+// TestWarmWindowLease: a fixed window or sliding counter key far from
+// its limit is answered locally after its first check in a window, with
+// no return when it goes idle; its lease ends with the window: a fixed
+// window's lapses with no call, a sliding counter's goes back once,
+// before the window ends. (Before warm leases for windows, each check
+// of such a key was a take with a lease and a return.)
+func TestWarmWindowLease(t *testing.T) {
+	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingCounter} {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			ca, _ := recallPair(b, false)
+			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Minute}
+			key := []byte("warm-window")
+			ops := func() int64 { return b.calls.Load() + b.syncOps.Load() }
+			take := func() {
+				t.Helper()
+				r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+			}
+			l := newLoops(b.clk, shardcache.DefaultSyncInterval, ca)
+			// Start a second into a window (windows are aligned on the
+			// epoch, as the store's are).
+			start := b.clk.Now().Truncate(time.Minute).Add(time.Minute + time.Second)
+			l.advance(start.Sub(b.clk.Now()))
+
+			take()
+			require.EqualValues(t, 1, ops(), "the first check is one store op")
+			l.advance(2 * time.Second)
+			assert.EqualValues(t, 1, ops(), "an idle warm lease is kept, with no op")
+			// One check a second for most of the window.
+			for range 50 {
+				take()
+				l.advance(time.Second)
+			}
+			inWindow := ops()
+			t.Logf("%s: %d store ops for 51 checks in one window", k, inWindow)
+			assert.LessOrEqual(t, inWindow, int64(4), "renewed when low, not returned when idle")
+			lease, _, ok := ca.Held(key)
+			require.True(t, ok)
+			require.Positive(t, lease, "the lease is still held near the window's end")
+
+			l.advance(start.Add(time.Minute - time.Second).Sub(b.clk.Now())) // the next window's start
+			lease, _, _ = ca.Held(key)                                       // (the entry may be dropped by now)
+			assert.Zero(t, lease, "the lease ended with its window")
+			want := int64(0) // a fixed window's units are lost with it
+			if k == algo.SlidingCounter {
+				want = 1 // a return, while the window is current
+			}
+			assert.Equal(t, want, ops()-inWindow, "ops at the window's end")
+			b.mu.Lock()
+			for _, o := range b.state(key, p).Out {
+				assert.LessOrEqual(t, o.Until, b.clock(), "the store counts nothing out once the window has ended: %+v", o)
+			}
+			b.mu.Unlock()
+
+			take()
+			assert.Equal(t, want+1, ops()-inWindow, "the next window's first check is one store op")
+		})
+	}
+}
+
+// TestWarmWindowLeaseOutlivedGoesBack: a warm lease of a window longer
+// than a warm lease's lifetime (an hour) is renewed near its lifetime's
+// end when it was used since its last op, like a bucket's; one that was
+// not goes back, where a bucket's would lapse with no call: lapsed, its
+// units would be lost to the key for the rest of the hour.
+func TestWarmWindowLeaseOutlivedGoesBack(t *testing.T) {
+	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingCounter} {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			ca, _ := recallPair(b, false)
+			p := algo.Params{Kind: k, Limit: 1_000, Period: time.Hour}
+			key := "hourly"
+			b.clk.set(b.clk.Now().Truncate(time.Hour).Add(time.Hour + time.Minute))
+			l := newLoops(b.clk, shardcache.DefaultSyncInterval, ca)
+			for range 3 {
+				r, err := ca.Take(ctx, []byte(key), p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+			}
+			lease, _, _ := ca.Held([]byte(key))
+			require.Positive(t, lease, "a warm lease")
+			assert.Equal(t, p.Limit-3-lease, b.remaining(key, p), "the lease is taken in the store")
+			l.advance(10 * time.Second)
+			assert.EqualValues(t, 1, b.calls.Load()+b.syncOps.Load(), "kept while idle")
+			l.advance(30 * time.Second)
+			assert.EqualValues(t, 2, b.calls.Load()+b.syncOps.Load(),
+				"renewed near its lifetime's end: it was used since its last op")
+			lease, _, _ = ca.Held([]byte(key))
+			require.Positive(t, lease)
+			l.advance(40 * time.Second) // past the renewal's lifetime, unused
+			lease, _, _ = ca.Held([]byte(key))
+			assert.Zero(t, lease)
+			assert.EqualValues(t, 3, b.calls.Load()+b.syncOps.Load(), "one return")
+			assert.Equal(t, p.Limit-3, b.remaining(key, p), "the unused units are back in the window")
+		})
+	}
+}

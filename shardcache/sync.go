@@ -375,36 +375,98 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 // lifetime is that far. Else, while the key is far from its limit: a
 // renewal (the spend reported, the lease topped up to warmIntervals of
 // traffic and its lifetime extended, in one op) when the key used it
-// since its last op; when not, the lease lapses with no call (a
-// bucket's units, lost, come back with its refill; the store stops
-// counting them out when the lifetime it was told ends). Otherwise its
-// return. The caller holds e's shard lock.
+// since its last op; when not, a bucket's lease lapses with no call (its
+// units, lost, come back with its refill; the store stops counting them
+// out when the lifetime it was told ends). Otherwise its return. A
+// lease that ends with its window is planWarmWindow's. The caller holds
+// e's shard lock.
 func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
+	if e.inWindow {
+		return c.planWarmWindow(e, ns, peers)
+	}
 	interval := int64(c.o.SyncInterval)
 	ending := e.leaseUntil-ns <= 3*interval
 	if !ending && (e.lease > 2*e.rate || e.spent <= 0) {
 		return algo.Op{}, false
 	}
 	if limit := c.remaining(e, ns); ns < e.leaseUntil && ns >= e.noLeaseUntil && c.far(e, limit) {
-		if e.spent <= 0 {
+		switch {
+		case e.spent > 0:
+			want := min(c.warmWant(e, e.rate, ns), limit/(2*peers)) - e.lease
+			if ending {
+				want = max(want, 1) // a grant extends the lifetime
+			}
+			if want > 0 {
+				op := c.heldOp(algo.OpLease, e, want)
+				op.LeaseLife = c.warmLife()
+				return op, true
+			}
+		case !windowed(e.p.Kind):
 			leasesLost.Add(int(e.lease))
 			e.lease, e.spent, e.gone = 0, 0, missLapsed
 			return algo.Op{}, false
 		}
-		want := min(max(warmIntervals*e.rate, warmFloor), limit/(2*peers)) - e.lease
-		if ending {
-			want = max(want, 1) // a grant extends the lifetime
-		}
-		if want > 0 {
-			op := c.heldOp(algo.OpLease, e, want)
-			op.LeaseLife = c.warmLife()
-			return op, true
-		}
+		// A window's units lapsed would be lost until the window ends
+		// (an hour's, for an hour): they go back.
 	}
 	op := c.heldOp(algo.OpRefund, e, e.lease)
 	op.TakenAt = e.leaseAt
 	e.lease, e.gone = 0, c.goneReason(e, ns)
 	return op, true
+}
+
+// planWarmWindow is planWarm for a warm lease that lapses with its
+// window: no op while it holds more than two intervals of the key's
+// traffic or was not used since its last op, until its window ends (see
+// endOfWindow). Else, while the key is far from its limit, a renewal
+// topped up to warmIntervals of traffic or to the traffic until the
+// window ends, if that is more than it holds; otherwise its return. No
+// grant extends its lifetime: the window ends it. The caller holds e's
+// shard lock.
+func (c *Cache) planWarmWindow(e *entry, ns, peers int64) (algo.Op, bool) {
+	if op, send, done := c.endOfWindow(e, ns); done {
+		return op, send
+	}
+	if e.lease > 2*e.rate || e.spent <= 0 {
+		return algo.Op{}, false
+	}
+	if limit := c.remaining(e, ns); ns >= e.noLeaseUntil && c.far(e, limit) {
+		if want := min(c.warmWant(e, e.rate, ns), limit/(2*peers)) - e.lease; want > 0 {
+			op := c.heldOp(algo.OpLease, e, want)
+			op.LeaseLife = c.warmLife()
+			return op, true
+		}
+		return algo.Op{}, false
+	}
+	op := c.heldOp(algo.OpRefund, e, e.lease)
+	op.TakenAt = e.leaseAt
+	e.lease, e.gone = 0, missReturned
+	return op, true
+}
+
+// endOfWindow ends e's warm lease that lapses with its window, when its
+// window is about to end or has: a sliding counter's goes back before
+// the next tick, while its window is current (units left out would
+// weigh on the next window's estimate); a fixed window's lapses at the
+// window's end with no call (its units are lost with the window, which
+// no later decision reads, and the store stops counting them out then).
+// It returns the op to send, if any, and whether e's lease has ended.
+// The caller holds e's shard lock.
+func (c *Cache) endOfWindow(e *entry, ns int64) (op algo.Op, send, done bool) {
+	switch {
+	case e.p.Kind == algo.SlidingCounter && e.leaseUntil-ns < int64(c.o.SyncInterval)/2:
+		op = c.heldOp(algo.OpRefund, e, e.lease)
+		op.TakenAt = e.leaseAt
+		e.lease, e.gone = 0, missWindow
+		return op, true, true
+	case e.p.Kind == algo.FixedWindow && ns >= e.leaseUntil:
+		leasesLost.Add(int(e.lease))
+		// What the lease admitted counted against its window's units
+		// out, which the store drops with the window.
+		e.lease, e.spent, e.gone = 0, 0, missWindow
+		return algo.Op{}, false, true
+	}
+	return algo.Op{}, false, false
 }
 
 // renewEarly returns the renewal of e's warm lease at a ReturnIdle tick
@@ -417,14 +479,15 @@ func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
 func (c *Cache) renewEarly(e *entry, ns, peers int64) (algo.Op, bool) {
 	rate := max(e.rate, e.used) // e.used: since the sync half an interval ago
 	if !e.warm || e.lease <= 0 || e.spent <= 0 || e.lease > rate ||
-		ns >= e.leaseUntil || ns < e.noLeaseUntil {
+		ns >= e.leaseUntil || ns < e.noLeaseUntil ||
+		(e.inWindow && e.leaseUntil-ns < int64(c.o.SyncInterval)) {
 		return algo.Op{}, false
 	}
 	limit := c.remaining(e, ns)
 	if !c.far(e, limit) {
 		return algo.Op{}, false
 	}
-	want := min(max(warmIntervals*rate, warmFloor), limit/(2*peers)) - e.lease
+	want := min(c.warmWant(e, rate, ns), limit/(2*peers)) - e.lease
 	if want <= 0 {
 		return algo.Op{}, false
 	}
@@ -522,6 +585,15 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		c.visitDue(sh, ns, func(e *entry) {
+			if e.lease > 0 && e.warm && e.inWindow {
+				if op, send, done := c.endOfWindow(e, ns); done {
+					if send {
+						b.add(op, sh, e.key, e)
+					}
+					c.reschedule(sh, e, ns)
+					return
+				}
+			}
 			if e.lease > 0 && c.returnable(e, ns) {
 				op := c.heldOp(algo.OpRefund, e, e.lease)
 				op.TakenAt = e.leaseAt
