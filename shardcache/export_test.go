@@ -1,9 +1,11 @@
 package shardcache
 
-// SendChunk and SendCalls are sendChunk and sendCalls, for the tests.
+// SendChunk, SendCalls and WarmLifeIntervals are sendChunk, sendCalls
+// and warmLifeIntervals, for the tests.
 const (
-	SendChunk = sendChunk
-	SendCalls = sendCalls
+	SendChunk         = sendChunk
+	SendCalls         = sendCalls
+	WarmLifeIntervals = warmLifeIntervals
 )
 
 // Held returns the units key's entry holds on lease and has admitted

@@ -230,8 +230,9 @@ func TestWarmLeaseKept(t *testing.T) {
 			assert.EqualValues(t, 1, ops(), "an idle warm lease is kept, with no op")
 			take()
 			assert.EqualValues(t, 1, ops(), "and answers the key's next check")
-			// One check a second for a minute: renewed near each
-			// lifetime's end, not at every sync.
+			// One check a second for a minute: renewed when it runs
+			// low (it holds about 5 s of the key's traffic, at least 8
+			// units), not at every sync.
 			for range 60 {
 				step(20)
 				take()
@@ -242,7 +243,7 @@ func TestWarmLeaseKept(t *testing.T) {
 			// Unused from now on: at most one renewal reports the last
 			// check's unit, then the lease lapses with no call.
 			before := ops()
-			step(4 * 310)
+			step(4 * (shardcache.WarmLifeIntervals + 10))
 			assert.LessOrEqual(t, ops()-before, int64(1), "an unused warm lease lapses with no call")
 			assert.Zero(t, ca.Len(), "and its entry is dropped")
 		})
@@ -335,12 +336,13 @@ func TestWarmWindowLeaseOutlivedGoesBack(t *testing.T) {
 			assert.Equal(t, p.Limit-3-lease, b.remaining(key, p), "the lease is taken in the store")
 			l.advance(10 * time.Second)
 			assert.EqualValues(t, 1, b.calls.Load()+b.syncOps.Load(), "kept while idle")
-			l.advance(30 * time.Second)
+			life := shardcache.WarmLifeIntervals * shardcache.DefaultSyncInterval
+			l.advance(life)
 			assert.EqualValues(t, 2, b.calls.Load()+b.syncOps.Load(),
 				"renewed near its lifetime's end: it was used since its last op")
 			lease, _, _ = ca.Held([]byte(key))
 			require.Positive(t, lease)
-			l.advance(40 * time.Second) // past the renewal's lifetime, unused
+			l.advance(life + 10*time.Second) // past the renewal's lifetime, unused
 			lease, _, _ = ca.Held([]byte(key))
 			assert.Zero(t, lease)
 			assert.EqualValues(t, 3, b.calls.Load()+b.syncOps.Load(), "one return")

@@ -119,7 +119,7 @@ func TestSyncVisitsDueEntries(t *testing.T) {
 	}
 	// A lease used since its last op is renewed once more near its
 	// lifetime's end, then lapses unused.
-	l.advance(65 * time.Second)
+	l.advance(2*shardcache.WarmLifeIntervals*shardcache.DefaultSyncInterval + 5*time.Second)
 	assert.Zero(t, c.Len(), "every entry dropped once idle past two warm leases' lives")
 	for _, k := range keys {
 		lease, _, ok := c.Held(k)
