@@ -350,3 +350,43 @@ func TestWarmWindowLeaseOutlivedGoesBack(t *testing.T) {
 		})
 	}
 }
+
+// TestEvictedWarmLeaseLapses: a cache full of keys each seen once (a
+// flood of new client addresses) evicts their entries without a call
+// when their warm leases are buckets' and unused, so each key costs the
+// store one call; a window's evicted lease still goes back (its units
+// would otherwise be lost until the window ends).
+func TestEvictedWarmLeaseLapses(t *testing.T) {
+	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA, algo.FixedWindow, algo.SlidingCounter} {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			c := newCache(b, b.clk, shardcache.Options{
+				Timeout: time.Minute, RecallWait: time.Millisecond, Holder: "a", Peers: func() int { return 1 },
+				Recall:     func(context.Context, []byte, algo.Kind) error { return nil },
+				MaxEntries: 100,
+			})
+			l := newLoops(b.clk, shardcache.DefaultSyncInterval, c)
+			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Hour}
+			const keys = 1000
+			for i := range keys {
+				r, err := c.Take(ctx, fmt.Appendf(nil, "ip-%d", i), p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				if i%10 == 9 {
+					l.advance(shardcache.DefaultSyncInterval / 2)
+				}
+			}
+			l.advance(shardcache.DefaultSyncInterval)
+			ops := b.calls.Load() + b.syncOps.Load()
+			t.Logf("%s: %d store ops for %d keys seen once, %d entries held", k, ops, keys, c.Len())
+			assert.LessOrEqual(t, c.Len(), 100+shardcache.DefaultShards, "the cache's bound")
+			if windowed(k) {
+				assert.Greater(t, ops, int64(keys+keys/2), "evicted window leases go back")
+			} else {
+				assert.EqualValues(t, keys, ops, "one call per key: evicted unused warm leases lapse")
+			}
+		})
+	}
+}
+
+func windowed(k algo.Kind) bool { return k == algo.FixedWindow || k == algo.SlidingCounter }
