@@ -548,11 +548,6 @@ func (c *Cache) entry(sh *shard, key string, p algo.Params) *entry {
 
 // evictOne drops one entry of sh, whose lock the caller holds: one
 // without a lease if the first few looked at have none, else the first.
-// Its lease goes back at the next sync, unless it is a bucket's warm
-// lease not used since its last op: that one lapses with no call, as it
-// would at the end of its lifetime (see planWarm), so that a flood of
-// keys each seen once costs the store one call per key, not two, once
-// the cache is full.
 func (c *Cache) evictOne(sh *shard) {
 	n := 0
 	var victim string
@@ -568,11 +563,7 @@ func (c *Cache) evictOne(sh *shard) {
 	if ve == nil {
 		return
 	}
-	if ve.warm && ve.lease > 0 && ve.spent <= 0 && !windowed(ve.p.Kind) {
-		leasesLost.Add(int(ve.lease))
-	} else {
-		c.orphan(victim, ve)
-	}
+	c.orphan(victim, ve)
 	ve.due = dead
 	delete(sh.m, victim)
 	c.entries.Add(-1)
