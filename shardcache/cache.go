@@ -860,11 +860,19 @@ func (c *Cache) leaseWant(e *entry, need, ns int64) (want int64, warm bool) {
 // rate units per sync interval, before the fair-share cap:
 // warmIntervals of its traffic, or of a windowed key's traffic until its
 // window ends when that is sooner (units still leased then are lost to
-// the window), and at least warmFloor units.
+// the window), and at least warmFloor units. A window the store has not
+// answered for yet is taken to end where the local clock's window does:
+// the store's windows are aligned on the epoch too, and this is only a
+// size.
 func (c *Cache) warmWant(e *entry, rate, ns int64) int64 {
 	intervals := int64(warmIntervals)
-	if windowed(e.p.Kind) && e.windowEnd > ns {
-		intervals = min(intervals, (e.windowEnd-ns)/int64(c.o.SyncInterval))
+	if windowed(e.p.Kind) {
+		end := e.windowEnd
+		if end <= ns {
+			per := int64(e.p.Period)
+			end = ns - ns%per + per
+		}
+		intervals = min(intervals, (end-ns)/int64(c.o.SyncInterval))
 	}
 	return max(intervals*rate, warmFloor)
 }

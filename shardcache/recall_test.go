@@ -350,3 +350,42 @@ func TestWarmWindowLeaseOutlivedGoesBack(t *testing.T) {
 		})
 	}
 }
+
+// TestWarmWindowLeaseSizedToWindow: a windowed key's warm lease taken at
+// its window's first check holds about the key's traffic until the
+// window ends, not warmIntervals of it: the rest would lapse unused with
+// the window.
+func TestWarmWindowLeaseSizedToWindow(t *testing.T) {
+	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingCounter} {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			ca, _ := recallPair(b, false)
+			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Second}
+			key := []byte("per-second")
+			b.clk.set(b.clk.Now().Truncate(time.Second).Add(time.Second))
+			l := newLoops(b.clk, shardcache.DefaultSyncInterval, ca)
+			// Fewer checks per sync interval than make the sync top a
+			// lease up (a hot key's), so that each lease is the check's.
+			const perInterval = 3
+			var firstLeases []int64
+			for w := range 5 {
+				for i := range 10 * perInterval {
+					r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
+					require.NoError(t, err)
+					require.True(t, r.Allowed)
+					if i == 0 && w > 0 {
+						lease, _, _ := ca.Held(key)
+						firstLeases = append(firstLeases, lease)
+					}
+					l.advance(shardcache.DefaultSyncInterval / perInterval)
+				}
+			}
+			t.Logf("%s: leases after each window's first check: %v", k, firstLeases)
+			for _, lease := range firstLeases {
+				// The window's traffic is 10 intervals × 3; a lease of
+				// warmIntervals of it would be about 150.
+				assert.LessOrEqual(t, lease, int64(2*10*perInterval))
+			}
+		})
+	}
+}
