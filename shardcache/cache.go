@@ -606,6 +606,32 @@ func (c *Cache) heldOp(kind algo.OpKind, e *entry, n int64) algo.Op {
 	return op
 }
 
+// returnOp returns the op that gives e's whole lease back, and empties
+// the lease, gone telling why. The caller holds e's shard lock.
+func (c *Cache) returnOp(e *entry, gone missReason) algo.Op {
+	op := c.heldOp(algo.OpRefund, e, e.lease)
+	op.TakenAt = e.leaseAt
+	e.lease, e.gone = 0, gone
+	return op
+}
+
+// renewWarmOp returns the op that tops e's warm lease up by want units
+// and extends its lifetime. The caller holds e's shard lock.
+func (c *Cache) renewWarmOp(e *entry, want int64) algo.Op {
+	op := c.heldOp(algo.OpLease, e, want)
+	op.LeaseLife = c.warmLife()
+	return op
+}
+
+// lapse drops e's lease with no call, gone telling why: its units are
+// lost, and what it admitted is not reported (the store stops counting
+// it out when the lease's lifetime or window ends). The caller holds
+// e's shard lock.
+func lapse(e *entry, gone missReason) {
+	leasesLost.Add(int(e.lease))
+	e.lease, e.spent, e.gone = 0, 0, gone
+}
+
 // reportOp returns the op that reports what e admitted from its lease
 // when nothing else will: a peek with the accounting. An entry dropped
 // with units spent and unreported would leave them counted out until
@@ -782,12 +808,10 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 		if e.p.Kind == algo.SlidingCounter && c.o.Holder != "" {
 			c.orphan(key, e)
 		} else {
-			leasesLost.Add(int(e.lease))
-			e.lease, e.gone = 0, missWindow
 			// What the old lease admitted counted against its window's
 			// units out, which the store dropped with the window:
 			// reported now, it would be taken from the new lease's.
-			e.spent = 0
+			lapse(e, missWindow)
 		}
 	}
 	e.lease += leased

@@ -343,10 +343,7 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 	switch {
 	case e.lease > 0 && (!hot || c.returnable(e, ns)):
 		// Nobody used it, or it lapsed: give it back.
-		op := c.heldOp(algo.OpRefund, e, e.lease)
-		op.TakenAt = e.leaseAt
-		e.lease, e.gone = 0, c.goneReason(e, ns)
-		return op, true
+		return c.returnOp(e, c.goneReason(e, ns)), true
 	case !hot || ns < e.deniedUntil:
 		// Idle, or denied until a time the store gave: nothing to renew
 		// or refresh.
@@ -397,22 +394,16 @@ func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
 				want = max(want, 1) // a grant extends the lifetime
 			}
 			if want > 0 {
-				op := c.heldOp(algo.OpLease, e, want)
-				op.LeaseLife = c.warmLife()
-				return op, true
+				return c.renewWarmOp(e, want), true
 			}
 		case !windowed(e.p.Kind):
-			leasesLost.Add(int(e.lease))
-			e.lease, e.spent, e.gone = 0, 0, missLapsed
+			lapse(e, missLapsed)
 			return algo.Op{}, false
 		}
 		// A window's units lapsed would be lost until the window ends
 		// (an hour's, for an hour): they go back.
 	}
-	op := c.heldOp(algo.OpRefund, e, e.lease)
-	op.TakenAt = e.leaseAt
-	e.lease, e.gone = 0, c.goneReason(e, ns)
-	return op, true
+	return c.returnOp(e, c.goneReason(e, ns)), true
 }
 
 // planWarmWindow is planWarm for a warm lease that lapses with its
@@ -432,16 +423,11 @@ func (c *Cache) planWarmWindow(e *entry, ns, peers int64) (algo.Op, bool) {
 	}
 	if limit := c.remaining(e, ns); ns >= e.noLeaseUntil && c.far(e, limit) {
 		if want := min(c.warmWant(e, e.rate, ns), limit/(2*peers)) - e.lease; want > 0 {
-			op := c.heldOp(algo.OpLease, e, want)
-			op.LeaseLife = c.warmLife()
-			return op, true
+			return c.renewWarmOp(e, want), true
 		}
 		return algo.Op{}, false
 	}
-	op := c.heldOp(algo.OpRefund, e, e.lease)
-	op.TakenAt = e.leaseAt
-	e.lease, e.gone = 0, missReturned
-	return op, true
+	return c.returnOp(e, missReturned), true
 }
 
 // endOfWindow ends e's warm lease that lapses with its window, when its
@@ -455,15 +441,11 @@ func (c *Cache) planWarmWindow(e *entry, ns, peers int64) (algo.Op, bool) {
 func (c *Cache) endOfWindow(e *entry, ns int64) (op algo.Op, send, done bool) {
 	switch {
 	case e.p.Kind == algo.SlidingCounter && e.leaseUntil-ns < int64(c.o.SyncInterval)/2:
-		op = c.heldOp(algo.OpRefund, e, e.lease)
-		op.TakenAt = e.leaseAt
-		e.lease, e.gone = 0, missWindow
-		return op, true, true
+		return c.returnOp(e, missWindow), true, true
 	case e.p.Kind == algo.FixedWindow && ns >= e.leaseUntil:
-		leasesLost.Add(int(e.lease))
 		// What the lease admitted counted against its window's units
 		// out, which the store drops with the window.
-		e.lease, e.spent, e.gone = 0, 0, missWindow
+		lapse(e, missWindow)
 		return algo.Op{}, false, true
 	}
 	return algo.Op{}, false, false
@@ -491,9 +473,7 @@ func (c *Cache) renewEarly(e *entry, ns, peers int64) (algo.Op, bool) {
 	if want <= 0 {
 		return algo.Op{}, false
 	}
-	op := c.heldOp(algo.OpLease, e, want)
-	op.LeaseLife = c.warmLife()
-	return op, true
+	return c.renewWarmOp(e, want), true
 }
 
 // minSyncRate is the fewest units per sync interval a key must use for
@@ -595,10 +575,7 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 				}
 			}
 			if e.lease > 0 && c.returnable(e, ns) {
-				op := c.heldOp(algo.OpRefund, e, e.lease)
-				op.TakenAt = e.leaseAt
-				b.add(op, sh, e.key, e)
-				e.lease, e.gone = 0, c.goneReason(e, ns)
+				b.add(c.returnOp(e, c.goneReason(e, ns)), sh, e.key, e)
 			} else if op, ok := c.renewEarly(e, ns, peers); ok {
 				b.add(op, sh, e.key, e)
 			}
@@ -640,9 +617,7 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 	var op algo.Op
 	switch {
 	case e.lease > 0:
-		op = c.heldOp(algo.OpRefund, e, e.lease)
-		op.TakenAt = e.leaseAt
-		e.lease, e.gone = 0, missRecalled
+		op = c.returnOp(e, missRecalled)
 		recallsReturned.Inc()
 	case e.spent != 0:
 		// Nothing to give back, but what the lease admitted is still
