@@ -192,6 +192,38 @@ func unitsOutMatchLeases(t *testing.T, k algo.Kind, warm bool) {
 	}
 }
 
+// warmKey is one key checked through daemon a of a recallPair on a
+// fresh store: the warm-lease tests' setting.
+type warmKey struct {
+	b   *algoBackend
+	c   *shardcache.Cache
+	p   algo.Params
+	key []byte
+}
+
+func newWarmKey(k algo.Kind, limit int64, period time.Duration, key string) *warmKey {
+	b := newAlgoBackend()
+	ca, _ := recallPair(b, false)
+	return &warmKey{b: b, c: ca, p: algo.Params{Kind: k, Limit: limit, Period: period}, key: []byte(key)}
+}
+
+// ops returns the store ops so far: calls and sync ops.
+func (w *warmKey) ops() int64 { return w.b.calls.Load() + w.b.syncOps.Load() }
+
+// take checks the key once, at the store's time, and requires it allowed.
+func (w *warmKey) take(t *testing.T) {
+	t.Helper()
+	r, err := w.c.Take(ctx, w.key, w.p, 1, w.b.clk.Now(), false)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+}
+
+// lease returns the units the key holds on lease (0 without an entry).
+func (w *warmKey) lease() int64 {
+	lease, _, _ := w.c.Held(w.key)
+	return lease
+}
+
 // TestWarmLeaseKept: a key far from its limit is answered locally after
 // its first check, its lease is kept while the key is idle (the syncs
 // send nothing for it), renewed about once per lifetime while the key
@@ -199,53 +231,34 @@ func unitsOutMatchLeases(t *testing.T, k algo.Kind, warm bool) {
 func TestWarmLeaseKept(t *testing.T) {
 	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA} {
 		t.Run(k.String(), func(t *testing.T) {
-			b := newAlgoBackend()
-			ca, _ := recallPair(b, false)
-			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Hour}
-			key := []byte("warm")
-			ops := func() int64 { return b.calls.Load() + b.syncOps.Load() }
-			take := func() {
-				t.Helper()
-				r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
-				require.NoError(t, err)
-				require.True(t, r.Allowed)
-			}
-			take()
-			require.EqualValues(t, 1, ops(), "the first check is one store op")
+			w := newWarmKey(k, 1_000_000, time.Hour, "warm")
+			w.take(t)
+			require.EqualValues(t, 1, w.ops(), "the first check is one store op")
 			for range 3 {
-				take()
+				w.take(t)
 			}
-			assert.EqualValues(t, 1, ops(), "the next checks are local (the lease is at least 8 units)")
-			step := func(n int) {
-				for i := range n {
-					b.clk.set(b.clk.Now().Add(shardcache.DefaultSyncInterval / 2))
-					if i%2 == 0 {
-						ca.ReturnIdle(b.clk.Now())
-					} else {
-						ca.Sync(b.clk.Now())
-					}
-				}
-			}
-			step(40) // 2 s idle
-			assert.EqualValues(t, 1, ops(), "an idle warm lease is kept, with no op")
-			take()
-			assert.EqualValues(t, 1, ops(), "and answers the key's next check")
+			assert.EqualValues(t, 1, w.ops(), "the next checks are local (the lease is at least 8 units)")
+			l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
+			l.advance(2 * time.Second)
+			assert.EqualValues(t, 1, w.ops(), "an idle warm lease is kept, with no op")
+			w.take(t)
+			assert.EqualValues(t, 1, w.ops(), "and answers the key's next check")
 			// One check a second for a minute: renewed when it runs
 			// low (it holds about 5 s of the key's traffic, at least 8
 			// units), not at every sync.
 			for range 60 {
-				step(20)
-				take()
+				l.advance(time.Second)
+				w.take(t)
 			}
-			renewals := ops() - 1
+			renewals := w.ops() - 1
 			t.Logf("%s: %d store ops for a minute of one check a second", k, renewals)
 			assert.LessOrEqual(t, renewals, int64(4))
 			// Unused from now on: at most one renewal reports the last
 			// check's unit, then the lease lapses with no call.
-			before := ops()
-			step(4 * (shardcache.WarmLifeIntervals + 10))
-			assert.LessOrEqual(t, ops()-before, int64(1), "an unused warm lease lapses with no call")
-			assert.Zero(t, ca.Len(), "and its entry is dropped")
+			before := w.ops()
+			l.advance(2 * (shardcache.WarmLifeIntervals + 10) * shardcache.DefaultSyncInterval)
+			assert.LessOrEqual(t, w.ops()-before, int64(1), "an unused warm lease lapses with no call")
+			assert.Zero(t, w.c.Len(), "and its entry is dropped")
 		})
 	}
 }
@@ -259,55 +272,42 @@ func TestWarmLeaseKept(t *testing.T) {
 func TestWarmWindowLease(t *testing.T) {
 	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingCounter} {
 		t.Run(k.String(), func(t *testing.T) {
-			b := newAlgoBackend()
-			ca, _ := recallPair(b, false)
-			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Minute}
-			key := []byte("warm-window")
-			ops := func() int64 { return b.calls.Load() + b.syncOps.Load() }
-			take := func() {
-				t.Helper()
-				r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
-				require.NoError(t, err)
-				require.True(t, r.Allowed)
-			}
-			l := newLoops(b.clk, shardcache.DefaultSyncInterval, ca)
+			w := newWarmKey(k, 1_000_000, time.Minute, "warm-window")
 			// Start a second into a window (windows are aligned on the
 			// epoch, as the store's are).
-			start := b.clk.Now().Truncate(time.Minute).Add(time.Minute + time.Second)
-			l.advance(start.Sub(b.clk.Now()))
+			start := w.b.clk.Now().Truncate(time.Minute).Add(time.Minute + time.Second)
+			w.b.clk.set(start)
+			l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
 
-			take()
-			require.EqualValues(t, 1, ops(), "the first check is one store op")
+			w.take(t)
+			require.EqualValues(t, 1, w.ops(), "the first check is one store op")
 			l.advance(2 * time.Second)
-			assert.EqualValues(t, 1, ops(), "an idle warm lease is kept, with no op")
+			assert.EqualValues(t, 1, w.ops(), "an idle warm lease is kept, with no op")
 			// One check a second for most of the window.
 			for range 50 {
-				take()
+				w.take(t)
 				l.advance(time.Second)
 			}
-			inWindow := ops()
+			inWindow := w.ops()
 			t.Logf("%s: %d store ops for 51 checks in one window", k, inWindow)
 			assert.LessOrEqual(t, inWindow, int64(4), "renewed when low, not returned when idle")
-			lease, _, ok := ca.Held(key)
-			require.True(t, ok)
-			require.Positive(t, lease, "the lease is still held near the window's end")
+			require.Positive(t, w.lease(), "the lease is still held near the window's end")
 
-			l.advance(start.Add(time.Minute - time.Second).Sub(b.clk.Now())) // the next window's start
-			lease, _, _ = ca.Held(key)                                       // (the entry may be dropped by now)
-			assert.Zero(t, lease, "the lease ended with its window")
+			l.advance(start.Add(time.Minute - time.Second).Sub(w.b.clk.Now())) // the next window's start
+			assert.Zero(t, w.lease(), "the lease ended with its window")
 			want := int64(0) // a fixed window's units are lost with it
 			if k == algo.SlidingCounter {
 				want = 1 // a return, while the window is current
 			}
-			assert.Equal(t, want, ops()-inWindow, "ops at the window's end")
-			b.mu.Lock()
-			for _, o := range b.state(key, p).Out {
-				assert.LessOrEqual(t, o.Until, b.clock(), "the store counts nothing out once the window has ended: %+v", o)
+			assert.Equal(t, want, w.ops()-inWindow, "ops at the window's end")
+			w.b.mu.Lock()
+			for _, o := range w.b.state(w.key, w.p).Out {
+				assert.LessOrEqual(t, o.Until, w.b.clock(), "the store counts nothing out once the window has ended: %+v", o)
 			}
-			b.mu.Unlock()
+			w.b.mu.Unlock()
 
-			take()
-			assert.Equal(t, want+1, ops()-inWindow, "the next window's first check is one store op")
+			w.take(t)
+			assert.Equal(t, want+1, w.ops()-inWindow, "the next window's first check is one store op")
 		})
 	}
 }
@@ -320,33 +320,25 @@ func TestWarmWindowLease(t *testing.T) {
 func TestWarmWindowLeaseOutlivedGoesBack(t *testing.T) {
 	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingCounter} {
 		t.Run(k.String(), func(t *testing.T) {
-			b := newAlgoBackend()
-			ca, _ := recallPair(b, false)
-			p := algo.Params{Kind: k, Limit: 1_000, Period: time.Hour}
-			key := "hourly"
-			b.clk.set(b.clk.Now().Truncate(time.Hour).Add(time.Hour + time.Minute))
-			l := newLoops(b.clk, shardcache.DefaultSyncInterval, ca)
+			w := newWarmKey(k, 1_000, time.Hour, "hourly")
+			w.b.clk.set(w.b.clk.Now().Truncate(time.Hour).Add(time.Hour + time.Minute))
+			l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
 			for range 3 {
-				r, err := ca.Take(ctx, []byte(key), p, 1, b.clk.Now(), false)
-				require.NoError(t, err)
-				require.True(t, r.Allowed)
+				w.take(t)
 			}
-			lease, _, _ := ca.Held([]byte(key))
+			lease := w.lease()
 			require.Positive(t, lease, "a warm lease")
-			assert.Equal(t, p.Limit-3-lease, b.remaining(key, p), "the lease is taken in the store")
+			assert.Equal(t, w.p.Limit-3-lease, w.b.remaining(string(w.key), w.p), "the lease is taken in the store")
 			l.advance(10 * time.Second)
-			assert.EqualValues(t, 1, b.calls.Load()+b.syncOps.Load(), "kept while idle")
+			assert.EqualValues(t, 1, w.ops(), "kept while idle")
 			life := shardcache.WarmLifeIntervals * shardcache.DefaultSyncInterval
 			l.advance(life)
-			assert.EqualValues(t, 2, b.calls.Load()+b.syncOps.Load(),
-				"renewed near its lifetime's end: it was used since its last op")
-			lease, _, _ = ca.Held([]byte(key))
-			require.Positive(t, lease)
+			assert.EqualValues(t, 2, w.ops(), "renewed near its lifetime's end: it was used since its last op")
+			require.Positive(t, w.lease())
 			l.advance(life + 10*time.Second) // past the renewal's lifetime, unused
-			lease, _, _ = ca.Held([]byte(key))
-			assert.Zero(t, lease)
-			assert.EqualValues(t, 3, b.calls.Load()+b.syncOps.Load(), "one return")
-			assert.Equal(t, p.Limit-3, b.remaining(key, p), "the unused units are back in the window")
+			assert.Zero(t, w.lease())
+			assert.EqualValues(t, 3, w.ops(), "one return")
+			assert.Equal(t, w.p.Limit-3, w.b.remaining(string(w.key), w.p), "the unused units are back in the window")
 		})
 	}
 }
@@ -358,24 +350,18 @@ func TestWarmWindowLeaseOutlivedGoesBack(t *testing.T) {
 func TestWarmWindowLeaseSizedToWindow(t *testing.T) {
 	for _, k := range []algo.Kind{algo.FixedWindow, algo.SlidingCounter} {
 		t.Run(k.String(), func(t *testing.T) {
-			b := newAlgoBackend()
-			ca, _ := recallPair(b, false)
-			p := algo.Params{Kind: k, Limit: 1_000_000, Period: time.Second}
-			key := []byte("per-second")
-			b.clk.set(b.clk.Now().Truncate(time.Second).Add(time.Second))
-			l := newLoops(b.clk, shardcache.DefaultSyncInterval, ca)
+			w := newWarmKey(k, 1_000_000, time.Second, "per-second")
+			w.b.clk.set(w.b.clk.Now().Truncate(time.Second).Add(time.Second))
+			l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
 			// Fewer checks per sync interval than make the sync top a
 			// lease up (a hot key's), so that each lease is the check's.
 			const perInterval = 3
 			var firstLeases []int64
-			for w := range 5 {
+			for window := range 5 {
 				for i := range 10 * perInterval {
-					r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
-					require.NoError(t, err)
-					require.True(t, r.Allowed)
-					if i == 0 && w > 0 {
-						lease, _, _ := ca.Held(key)
-						firstLeases = append(firstLeases, lease)
+					w.take(t)
+					if i == 0 && window > 0 {
+						firstLeases = append(firstLeases, w.lease())
 					}
 					l.advance(shardcache.DefaultSyncInterval / perInterval)
 				}
