@@ -293,7 +293,9 @@ func (c *Cache) visitDue(sh *shard, ns int64, visit func(e *entry)) {
 			sh.mu.Unlock()
 			sh.mu.Lock()
 		}
-		if r.e.due != r.due || sh.m[r.e.key] != r.e {
+		// A dropped entry's due is dead, which no ref holds: no map
+		// lookup is needed to skip it.
+		if r.e.due != r.due {
 			continue // checked meanwhile (due at the next tick), or dropped
 		}
 		r.e.due = 0
