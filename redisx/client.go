@@ -389,8 +389,9 @@ func (c *Client) Close() {
 	})
 }
 
-// A single call (exec) that no other single call of the Client overlaps
-// goes, in Standalone mode on Linux, over a connection of its own
+// A single call (exec, or a Store.Do of one op) that no other single
+// call of the Client overlaps goes, in Standalone mode on Linux, over a
+// connection of its own
 // without pipelining: the calling goroutine writes the command and reads
 // the reply itself. Through rueidis's pipeline, a call is handed to the
 // connection's writer goroutine and its reply back from the reader
@@ -438,8 +439,10 @@ type direct struct {
 	dialed atomic.Pointer[socket]
 }
 
-// directClient lets rueidis.Lua.Exec, which takes a rueidis.Client,
-// send on a dedicated connection: Exec uses Do and B only.
+// directClient lets rueidis.Lua.Exec and Store.Do's single calls, which
+// take a rueidis.Client, send on a dedicated connection: they use Do,
+// DoMulti and B, and Nodes (which stays the pipelined client's: where
+// Do loads a lost script).
 type directClient struct {
 	rueidis.Client // the one dc comes from
 	dc             rueidis.DedicatedClient
@@ -447,6 +450,10 @@ type directClient struct {
 
 func (d directClient) Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult {
 	return d.dc.Do(ctx, cmd)
+}
+
+func (d directClient) DoMulti(ctx context.Context, cmds ...rueidis.Completed) []rueidis.RedisResult {
+	return d.dc.DoMulti(ctx, cmds...)
 }
 
 func (d directClient) B() rueidis.Builder { return d.dc.B() }

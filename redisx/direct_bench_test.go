@@ -64,6 +64,34 @@ func BenchmarkOneInFlight(b *testing.B) {
 	})
 }
 
+// BenchmarkOneInFlightMiss is BenchmarkOneInFlight's store case for the
+// call a hot-key cache makes on a miss: a Do of one takelease op with
+// lease accounting (which goes over the direct connection as well):
+//
+//	go test -run '^$' -bench OneInFlightMiss -benchtime 20000x -count 5 ./redisx
+func BenchmarkOneInFlightMiss(b *testing.B) {
+	srv := redistest.Standalone(b)
+	ctx := context.Background()
+	c, err := redisx.New(ctx, redisx.Options{Addrs: []string{srv.Addr}, Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	rs := redisx.NewStore(c)
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1e9, Period: time.Second}
+	ops := make([]algo.Op, 1)
+	cpuPerOp(b, func() error {
+		ops[0] = algo.Op{
+			Kind: algo.OpTakeLease, Key: []byte("k"), Params: p, N: 1, Costs: []int64{1},
+			Holder: "bench", LeaseLife: time.Second,
+		}
+		if err := rs.Do(ctx, ops); err != nil {
+			return err
+		}
+		return ops[0].Err
+	})
+}
+
 // cpuPerOp runs call b.N times, after a warm-up, and reports the
 // process's user + system time per call as cpu-µs/op.
 func cpuPerOp(b *testing.B, call func() error) {

@@ -16,47 +16,75 @@ import (
 	"github.com/rld/rld/redisx"
 )
 
+// singleCalls are the two kinds of single call that may go direct: a
+// Store call (Client.exec) and a Do of one op (the hot-key cache's miss,
+// a takelease with lease accounting).
+var singleCalls = []struct {
+	name string
+	take func(rs *redisx.Store, key string, p algo.Params) (algo.Result, error)
+}{
+	{"exec", func(rs *redisx.Store, key string, p algo.Params) (algo.Result, error) {
+		return rs.Take(context.Background(), []byte(key), p, 1, time.Now(), false)
+	}},
+	{"do", func(rs *redisx.Store, key string, p algo.Params) (algo.Result, error) {
+		ops := []algo.Op{{
+			Kind: algo.OpTakeLease, Key: []byte(key), Params: p, Costs: []int64{1},
+			Holder: "direct-test", LeaseLife: time.Second,
+		}}
+		if err := rs.Do(context.Background(), ops); err != nil {
+			return algo.Result{}, err
+		}
+		r := ops[0].Result
+		r.Allowed = ops[0].Admitted == 1
+		return r, ops[0].Err
+	}},
+}
+
 // TestDirectCalls: calls that do not overlap go over the direct
 // connection once it is made, concurrent ones share the pipeline, and
 // every call is applied exactly once either way: a key with a limit of
 // 300 admits exactly 300 of the takes, sequential then concurrent.
 func TestDirectCalls(t *testing.T) {
 	srv := redistest.Standalone(t)
-	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}})
-	rs := redisx.NewStore(c)
-	p := algo.Params{Kind: algo.FixedWindow, Limit: 300, Period: time.Hour}
-	var allowed atomic.Int64
-	take := func() {
-		r, err := rs.Take(context.Background(), []byte("direct"), p, 1, time.Now(), false)
-		if !assert.NoError(t, err) {
-			return
-		}
-		if r.Allowed {
-			allowed.Add(1)
-		}
-	}
-	// One at a time, until 50 have gone direct (the first ones go
-	// through the pipeline while the direct connection is dialled).
-	calls := 0
-	for deadline := time.Now().Add(10 * time.Second); c.DirectCalls() < 50; calls++ {
-		require.False(t, time.Now().After(deadline), "%d of %d calls direct after 10 s", c.DirectCalls(), calls)
-		take()
-	}
-	require.Less(t, calls, 300, "the limit must not be reached yet")
-	direct := c.DirectCalls()
-
-	// Concurrently, past the limit.
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for range 60 {
+	for _, sc := range singleCalls {
+		t.Run(sc.name, func(t *testing.T) {
+			c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}})
+			rs := redisx.NewStore(c)
+			p := algo.Params{Kind: algo.FixedWindow, Limit: 300, Period: time.Hour}
+			var allowed atomic.Int64
+			take := func() {
+				r, err := sc.take(rs, "direct-"+sc.name, p)
+				if !assert.NoError(t, err) {
+					return
+				}
+				if r.Allowed {
+					allowed.Add(1)
+				}
+			}
+			// One at a time, until 50 have gone direct (the first ones go
+			// through the pipeline while the direct connection is dialled).
+			calls := 0
+			for deadline := time.Now().Add(10 * time.Second); c.DirectCalls() < 50; calls++ {
+				require.False(t, time.Now().After(deadline), "%d of %d calls direct after 10 s", c.DirectCalls(), calls)
 				take()
 			}
+			require.Less(t, calls, 300, "the limit must not be reached yet")
+			direct := c.DirectCalls()
+
+			// Concurrently, past the limit.
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for range 60 {
+						take()
+					}
+				})
+			}
+			wg.Wait()
+			assert.EqualValues(t, 300, allowed.Load(), "admitted by %d calls, %d direct", calls+480, c.DirectCalls())
+			t.Logf("%d sequential calls, %d direct; then 480 concurrent, %d direct", calls, direct, c.DirectCalls()-direct)
 		})
 	}
-	wg.Wait()
-	assert.EqualValues(t, 300, allowed.Load(), "admitted by %d calls, %d direct", calls+480, c.DirectCalls())
-	t.Logf("%d sequential calls, %d direct; then 480 concurrent, %d direct", calls, direct, c.DirectCalls()-direct)
 }
 
 // TestDirectAfterFailure: a direct call that times out (Redis paused)
@@ -66,38 +94,42 @@ func TestDirectCalls(t *testing.T) {
 func TestDirectAfterFailure(t *testing.T) {
 	srv := redistest.Standalone(t)
 	const timeout = 200 * time.Millisecond
-	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}, Timeout: timeout})
-	rs := redisx.NewStore(c)
-	p := algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000, Period: time.Second}
-	take := func() error {
-		_, err := rs.Take(context.Background(), []byte("k"), p, 1, time.Now(), false)
-		return err
-	}
-	untilDirect := func(what string) {
-		t.Helper()
-		from := c.DirectCalls()
-		redistest.WaitFor(t, what, func() bool {
-			return take() == nil && c.DirectCalls() > from+5
+	for _, sc := range singleCalls {
+		t.Run(sc.name, func(t *testing.T) {
+			c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}, Timeout: timeout})
+			rs := redisx.NewStore(c)
+			p := algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000, Period: time.Second}
+			take := func() error {
+				_, err := sc.take(rs, "k", p)
+				return err
+			}
+			untilDirect := func(what string) {
+				t.Helper()
+				from := c.DirectCalls()
+				redistest.WaitFor(t, what, func() bool {
+					return take() == nil && c.DirectCalls() > from+5
+				})
+			}
+			untilDirect("calls to go direct")
+
+			srv.Pause()
+			start := time.Now()
+			err := take()
+			elapsed := time.Since(start)
+			srv.Resume()
+			require.Error(t, err, "redis is paused")
+			assert.Less(t, elapsed, 5*timeout, "the call ends at its deadline")
+			untilDirect("calls to go direct after the pause")
+
+			srv.Kill()
+			srv.Start(t)
+			// Every call after the restart succeeds, the first one included.
+			for i := range 50 {
+				require.NoError(t, take(), "call %d after the restart", i)
+			}
+			untilDirect("calls to go direct after the restart")
 		})
 	}
-	untilDirect("calls to go direct")
-
-	srv.Pause()
-	start := time.Now()
-	err := take()
-	elapsed := time.Since(start)
-	srv.Resume()
-	require.Error(t, err, "redis is paused")
-	assert.Less(t, elapsed, 5*timeout, "the call ends at its deadline")
-	untilDirect("calls to go direct after the pause")
-
-	srv.Kill()
-	srv.Start(t)
-	// Every call after the restart succeeds, the first one included.
-	for i := range 50 {
-		require.NoError(t, take(), "call %d after the restart", i)
-	}
-	untilDirect("calls to go direct after the restart")
 }
 
 // TestDirectClientKill: Redis closes the direct connection (CLIENT
@@ -107,11 +139,19 @@ func TestDirectAfterFailure(t *testing.T) {
 // the pipeline.
 func TestDirectClientKill(t *testing.T) {
 	srv := redistest.Standalone(t)
+	for _, sc := range singleCalls {
+		t.Run(sc.name, func(t *testing.T) {
+			testDirectClientKill(t, srv, sc.take)
+		})
+	}
+}
+
+func testDirectClientKill(t *testing.T, srv *redistest.Server, call func(*redisx.Store, string, algo.Params) (algo.Result, error)) {
 	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}})
 	rs := redisx.NewStore(c)
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1_000_000, Period: time.Second}
 	take := func() error {
-		_, err := rs.Take(context.Background(), []byte("k"), p, 1, time.Now(), false)
+		_, err := call(rs, "k", p)
 		return err
 	}
 	for round := range 3 {

@@ -121,6 +121,7 @@ type multiBuf struct {
 	errs    []error // by node: the error when its ops were not sent
 	cmds    []rueidis.Completed
 	res     []rueidis.RedisResult
+	connErr error // the first error of send's calls that was not Redis's reply
 	args    []string
 	argKeys []string // the KEYS of the command being built
 	kb      []byte
@@ -145,6 +146,7 @@ func (b *multiBuf) put() {
 	clear(b.errs)
 	b.keys, b.pending, b.cmds, b.res, b.args = b.keys[:0], b.pending[:0], b.cmds[:0], b.res[:0], b.args[:0]
 	b.nodes, b.nodeOf, b.errs = b.nodes[:0], b.nodeOf[:0], b.errs[:0]
+	b.connErr = nil
 	if len(b.params) > maxParamCache {
 		clear(b.params)
 	}
@@ -285,11 +287,27 @@ func (b *multiBuf) node(br *breaker.Breaker) int {
 // (Client.call, as a batch), and fills each op's outcome. It returns nil
 // when the ops were sent, else the error (br's refusal, no connection),
 // which each op's Err then wraps too.
+//
+// A share of one op is a single call: it goes over the direct connection
+// when that is free, as Client.exec's calls do. A cache's miss (a
+// takelease) is such a call, and it saves the pipeline's two hand-offs
+// between goroutines.
 func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *breaker.Breaker, nb *multiBuf) error {
 	sent := false
 	err := s.c.call(ctx, br, true, func(ctx context.Context, rc rueidis.Client) error {
 		sent = true
-		return nb.send(ctx, rc, br.Name(), ops, keys)
+		if len(nb.pending) != 1 {
+			return nb.send(ctx, rc, br.Name(), ops, keys)
+		}
+		var err error
+		if dc := s.c.takeDirect(); dc != nil {
+			err = nb.send(ctx, dc, br.Name(), ops, keys)
+			s.c.putDirect(nb.connErr)
+		} else {
+			err = nb.send(ctx, rc, br.Name(), ops, keys)
+		}
+		s.c.lastCall.Store(time.Now().UnixNano())
+		return err
 	})
 	if sent {
 		return nil
@@ -312,6 +330,7 @@ func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops
 		eval           // the last resort: the script's text
 	)
 	var failure error
+	b.connErr = nil
 	for pass := evalsha; pass <= eval && len(b.pending) > 0; pass++ {
 		if pass == reload {
 			loadScripts(ctx, rc, node, ops, b.pending)
@@ -322,11 +341,12 @@ func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops
 		}
 		b.res = doMulti(ctx, rc, b.cmds, b.res)
 		for _, r := range b.res {
-			if r.NonRedisError() != nil {
+			if err := r.NonRedisError(); err != nil {
 				// rueidis may still hold the commands of a call that
 				// timed out, in its queue: b.cmds's array must not be
 				// reused.
 				b.cmds = nil
+				b.connErr = cmp.Or(b.connErr, err)
 				break
 			}
 		}
