@@ -6,8 +6,9 @@
 // cache, no retries, short dial and write timeouts, and a deadline on every
 // call. Concurrent calls share connections (rueidis auto-pipelining), so a
 // strict check costs one pipelined round trip. On a standalone Redis, a
-// single call that no other overlaps goes over a connection of its own,
-// written and read by the calling goroutine: it skips the pipeline's two
+// single call that no other overlaps (a check, or a Do of one op such as
+// the hot-key cache's miss) goes over a connection of its own, written
+// and read by the calling goroutine: it skips the pipeline's two
 // goroutine hand-offs, which cost more CPU than the rest of a strict
 // check; that connection is peeked at before each use, so one Redis has
 // closed is replaced, never used (see directBusy).
