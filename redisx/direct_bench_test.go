@@ -49,12 +49,7 @@ func BenchmarkOneInFlight(b *testing.B) {
 	b.Run("rueidis-pipelined", bare(true))
 	b.Run("rueidis-sync", bare(false))
 	b.Run("store", func(b *testing.B) {
-		c, err := redisx.New(ctx, redisx.Options{Addrs: []string{srv.Addr}, Timeout: time.Second})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		rs := redisx.NewStore(c)
+		rs := benchStore(b, srv.Addr)
 		p := algo.Params{Kind: algo.TokenBucket, Limit: 1e9, Period: time.Second}
 		key := []byte("k")
 		cpuPerOp(b, func() error {
@@ -72,12 +67,7 @@ func BenchmarkOneInFlight(b *testing.B) {
 func BenchmarkOneInFlightMiss(b *testing.B) {
 	srv := redistest.Standalone(b)
 	ctx := context.Background()
-	c, err := redisx.New(ctx, redisx.Options{Addrs: []string{srv.Addr}, Timeout: time.Second})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer c.Close()
-	rs := redisx.NewStore(c)
+	rs := benchStore(b, srv.Addr)
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 1e9, Period: time.Second}
 	ops := make([]algo.Op, 1)
 	cpuPerOp(b, func() error {
@@ -90,6 +80,17 @@ func BenchmarkOneInFlightMiss(b *testing.B) {
 		}
 		return ops[0].Err
 	})
+}
+
+// benchStore returns a Store on a Client of the Redis at addr, closed
+// when b ends.
+func benchStore(b *testing.B, addr string) *redisx.Store {
+	c, err := redisx.New(context.Background(), redisx.Options{Addrs: []string{addr}, Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	return redisx.NewStore(c)
 }
 
 // cpuPerOp runs call b.N times, after a warm-up, and reports the

@@ -169,16 +169,30 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, batch bool, send 
 func (c *Client) exec(ctx context.Context, script *rueidis.Lua, rkey string, args []string) (r rueidis.RedisResult, err error) {
 	err = c.call(ctx, c.g.breaker(rkey), false, func(ctx context.Context, rc rueidis.Client) error {
 		keys := []string{rkey}
-		if dc := c.takeDirect(); dc != nil {
-			r = script.Exec(ctx, dc, keys, args)
-			c.putDirect(r.Error())
-		} else {
+		return c.single(rc, func(rc rueidis.Client) (connErr, err error) {
 			r = script.Exec(ctx, rc, keys, args)
-		}
-		c.lastCall.Store(time.Now().UnixNano())
-		return r.Error()
+			return r.Error(), r.Error()
+		})
 	})
 	return r, err
+}
+
+// single runs send, one single call, on the direct connection when the
+// call may use it (takeDirect), else on rc, and notes the call's time
+// (see directBusy). send returns the error that decides whether the
+// direct connection is kept (putDirect: any but a Redis error reply
+// drops it) and the call's error, which single returns.
+func (c *Client) single(rc rueidis.Client, send func(rc rueidis.Client) (connErr, err error)) error {
+	var err error
+	if dc := c.takeDirect(); dc != nil {
+		var connErr error
+		connErr, err = send(dc)
+		c.putDirect(connErr)
+	} else {
+		_, err = send(rc)
+	}
+	c.lastCall.Store(time.Now().UnixNano())
+	return err
 }
 
 // done records the outcome err of a call that b allowed with ticket, and

@@ -121,7 +121,6 @@ type multiBuf struct {
 	errs    []error // by node: the error when its ops were not sent
 	cmds    []rueidis.Completed
 	res     []rueidis.RedisResult
-	connErr error // the first error of send's calls that was not Redis's reply
 	args    []string
 	argKeys []string // the KEYS of the command being built
 	kb      []byte
@@ -146,7 +145,6 @@ func (b *multiBuf) put() {
 	clear(b.errs)
 	b.keys, b.pending, b.cmds, b.res, b.args = b.keys[:0], b.pending[:0], b.cmds[:0], b.res[:0], b.args[:0]
 	b.nodes, b.nodeOf, b.errs = b.nodes[:0], b.nodeOf[:0], b.errs[:0]
-	b.connErr = nil
 	if len(b.params) > maxParamCache {
 		clear(b.params)
 	}
@@ -288,26 +286,22 @@ func (b *multiBuf) node(br *breaker.Breaker) int {
 // when the ops were sent, else the error (br's refusal, no connection),
 // which each op's Err then wraps too.
 //
-// A share of one op is a single call: it goes over the direct connection
-// when that is free, as Client.exec's calls do. A cache's miss (a
-// takelease) is such a call, and it saves the pipeline's two hand-offs
-// between goroutines.
+// A share of one op is a single call (Client.single): it goes over the
+// direct connection when that is free, as Client.exec's calls do. A
+// cache's miss (a takelease) is such a call, and it saves the pipeline's
+// two hand-offs between goroutines.
 func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *breaker.Breaker, nb *multiBuf) error {
 	sent := false
 	err := s.c.call(ctx, br, true, func(ctx context.Context, rc rueidis.Client) error {
 		sent = true
 		if len(nb.pending) != 1 {
-			return nb.send(ctx, rc, br.Name(), ops, keys)
+			failure, _ := nb.send(ctx, rc, br.Name(), ops, keys)
+			return failure
 		}
-		var err error
-		if dc := s.c.takeDirect(); dc != nil {
-			err = nb.send(ctx, dc, br.Name(), ops, keys)
-			s.c.putDirect(nb.connErr)
-		} else {
-			err = nb.send(ctx, rc, br.Name(), ops, keys)
-		}
-		s.c.lastCall.Store(time.Now().UnixNano())
-		return err
+		return s.c.single(rc, func(rc rueidis.Client) (connErr, err error) {
+			failure, connErr := nb.send(ctx, rc, br.Name(), ops, keys)
+			return connErr, failure
+		})
 	})
 	if sent {
 		return nil
@@ -320,17 +314,17 @@ func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *
 
 // send runs the ops b.pending of ops (whose Redis keys are in keys) on
 // rc within ctx, filling each op's outcome (node names the breaker they
-// went through: where a lost script is loaded again, see loadScripts), and returns the first error
-// among them that counts as a failure for the node's breaker (see
-// isFailure), nil when none does.
-func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops []algo.Op, keys []string) error {
+// went through: where a lost script is loaded again, see loadScripts). It
+// returns the first error among them that counts as a failure for the
+// node's breaker (see isFailure), nil when none does, and connErr, the
+// first that was not a Redis reply (the connection's own: a timeout, a
+// broken connection).
+func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops []algo.Op, keys []string) (failure, connErr error) {
 	const (
 		evalsha = iota // the first pass
 		reload         // after SCRIPT LOAD on every node
 		eval           // the last resort: the script's text
 	)
-	var failure error
-	b.connErr = nil
 	for pass := evalsha; pass <= eval && len(b.pending) > 0; pass++ {
 		if pass == reload {
 			loadScripts(ctx, rc, node, ops, b.pending)
@@ -346,7 +340,7 @@ func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops
 				// timed out, in its queue: b.cmds's array must not be
 				// reused.
 				b.cmds = nil
-				b.connErr = cmp.Or(b.connErr, err)
+				connErr = cmp.Or(connErr, err)
 				break
 			}
 		}
@@ -364,7 +358,7 @@ func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops
 		}
 		b.pending = again
 	}
-	return failure
+	return failure, connErr
 }
 
 // errInvalidOp marks the ops Do did not send.
