@@ -127,10 +127,15 @@ func hammerFailover(t *testing.T, sockets []string, keys []*failoverKey, stop <-
 // checkFailover asserts the failover criteria for keys: no errors; the
 // keys of shards that did not fail are never degraded and stay within the
 // exact bound; the failed shard's key is degraded no longer than the
-// failover took plus a second, and within the bound plus what fail-open
-// allows.
-func checkFailover(t *testing.T, keys []*failoverKey, failed *failoverKey, failover time.Duration) {
+// failover took (from killed) plus grace, and within the bound plus what
+// fail-open allows.
+func checkFailover(t *testing.T, keys []*failoverKey, failed *failoverKey, killed time.Time, failover, grace time.Duration) {
 	t.Helper()
+	since := func(us int64) time.Duration {
+		return (time.Duration(us-killed.UnixMicro()) * time.Microsecond).Round(time.Millisecond)
+	}
+	t.Logf("failover complete %v after the kill; key %s degraded from %v to %v after it",
+		failover.Round(time.Millisecond), failed.apiKey, since(failed.degFirst.Load()), since(failed.degLast.Load()))
 	for _, k := range keys {
 		exact, withOutage := k.bound()
 		span := time.Duration(k.degLast.Load()-k.degFirst.Load()) * time.Microsecond
@@ -144,15 +149,15 @@ func checkFailover(t *testing.T, keys []*failoverKey, failed *failoverKey, failo
 			assert.LessOrEqual(t, k.admitted.Load(), exact, "key %s", k.apiKey)
 			continue
 		}
-		assert.LessOrEqual(t, span, failover+time.Second, "key %s: degraded for longer than the failover (%v) and a second", k.apiKey, failover)
+		assert.LessOrEqual(t, span, failover+grace, "key %s: degraded for longer than the failover (%v) and %v", k.apiKey, failover, grace)
 		assert.LessOrEqual(t, k.admitted.Load(), withOutage, "key %s", k.apiKey)
 	}
 }
 
 // TestClusterFailover: kill a primary of the 3+3 Cluster under load.
 // Keys on the other shards keep exact enforcement; the key on the failed
-// shard is degraded for no longer than the failover plus a second, then
-// exact again.
+// shard is degraded for no longer than the failover plus half a second,
+// then exact again.
 func TestClusterFailover(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.AllowPartialCoverage())
 	var keys []*failoverKey
@@ -185,8 +190,10 @@ func TestClusterFailover(t *testing.T) {
 	time.Sleep(2 * time.Second) // load after the failover
 	close(stop)
 	<-done
-	t.Logf("failover took %v", failover.Round(time.Millisecond))
-	checkFailover(t, keys, keys[0], failover)
+	// The daemons' slot maps name the promoted replica within about a
+	// refresh gap (100 ms) of the cluster agreeing on it, and their calls
+	// follow their maps: half a second is room for a loaded machine.
+	checkFailover(t, keys, keys[0], killed, failover, 500*time.Millisecond)
 	// Exact again afterwards: the last degraded answer came before the
 	// load stopped by more than a second.
 	assert.Less(t, keys[0].degLast.Load(), keys[0].last.Load()-int64(time.Second/time.Microsecond), "still degraded at the end")
@@ -215,7 +222,6 @@ func TestSentinelFailover(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	close(stop)
 	<-done
-	t.Logf("failover took %v", failover.Round(time.Millisecond))
-	checkFailover(t, keys, keys[0], failover)
+	checkFailover(t, keys, keys[0], killed, failover, time.Second)
 	assert.Less(t, keys[0].degLast.Load(), keys[0].last.Load()-int64(time.Second/time.Microsecond), "still degraded at the end")
 }

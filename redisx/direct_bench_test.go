@@ -2,6 +2,7 @@ package redisx_test
 
 import (
 	"context"
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -121,4 +122,49 @@ func rusage(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkCluster measures calls on a 3+3 Cluster: a take at one call
+// in flight, and a Do of 96 takes over keys of every primary (each
+// primary's share one call):
+//
+//	go test -run '^$' -bench Cluster -benchtime 5000x -count 5 ./redisx
+func BenchmarkCluster(b *testing.B) {
+	cl := redistest.StartCluster(b)
+	c, err := redisx.New(context.Background(), redisx.Options{Addrs: cl.Addrs()[:1], Mode: redisx.Cluster, Timeout: time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	rs := redisx.NewStore(c)
+	ctx := context.Background()
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1e9, Period: time.Second}
+	b.Run("take", func(b *testing.B) {
+		key := []byte("k")
+		cpuPerOp(b, func() error {
+			_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
+			return err
+		})
+	})
+	b.Run("do-96", func(b *testing.B) {
+		ops := make([]algo.Op, 96)
+		keys := make([][]byte, len(ops))
+		for i := range keys {
+			keys[i] = fmt.Appendf(nil, "k%d", i)
+		}
+		cpuPerOp(b, func() error {
+			for i := range ops {
+				ops[i] = algo.Op{Kind: algo.OpTake, Key: keys[i], Params: p, N: 1}
+			}
+			if err := rs.Do(ctx, ops); err != nil {
+				return err
+			}
+			for i := range ops {
+				if ops[i].Err != nil {
+					return ops[i].Err
+				}
+			}
+			return nil
+		})
+	})
 }

@@ -78,14 +78,21 @@ func newGuard(o Options) *guard {
 	return g
 }
 
-// breaker returns the breaker of the call on the Redis key rkey.
-func (g *guard) breaker(rkey string) *breaker.Breaker {
+// route returns the breaker of the call on the Redis key rkey and, in
+// Cluster mode, the client of the connection to the primary the slot map
+// names for it (nil otherwise: the call goes through the Client's
+// rueidis client). The breaker and the connection come from one slot
+// map, so a call never counts against one node's breaker while it goes to
+// another: rueidis's own slot map follows a failover only up to a second
+// later (it refreshes after a random delay), and until then it would send
+// the promoted primary's keys to the dead one.
+func (g *guard) route(rkey string) (*breaker.Breaker, rueidis.Client) {
 	if g.mode == Cluster {
-		if b := g.slots.breaker(keyslot.Of(rkey)); b != nil {
-			return b
+		if b, node := g.slots.route(keyslot.Of(rkey)); b != nil {
+			return b, node
 		}
 	}
-	return g.one
+	return g.one, nil
 }
 
 // attach gives each primary of a new slot table its breaker: the one it
@@ -134,13 +141,18 @@ func (g *guard) refreshSoon() {
 
 // call is the one way a call reaches Redis: through the circuit breaker
 // b (the node's; refused at once while it is not closed, with its
-// *breaker.OpenError), on the rueidis client, within the call's deadline
-// (callCtx, or batchCtx when batch is set), send makes the call; b then
-// counts send's error (see isFailure), and a failure asks for a fresh
-// slot map. It returns send's error, or the refusal, or the error of a
-// Client that has no connection (send is then not called). Single calls
-// (exec) and each node's share of a batch (Store.Do) go through it.
-func (c *Client) call(ctx context.Context, b *breaker.Breaker, batch bool, send func(ctx context.Context, rc rueidis.Client) error) error {
+// *breaker.OpenError), on node (the connection route picked with b) or
+// else the rueidis client, within the call's deadline (callCtx, or
+// batchCtx when batch is set), send makes the call; b then counts send's
+// error (see isFailure), and a failure asks for a fresh slot map. A call
+// on node that meets a redirection (MOVED, ASK: the slot map is behind)
+// is made again on the rueidis client, which follows it, and the slot
+// map is refreshed soon. It returns send's error, or the refusal, or the
+// error of a Client that has no connection (send is then not called).
+// Single calls (exec) and each node's share of a batch (Store.Do) go
+// through it; a batch's send follows the redirections of its ops itself
+// (multiBuf.send).
+func (c *Client) call(ctx context.Context, b *breaker.Breaker, node rueidis.Client, batch bool, send func(ctx context.Context, rc rueidis.Client) error) error {
 	ticket, err := b.Pass()
 	if err != nil {
 		c.g.refreshSoon()
@@ -151,15 +163,48 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, batch bool, send 
 	case err != nil:
 	case batch:
 		cctx, cancel := c.batchCtx(ctx)
-		err = send(cctx, rc)
+		err = c.route(cctx, rc, node, send)
 		cancel()
 	default:
 		cctx := c.callDeadline(ctx)
-		err = send(cctx, rc)
+		err = c.route(cctx, rc, node, send)
 		cctx.Stop()
 	}
 	c.done(b, ticket, err)
 	return err
+}
+
+// route runs send on node when there is one, and again on rc when node
+// redirects it (see call); else on rc.
+func (c *Client) route(ctx context.Context, rc, node rueidis.Client, send func(ctx context.Context, rc rueidis.Client) error) error {
+	if node == nil {
+		return send(ctx, rc)
+	}
+	err := send(ctx, node)
+	if isRedirect(err) {
+		c.redirected()
+		err = send(ctx, rc)
+	}
+	return err
+}
+
+// isRedirect reports whether err is a Cluster redirection: MOVED or ASK.
+func isRedirect(err error) bool {
+	re, ok := rueidis.IsRedisErr(err)
+	if !ok {
+		return false
+	}
+	_, moved := re.IsMoved()
+	_, ask := re.IsAsk()
+	return moved || ask
+}
+
+// redirected notes that a call on a node's connection met a redirection:
+// the slot map is behind, so it is refreshed soon.
+func (c *Client) redirected() {
+	c.redirects.Add(1)
+	redirections.Inc()
+	c.g.refreshSoon()
 }
 
 // exec runs script on rkey with args as one call (see call), through the
@@ -167,7 +212,8 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, batch bool, send 
 // and any other single call. A call that no other overlaps uses the
 // direct connection when there is an open one (see directBusy).
 func (c *Client) exec(ctx context.Context, script *rueidis.Lua, rkey string, args []string) (r rueidis.RedisResult, err error) {
-	err = c.call(ctx, c.g.breaker(rkey), false, func(ctx context.Context, rc rueidis.Client) error {
+	b, node := c.g.route(rkey)
+	err = c.call(ctx, b, node, false, func(ctx context.Context, rc rueidis.Client) error {
 		keys := []string{rkey}
 		return c.single(rc, func(rc rueidis.Client) (connErr, err error) {
 			r = script.Exec(ctx, rc, keys, args)

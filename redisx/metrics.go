@@ -64,6 +64,9 @@ var (
 	connectErrors = metrics.NewCounter(`rld_redis_connect_errors_total`)
 	// slotRefreshErrors counts Cluster slot map refreshes that failed.
 	slotRefreshErrors = metrics.NewCounter(`rld_redis_slot_refresh_errors_total`)
+	// redirections counts the Cluster calls (or a batch's ops) that the
+	// node the slot map named answered MOVED or ASK.
+	redirections = metrics.NewCounter(`rld_redis_redirections_total`)
 )
 
 // record counts one call of o that started at start and ended with err:

@@ -118,7 +118,8 @@ type multiBuf struct {
 	pending []int    // the ops still to send
 	nodeOf  []int    // by op: its node's index in nodes (pending ops only)
 	nodes   []*breaker.Breaker
-	errs    []error // by node: the error when its ops were not sent
+	nodeRC  []rueidis.Client // by node: its connection's client, nil when none (see guard.route)
+	errs    []error          // by node: the error when its ops were not sent
 	cmds    []rueidis.Completed
 	res     []rueidis.RedisResult
 	args    []string
@@ -142,9 +143,10 @@ func (b *multiBuf) put() {
 	clear(b.args)
 	clear(b.argKeys)
 	clear(b.nodes)
+	clear(b.nodeRC)
 	clear(b.errs)
 	b.keys, b.pending, b.cmds, b.res, b.args = b.keys[:0], b.pending[:0], b.cmds[:0], b.res[:0], b.args[:0]
-	b.nodes, b.nodeOf, b.errs = b.nodes[:0], b.nodeOf[:0], b.errs[:0]
+	b.nodes, b.nodeRC, b.nodeOf, b.errs = b.nodes[:0], b.nodeRC[:0], b.nodeOf[:0], b.errs[:0]
 	if len(b.params) > maxParamCache {
 		clear(b.params)
 	}
@@ -225,13 +227,13 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 	// the nodes' calls concurrent.
 	b.nodeOf = slices.Grow(b.nodeOf[:0], len(ops))[:len(ops)]
 	for _, i := range b.pending {
-		b.nodeOf[i] = b.node(s.c.g.breaker(b.keys[i]))
+		b.nodeOf[i] = b.node(s.c.g.route(b.keys[i]))
 	}
 	b.errs = slices.Grow(b.errs[:0], len(b.nodes))[:len(b.nodes)]
 	switch len(b.nodes) {
 	case 0: // no valid op
 	case 1:
-		b.errs[0] = s.sendNode(ctx, ops, b.keys, b.nodes[0], b)
+		b.errs[0] = s.sendNode(ctx, ops, b.keys, b.nodes[0], b.nodeRC[0], b)
 	default:
 		// Stable: the ops of one key, all of one node, keep their order.
 		slices.SortStableFunc(b.pending, func(x, y int) int { return b.nodeOf[x] - b.nodeOf[y] })
@@ -247,7 +249,7 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 				nb := multiBufs.Get().(*multiBuf)
 				defer nb.put()
 				nb.pending = append(nb.pending, share...)
-				b.errs[n] = s.sendNode(ctx, ops, b.keys, b.nodes[n], nb)
+				b.errs[n] = s.sendNode(ctx, ops, b.keys, b.nodes[n], b.nodeRC[n], nb)
 			})
 		}
 		wg.Wait()
@@ -270,19 +272,21 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 	return nil
 }
 
-// node returns the index in b.nodes of br, adding it when it is not
-// there yet.
-func (b *multiBuf) node(br *breaker.Breaker) int {
+// node returns the index in b.nodes of br, adding it with its
+// connection's client rc when it is not there yet.
+func (b *multiBuf) node(br *breaker.Breaker, rc rueidis.Client) int {
 	if n := slices.Index(b.nodes, br); n >= 0 {
 		return n
 	}
 	b.nodes = append(b.nodes, br)
+	b.nodeRC = append(b.nodeRC, rc)
 	return len(b.nodes) - 1
 }
 
 // sendNode sends the ops nb.pending of ops, whose Redis keys are in keys,
-// all on the node that br guards, as one call through the call path
-// (Client.call, as a batch), and fills each op's outcome. It returns nil
+// all on the node that br guards (on node, its connection's client, when
+// not nil), as one call through the call path (Client.call, as a batch),
+// and fills each op's outcome. It returns nil
 // when the ops were sent, else the error (br's refusal, no connection),
 // which each op's Err then wraps too.
 //
@@ -290,16 +294,26 @@ func (b *multiBuf) node(br *breaker.Breaker) int {
 // direct connection when that is free, as Client.exec's calls do. A
 // cache's miss (a takelease) is such a call, and it saves the pipeline's
 // two hand-offs between goroutines.
-func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *breaker.Breaker, nb *multiBuf) error {
+func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *breaker.Breaker, node rueidis.Client, nb *multiBuf) error {
 	sent := false
-	err := s.c.call(ctx, br, true, func(ctx context.Context, rc rueidis.Client) error {
+	err := s.c.call(ctx, br, node, true, func(ctx context.Context, rc rueidis.Client) error {
 		sent = true
+		// The rueidis client, which follows redirections, when rc is a
+		// node's: the ops the node redirects go again on it.
+		cluster, _ := s.c.client()
+		send := func(rc rueidis.Client) (failure, connErr error) {
+			failure, connErr, redirected := nb.send(ctx, rc, cluster, br.Name(), ops, keys)
+			if redirected {
+				s.c.redirected()
+			}
+			return failure, connErr
+		}
 		if len(nb.pending) != 1 {
-			failure, _ := nb.send(ctx, rc, br.Name(), ops, keys)
+			failure, _ := send(rc)
 			return failure
 		}
 		return s.c.single(rc, func(rc rueidis.Client) (connErr, err error) {
-			failure, connErr := nb.send(ctx, rc, br.Name(), ops, keys)
+			failure, connErr := send(rc)
 			return connErr, failure
 		})
 	})
@@ -314,12 +328,15 @@ func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *
 
 // send runs the ops b.pending of ops (whose Redis keys are in keys) on
 // rc within ctx, filling each op's outcome (node names the breaker they
-// went through: where a lost script is loaded again, see loadScripts). It
-// returns the first error among them that counts as a failure for the
-// node's breaker (see isFailure), nil when none does, and connErr, the
-// first that was not a Redis reply (the connection's own: a timeout, a
-// broken connection).
-func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops []algo.Op, keys []string) (failure, connErr error) {
+// went through: where a lost script is loaded again, see loadScripts).
+// The ops rc redirects (MOVED, ASK: rc is a node's connection and the
+// slot map is behind) go again on cluster, the rueidis client, which
+// follows redirections; redirected reports that some did. It returns the
+// first error among them that counts as a failure for the node's breaker
+// (see isFailure), nil when none does, and connErr, the first that was
+// not a Redis reply (the connection's own: a timeout, a broken
+// connection).
+func (b *multiBuf) send(ctx context.Context, rc, cluster rueidis.Client, node string, ops []algo.Op, keys []string) (failure, connErr error, redirected bool) {
 	const (
 		evalsha = iota // the first pass
 		reload         // after SCRIPT LOAD on every node
@@ -345,8 +362,14 @@ func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops
 			}
 		}
 		again := b.pending[:0] // filtered in place: again[k] is written after pending[k] is read
+		redirect := false
 		for j, i := range b.pending {
 			r := b.res[j]
+			if cluster != nil && rc != cluster && isRedirect(r.Error()) {
+				again = append(again, i)
+				redirect = true
+				continue
+			}
 			if pass < eval && isNoScript(r.Error()) {
 				again = append(again, i)
 				continue
@@ -357,8 +380,13 @@ func (b *multiBuf) send(ctx context.Context, rc rueidis.Client, node string, ops
 			}
 		}
 		b.pending = again
+		if redirect {
+			// The same pass again, on the client that follows them.
+			rc, redirected = cluster, true
+			pass--
+		}
 	}
-	return failure, connErr
+	return failure, connErr, redirected
 }
 
 // errInvalidOp marks the ops Do did not send.

@@ -70,7 +70,8 @@ func (s *Recalls) Publish(ctx context.Context, r Recall) (int64, error) {
 	msg := string(appendRecall(nil, r))
 	rkey := string(AppendKey(nil, s.c.o.KeyPrefix, r.Key, r.Kind))
 	var n int64
-	err := s.c.call(ctx, s.c.g.breaker(rkey), false, func(ctx context.Context, rc rueidis.Client) error {
+	b, node := s.c.g.route(rkey)
+	err := s.c.call(ctx, b, node, false, func(ctx context.Context, rc rueidis.Client) error {
 		var err error
 		n, err = rc.Do(ctx, rc.B().Publish().Channel(s.channel).Message(msg).Build()).AsInt64()
 		return err

@@ -34,6 +34,10 @@ type slotTable struct {
 	owner [keyslot.Count]uint16
 	addrs []string
 	brk   []*breaker.Breaker // by index in addrs, when attach set them
+	// node is, by index in addrs, the rueidis client of the primary's
+	// connection (rueidis.Client.Nodes), nil when rueidis knows no such
+	// node yet.
+	node []rueidis.Client
 }
 
 // node returns the address of the primary that serves slot, or "" when
@@ -49,17 +53,24 @@ func (m *slotMap) node(slot uint16) string {
 	return ""
 }
 
-// breaker returns the breaker of the primary that serves slot, or nil
-// when the slot is unknown or no breaker was attached.
-func (m *slotMap) breaker(slot uint16) *breaker.Breaker {
+// route returns the breaker of the primary that serves slot and the
+// client of its connection: nil, nil when the slot is unknown or no
+// breaker was attached; a nil client when rueidis knew no connection to
+// the primary at the refresh.
+func (m *slotMap) route(slot uint16) (*breaker.Breaker, rueidis.Client) {
 	t := m.t.Load()
 	if t == nil || slot >= keyslot.Count {
-		return nil
+		return nil, nil
 	}
-	if i := t.owner[slot]; i > 0 && int(i) <= len(t.brk) {
-		return t.brk[i-1]
+	i := int(t.owner[slot])
+	if i == 0 || i > len(t.brk) {
+		return nil, nil
 	}
-	return nil
+	var node rueidis.Client
+	if i <= len(t.node) {
+		node = t.node[i-1]
+	}
+	return t.brk[i-1], node
 }
 
 // nodes returns the addresses of the primaries that serve slots.
@@ -71,13 +82,19 @@ func (m *slotMap) nodes() []string {
 }
 
 // refresh asks the nodes of c, one after another until one answers, for
-// the cluster's shards, and replaces the map with the answer. It stops
+// the cluster's shards, and replaces the map with the answer, each
+// primary with the client of rueidis's connection to it. It stops
 // at ctx's deadline; on failure the map is left as it was.
 func (m *slotMap) refresh(ctx context.Context, c rueidis.Client) error {
 	var errs []error
-	for addr, node := range c.Nodes() { // in random order
+	nodes := c.Nodes()
+	for addr, node := range nodes { // in random order
 		t, err := fetchSlots(ctx, node, addr)
 		if err == nil {
+			t.node = make([]rueidis.Client, len(t.addrs))
+			for i, a := range t.addrs {
+				t.node[i] = nodes[a]
+			}
 			if m.attach != nil {
 				m.attach(t)
 			}

@@ -2,7 +2,9 @@ package redisx_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -77,5 +79,77 @@ func TestCluster(t *testing.T) {
 			assert.Equal(t, "1", n, "%q is on %s", rkey, primary.Addr)
 			covered[primary.Addr] = true
 		}
+	}
+}
+
+// TestClusterRedirect: a Cluster call goes to the primary the Client's
+// slot map names. When a slot has moved to another primary and the map
+// does not know it yet, the node answers MOVED; the call is made again
+// through rueidis, which follows the redirection, and it is decided
+// where the slot is now: a single take, a batch's share of one op, and
+// one of two ops.
+func TestClusterRedirect(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	c := newClient(t, redisx.Options{Addrs: cl.Addrs()[:1], Mode: redisx.Cluster})
+	rs := redisx.NewStore(c)
+	ctx := context.Background()
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 100, Period: time.Hour}
+	ids := map[string]string{} // node ID by address
+	for _, n := range cl.Nodes() {
+		ids[n.Addr] = n.ID
+	}
+	cases := []struct {
+		name string
+		call func(key []byte) error
+	}{
+		{"take", func(key []byte) error {
+			_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
+			return err
+		}},
+		{"do-one", func(key []byte) error {
+			ops := []algo.Op{{Kind: algo.OpTake, Key: key, Params: p, N: 1}}
+			return errors.Join(rs.Do(ctx, ops), ops[0].Err)
+		}},
+		{"do-two", func(key []byte) error {
+			ops := []algo.Op{{Kind: algo.OpTake, Key: key, Params: p, N: 1}, {Kind: algo.OpPeek, Key: key, Params: p}}
+			return errors.Join(rs.Do(ctx, ops), ops[0].Err, ops[1].Err)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// The slot map may refresh between the move and the call
+			// (every second): then the call is not redirected, and the
+			// case is tried again on another slot.
+			for attempt := 0; ; attempt++ {
+				require.Less(t, attempt, 5, "the slot map never lagged behind a move")
+				key := []byte(fmt.Sprintf("redirect-%s-%d", tc.name, attempt))
+				rkey := string(redisx.AppendKey(nil, "t:", key, p.Kind))
+				slot := strconv.Itoa(redistest.Slot(rkey))
+				from := cl.PrimaryFor(rkey)
+				var to *redistest.Server
+				for _, pr := range cl.Primaries() {
+					if pr != from {
+						to = pr
+						break
+					}
+				}
+				redistest.WaitFor(t, "the slot map to name "+from.Addr, func() bool { return c.SlotNode(rkey) == from.Addr })
+				// The slot holds no key: it moves at once, the new owner
+				// first, as a migration ends.
+				for _, n := range append([]*redistest.Server{to, from}, cl.Primaries()...) {
+					_, err := redistest.Do(n.Addr, "CLUSTER", "SETSLOT", slot, "NODE", ids[to.Addr])
+					require.NoError(t, err, "SETSLOT on %s", n.Addr)
+				}
+				before := c.Redirects()
+				require.NoError(t, tc.call(key), "the call after the move")
+				n, err := redistest.Do(to.Addr, "EXISTS", rkey)
+				require.NoError(t, err)
+				require.Equal(t, "1", n, "%q is decided on the slot's new owner %s", rkey, to.Addr)
+				if c.Redirects() > before {
+					t.Logf("attempt %d: %s redirected the call to %s", attempt, from.Addr, to.Addr)
+					break
+				}
+			}
+		})
 	}
 }
