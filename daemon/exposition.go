@@ -58,6 +58,7 @@ var metricHelp = map[string]string{
 	"rld_redis_call_duration_seconds":        "Duration of Redis calls by op.",
 	"rld_redis_connect_errors_total":         "Failed attempts to connect to Redis.",
 	"rld_redis_slot_refresh_errors_total":    "Cluster slot map refreshes that reached no node.",
+	"rld_redis_redirections_total":           "Cluster calls the node named by the slot map answered MOVED or ASK, sent again through rueidis.",
 	"rld_redis_breaker_state":                "Circuit breaker of each Redis node: 0 closed, 1 open, 2 half-open.",
 	"rld_redis_breaker_transitions_total":    "Circuit breaker changes of state, by node and new state.",
 }
