@@ -219,7 +219,7 @@ type Client struct {
 	direct      direct
 	lastCall    atomic.Int64
 	directCalls atomic.Uint64 // single calls that went direct, for tests
-	redirects   atomic.Uint64 // calls redirected off the slot map's node, for tests
+	redirects   atomic.Uint64 // calls and ops redirected off the slot map's node, for tests
 
 	stop      chan struct{} // closed by Close
 	loopDone  chan struct{} // closed when the connect loop has returned

@@ -52,8 +52,13 @@
 // primary's breaker: the daemons stayed degraded up to a second after the
 // cluster had agreed on the new primary (0.35–0.9 s measured), against
 // 0–0.1 s now. A map that is behind (a slot migrated, a failover not yet
-// seen) meets MOVED or ASK: the call, or a batch's redirected ops, is made
-// again through rueidis, which follows the redirection (nothing ran on a
-// redirecting node), and the map is refreshed soon
-// (rld_redis_redirections_total counts them).
+// seen) meets MOVED, and a slot being migrated ASK: the call, or a
+// batch's redirected ops, is made again through rueidis, which follows
+// the redirection (nothing ran on a redirecting node; its breaker counts
+// its answer, not the call's outcome elsewhere), and after a MOVED the
+// map is refreshed soon (rld_redis_redirections_total counts them). A
+// map whose refreshes keep failing gives up its connections after
+// nodeTrust (3 s), before rueidis would close a connection that it holds
+// for a node gone from the topology: calls then go through rueidis's
+// routing.
 package redisx

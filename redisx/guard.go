@@ -145,10 +145,11 @@ func (g *guard) refreshSoon() {
 // else the rueidis client, within the call's deadline (callCtx, or
 // batchCtx when batch is set), send makes the call; b then counts send's
 // error (see isFailure), and a failure asks for a fresh slot map. A call
-// on node that meets a redirection (MOVED, ASK: the slot map is behind)
-// is made again on the rueidis client, which follows it, and the slot
-// map is refreshed soon. It returns send's error, or the refusal, or the
-// error of a Client that has no connection (send is then not called).
+// on node that meets a redirection (MOVED: the slot map is behind; ASK:
+// the slot is being migrated) is made again on the rueidis client, which
+// follows it; b counts the node's answer, not the call's outcome
+// elsewhere. It returns send's error, or the refusal, or the error of a
+// Client that has no connection (send is then not called).
 // Single calls (exec) and each node's share of a batch (Store.Do) go
 // through it; a batch's send follows the redirections of its ops itself
 // (multiBuf.send).
@@ -159,52 +160,60 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, node rueidis.Clie
 		return err
 	}
 	rc, err := c.client()
+	counted := err
 	switch {
 	case err != nil:
 	case batch:
 		cctx, cancel := c.batchCtx(ctx)
-		err = c.route(cctx, rc, node, send)
+		err, counted = c.route(cctx, rc, node, send)
 		cancel()
 	default:
 		cctx := c.callDeadline(ctx)
-		err = c.route(cctx, rc, node, send)
+		err, counted = c.route(cctx, rc, node, send)
 		cctx.Stop()
 	}
-	c.done(b, ticket, err)
+	c.done(b, ticket, counted)
 	return err
 }
 
 // route runs send on node when there is one, and again on rc when node
-// redirects it (see call); else on rc.
-func (c *Client) route(ctx context.Context, rc, node rueidis.Client, send func(ctx context.Context, rc rueidis.Client) error) error {
+// redirects it (see call); else on rc. It returns send's last error, and
+// the error node's breaker counts: the same, or nil after a redirection
+// (node answered; the call went on elsewhere).
+func (c *Client) route(ctx context.Context, rc, node rueidis.Client, send func(ctx context.Context, rc rueidis.Client) error) (err, counted error) {
 	if node == nil {
-		return send(ctx, rc)
-	}
-	err := send(ctx, node)
-	if isRedirect(err) {
-		c.redirected()
 		err = send(ctx, rc)
+		return err, err
 	}
-	return err
+	err = send(ctx, node)
+	if moved, ask := redirection(err); moved || ask {
+		c.redirected(1, moved)
+		return send(ctx, rc), nil
+	}
+	return err, err
 }
 
-// isRedirect reports whether err is a Cluster redirection: MOVED or ASK.
-func isRedirect(err error) bool {
+// redirection reports whether err is a Cluster redirection, MOVED or
+// ASK.
+func redirection(err error) (moved, ask bool) {
 	re, ok := rueidis.IsRedisErr(err)
 	if !ok {
-		return false
+		return false, false
 	}
-	_, moved := re.IsMoved()
-	_, ask := re.IsAsk()
-	return moved || ask
+	_, moved = re.IsMoved()
+	_, ask = re.IsAsk()
+	return moved, ask
 }
 
-// redirected notes that a call on a node's connection met a redirection:
-// the slot map is behind, so it is refreshed soon.
-func (c *Client) redirected() {
-	c.redirects.Add(1)
-	redirections.Inc()
-	c.g.refreshSoon()
+// redirected notes that n calls or ops sent on a node's connection met a
+// redirection; after a MOVED the slot map is behind, so it is refreshed
+// soon (an ASK says a slot is being migrated: the map is right).
+func (c *Client) redirected(n int, moved bool) {
+	c.redirects.Add(uint64(n))
+	redirections.Add(n)
+	if moved {
+		c.g.refreshSoon()
+	}
 }
 
 // exec runs script on rkey with args as one call (see call), through the

@@ -119,12 +119,16 @@ type multiBuf struct {
 	nodeOf  []int    // by op: its node's index in nodes (pending ops only)
 	nodes   []*breaker.Breaker
 	nodeRC  []rueidis.Client // by node: its connection's client, nil when none (see guard.route)
-	errs    []error          // by node: the error when its ops were not sent
-	cmds    []rueidis.Completed
-	res     []rueidis.RedisResult
-	args    []string
-	argKeys []string // the KEYS of the command being built
-	kb      []byte
+	// redirected are the ops that a node's connection answered MOVED
+	// or ASK (see send), and moved is set when one was a MOVED.
+	redirected []int
+	moved      bool
+	errs       []error // by node: the error when its ops were not sent
+	cmds       []rueidis.Completed
+	res        []rueidis.RedisResult
+	args       []string
+	argKeys    []string // the KEYS of the command being built
+	kb         []byte
 	// params caches ARGV[2..4] of the Params seen, which repeat across
 	// the ops of one rule.
 	params map[algo.Params][3]string
@@ -146,6 +150,7 @@ func (b *multiBuf) put() {
 	clear(b.nodeRC)
 	clear(b.errs)
 	b.keys, b.pending, b.cmds, b.res, b.args = b.keys[:0], b.pending[:0], b.cmds[:0], b.res[:0], b.args[:0]
+	b.redirected, b.moved = b.redirected[:0], false
 	b.nodes, b.nodeRC, b.nodeOf, b.errs = b.nodes[:0], b.nodeRC[:0], b.nodeOf[:0], b.errs[:0]
 	if len(b.params) > maxParamCache {
 		clear(b.params)
@@ -298,13 +303,20 @@ func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *
 	sent := false
 	err := s.c.call(ctx, br, node, true, func(ctx context.Context, rc rueidis.Client) error {
 		sent = true
-		// The rueidis client, which follows redirections, when rc is a
-		// node's: the ops the node redirects go again on it.
-		cluster, _ := s.c.client()
+		// When rc is the node's connection, the ops it redirects go
+		// again on the rueidis client, which follows redirections; br
+		// counts what the node answered, not their outcome elsewhere.
+		var cluster rueidis.Client
+		if node != nil {
+			cluster, _ = s.c.client()
+		}
 		send := func(rc rueidis.Client) (failure, connErr error) {
-			failure, connErr, redirected := nb.send(ctx, rc, cluster, br.Name(), ops, keys)
-			if redirected {
-				s.c.redirected()
+			failure, connErr = nb.send(ctx, rc, cluster, br.Name(), ops, keys)
+			if n := len(nb.redirected); n > 0 {
+				s.c.redirected(n, nb.moved)
+				nb.pending = append(nb.pending[:0], nb.redirected...)
+				nb.redirected = nb.redirected[:0]
+				nb.send(ctx, cluster, nil, "", ops, keys)
 			}
 			return failure, connErr
 		}
@@ -329,14 +341,14 @@ func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *
 // send runs the ops b.pending of ops (whose Redis keys are in keys) on
 // rc within ctx, filling each op's outcome (node names the breaker they
 // went through: where a lost script is loaded again, see loadScripts).
-// The ops rc redirects (MOVED, ASK: rc is a node's connection and the
-// slot map is behind) go again on cluster, the rueidis client, which
-// follows redirections; redirected reports that some did. It returns the
-// first error among them that counts as a failure for the node's breaker
-// (see isFailure), nil when none does, and connErr, the first that was
-// not a Redis reply (the connection's own: a timeout, a broken
-// connection).
-func (b *multiBuf) send(ctx context.Context, rc, cluster rueidis.Client, node string, ops []algo.Op, keys []string) (failure, connErr error, redirected bool) {
+// When cluster is set (rc is then a node's connection), the ops that rc
+// answers MOVED or ASK are not filled: they are left in b.redirected, for
+// the caller to send on cluster, and b.moved is set when one was a MOVED.
+// It returns the first error among the ops filled that counts as a
+// failure for the node's breaker (see isFailure), nil when none does,
+// and connErr, the first that was not a Redis reply (the connection's
+// own: a timeout, a broken connection).
+func (b *multiBuf) send(ctx context.Context, rc, cluster rueidis.Client, node string, ops []algo.Op, keys []string) (failure, connErr error) {
 	const (
 		evalsha = iota // the first pass
 		reload         // after SCRIPT LOAD on every node
@@ -362,13 +374,14 @@ func (b *multiBuf) send(ctx context.Context, rc, cluster rueidis.Client, node st
 			}
 		}
 		again := b.pending[:0] // filtered in place: again[k] is written after pending[k] is read
-		redirect := false
 		for j, i := range b.pending {
 			r := b.res[j]
-			if cluster != nil && rc != cluster && isRedirect(r.Error()) {
-				again = append(again, i)
-				redirect = true
-				continue
+			if cluster != nil {
+				if moved, ask := redirection(r.Error()); moved || ask {
+					b.redirected = append(b.redirected, i)
+					b.moved = b.moved || moved
+					continue
+				}
 			}
 			if pass < eval && isNoScript(r.Error()) {
 				again = append(again, i)
@@ -380,13 +393,8 @@ func (b *multiBuf) send(ctx context.Context, rc, cluster rueidis.Client, node st
 			}
 		}
 		b.pending = again
-		if redirect {
-			// The same pass again, on the client that follows them.
-			rc, redirected = cluster, true
-			pass--
-		}
 	}
-	return failure, connErr, redirected
+	return failure, connErr
 }
 
 // errInvalidOp marks the ops Do did not send.

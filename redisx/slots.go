@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -38,7 +39,16 @@ type slotTable struct {
 	// connection (rueidis.Client.Nodes), nil when rueidis knows no such
 	// node yet.
 	node []rueidis.Client
+	// at is when the refresh fetched the table (unix ns).
+	at int64
 }
+
+// nodeTrust is how long after its refresh a table's node clients are
+// used. rueidis closes the connection of a node that left the topology
+// 5 s after its own refresh saw it go, and a client of a closed
+// connection fails every call: while refreshes fail, calls go back to
+// rueidis's routing before that can happen.
+const nodeTrust = 3 * time.Second
 
 // node returns the address of the primary that serves slot, or "" when
 // it is unknown.
@@ -67,7 +77,7 @@ func (m *slotMap) route(slot uint16) (*breaker.Breaker, rueidis.Client) {
 		return nil, nil
 	}
 	var node rueidis.Client
-	if i <= len(t.node) {
+	if i <= len(t.node) && time.Now().UnixNano()-t.at < int64(nodeTrust) {
 		node = t.node[i-1]
 	}
 	return t.brk[i-1], node
@@ -91,7 +101,7 @@ func (m *slotMap) refresh(ctx context.Context, c rueidis.Client) error {
 	for addr, node := range nodes { // in random order
 		t, err := fetchSlots(ctx, node, addr)
 		if err == nil {
-			t.node = make([]rueidis.Client, len(t.addrs))
+			t.node, t.at = make([]rueidis.Client, len(t.addrs)), time.Now().UnixNano()
 			for i, a := range t.addrs {
 				t.node[i] = nodes[a]
 			}

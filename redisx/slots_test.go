@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/redistest"
 	"github.com/rld/rld/redisx/keyslot"
 )
@@ -114,4 +115,33 @@ func BenchmarkSlot(b *testing.B) {
 			b.Fatal("no node")
 		}
 	}
+}
+
+// TestSlotRouteTrust: route gives a slot's breaker and its node's client,
+// the client only while the table is younger than nodeTrust (rueidis may
+// have closed the connection of an older one's node).
+func TestSlotRouteTrust(t *testing.T) {
+	var b tableBuilder
+	require.NoError(t, b.add(0, keyslot.Count-1, "192.0.2.1:6379"))
+	tab := &b.t
+	br := newBreaker("route-trust-test:6379", breaker.Options{})
+	tab.brk = []*breaker.Breaker{br}
+	tab.node = []rueidis.Client{directClient{}}
+	tab.at = time.Now().UnixNano()
+	var m slotMap
+	m.t.Store(tab)
+	got, node := m.route(keyslot.Of("k"))
+	assert.Same(t, br, got)
+	assert.NotNil(t, node, "a fresh table's node client")
+
+	tab.at -= int64(nodeTrust)
+	got, node = m.route(keyslot.Of("k"))
+	assert.Same(t, br, got, "the breaker does not age")
+	assert.Nil(t, node, "no node client from a table older than nodeTrust: rueidis routes")
+
+	tab.node = nil // a table whose refresh knew no node
+	tab.at = time.Now().UnixNano()
+	got, node = m.route(keyslot.Of("k"))
+	assert.Same(t, br, got)
+	assert.Nil(t, node)
 }

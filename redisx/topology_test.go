@@ -84,10 +84,12 @@ func TestCluster(t *testing.T) {
 
 // TestClusterRedirect: a Cluster call goes to the primary the Client's
 // slot map names. When a slot has moved to another primary and the map
-// does not know it yet, the node answers MOVED; the call is made again
-// through rueidis, which follows the redirection, and it is decided
-// where the slot is now: a single take, a batch's share of one op, and
-// one of two ops.
+// does not know it yet, the node answers MOVED; while a slot is being
+// migrated, it answers ASK for a key it does not hold. Either way the
+// call is made again through rueidis, which follows the redirection, and
+// it is decided where the key is now: a single take, a batch's share of
+// one op, and one of two ops. The new owner has lost its scripts
+// (SCRIPT FLUSH), so a redirected op meets NOSCRIPT there too.
 func TestClusterRedirect(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	c := newClient(t, redisx.Options{Addrs: cl.Addrs()[:1], Mode: redisx.Cluster})
@@ -98,7 +100,7 @@ func TestClusterRedirect(t *testing.T) {
 	for _, n := range cl.Nodes() {
 		ids[n.Addr] = n.ID
 	}
-	cases := []struct {
+	calls := []struct {
 		name string
 		call func(key []byte) error
 	}{
@@ -115,41 +117,57 @@ func TestClusterRedirect(t *testing.T) {
 			return errors.Join(rs.Do(ctx, ops), ops[0].Err, ops[1].Err)
 		}},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			// The slot map may refresh between the move and the call
-			// (every second): then the call is not redirected, and the
-			// case is tried again on another slot.
-			for attempt := 0; ; attempt++ {
-				require.Less(t, attempt, 5, "the slot map never lagged behind a move")
-				key := []byte(fmt.Sprintf("redirect-%s-%d", tc.name, attempt))
-				rkey := string(redisx.AppendKey(nil, "t:", key, p.Kind))
-				slot := strconv.Itoa(redistest.Slot(rkey))
-				from := cl.PrimaryFor(rkey)
-				var to *redistest.Server
-				for _, pr := range cl.Primaries() {
-					if pr != from {
-						to = pr
+	setslot := func(t *testing.T, on *redistest.Server, args ...string) {
+		t.Helper()
+		_, err := redistest.Do(on.Addr, append([]string{"CLUSTER", "SETSLOT"}, args...)...)
+		require.NoError(t, err, "SETSLOT %v on %s", args, on.Addr)
+	}
+	for _, how := range []string{"moved", "ask"} {
+		for _, tc := range calls {
+			t.Run(how+"/"+tc.name, func(t *testing.T) {
+				// The slot map may refresh between a move and the call
+				// (every second): then the call is not redirected, and
+				// the case is tried again on another slot.
+				for attempt := 0; ; attempt++ {
+					require.Less(t, attempt, 5, "the slot map never lagged behind a move")
+					key := []byte(fmt.Sprintf("redirect-%s-%s-%d", how, tc.name, attempt))
+					rkey := string(redisx.AppendKey(nil, "t:", key, p.Kind))
+					slot := strconv.Itoa(redistest.Slot(rkey))
+					from := cl.PrimaryFor(rkey)
+					var to *redistest.Server
+					for _, pr := range cl.Primaries() {
+						if pr != from {
+							to = pr
+							break
+						}
+					}
+					redistest.WaitFor(t, "the slot map to name "+from.Addr, func() bool { return c.SlotNode(rkey) == from.Addr })
+					_, err := redistest.Do(to.Addr, "SCRIPT", "FLUSH")
+					require.NoError(t, err)
+					if how == "moved" {
+						// The slot holds no key: it moves at once, the new
+						// owner first, as a migration ends.
+						for _, n := range append([]*redistest.Server{to, from}, cl.Primaries()...) {
+							setslot(t, n, slot, "NODE", ids[to.Addr])
+						}
+					} else {
+						setslot(t, to, slot, "IMPORTING", ids[from.Addr])
+						setslot(t, from, slot, "MIGRATING", ids[to.Addr])
+					}
+					before := c.Redirects()
+					require.NoError(t, tc.call(key), "the call after the move")
+					// (COUNTKEYSINSLOT: an importing node redirects a key's
+					// commands without ASKING.)
+					n, err := redistest.Do(to.Addr, "CLUSTER", "COUNTKEYSINSLOT", slot)
+					require.NoError(t, err)
+					require.Equal(t, "1", n, "%q is decided on %s, where the slot is going", rkey, to.Addr)
+					if c.Redirects() > before {
+						t.Logf("attempt %d: %s redirected the call to %s", attempt, from.Addr, to.Addr)
 						break
 					}
+					require.Equal(t, "moved", how, "a migrating slot's node answers ASK whatever the map")
 				}
-				redistest.WaitFor(t, "the slot map to name "+from.Addr, func() bool { return c.SlotNode(rkey) == from.Addr })
-				// The slot holds no key: it moves at once, the new owner
-				// first, as a migration ends.
-				for _, n := range append([]*redistest.Server{to, from}, cl.Primaries()...) {
-					_, err := redistest.Do(n.Addr, "CLUSTER", "SETSLOT", slot, "NODE", ids[to.Addr])
-					require.NoError(t, err, "SETSLOT on %s", n.Addr)
-				}
-				before := c.Redirects()
-				require.NoError(t, tc.call(key), "the call after the move")
-				n, err := redistest.Do(to.Addr, "EXISTS", rkey)
-				require.NoError(t, err)
-				require.Equal(t, "1", n, "%q is decided on the slot's new owner %s", rkey, to.Addr)
-				if c.Redirects() > before {
-					t.Logf("attempt %d: %s redirected the call to %s", attempt, from.Addr, to.Addr)
-					break
-				}
-			}
-		})
+			})
+		}
 	}
 }
