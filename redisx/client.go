@@ -178,10 +178,13 @@ func (o *Options) rueidisOption() rueidis.ClientOption {
 			TopologyRefreshInterval: 5 * time.Second,
 		}
 	case Cluster:
-		// rueidis refreshes its slot cache after an error only after a
+		// Calls go to the primary of rld's own slot map (guard.route);
+		// rueidis's map routes only the calls made again after a
+		// redirection and those of a slot map too old to trust
+		// (nodeTrust). rueidis refreshes it after an error only after a
 		// random delay of up to a second; a scan of its own every
 		// clusterScanEvery (one CLUSTER SHARDS) bounds how long it sends
-		// a failed shard's keys to the dead primary after a failover.
+		// those calls to a dead primary after a failover.
 		ro.ClusterOption = rueidis.ClusterOption{ShardsRefreshInterval: clusterScanEvery}
 	}
 	return ro
