@@ -13,6 +13,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/client"
@@ -249,4 +250,69 @@ func TestCachedBurstsNoFalseRejectionsCluster(t *testing.T) {
 		socks = append(socks, s.Socket)
 	}
 	runBursts(t, socks, []algo.Kind{algo.TokenBucket})
+}
+
+// TestCachedBurstTakesParkedWarmLeases: a key far from its limit, seen
+// once on each of three daemons, holds a warm lease on each (the warm
+// floor's 64 units, under a capacity of 1,000); then everything left in
+// the bucket comes to one daemon at once. The exact algorithm admits it
+// whole (the strict rule's client shows it for the token bucket), and
+// so must the cached rules: the units parked on the other two daemons
+// are recalled, not refused. The period is a minute, so that the
+// bucket's refill during the burst is far less than what is parked.
+func TestCachedBurstTakesParkedWarmLeases(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const limit, period = 1_000, time.Minute
+	fleet := startFleet(t, 3, cacheConfig(fmt.Sprintf("redis = [%q]", srv.Addr), limit, period))
+	var cs []*client.Client
+	for _, s := range fleet {
+		c := client.New(s.Socket)
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	for _, alg := range []string{"token_bucket", "gcra", "strict"} {
+		t.Run(alg, func(t *testing.T) {
+			key := fmt.Sprintf("parked-%s-%d", alg, time.Now().UnixNano())
+			d := descs(alg, key)
+			for i, c := range cs {
+				r, err := c.Check(context.Background(), d, 1)
+				require.NoError(t, err)
+				require.True(t, r.Allowed(), "daemon %d's first check", i)
+			}
+			sent, _ := recalls()
+			var refused, errs atomic.Int64
+			var first atomic.Pointer[string]
+			var wg sync.WaitGroup
+			for range limit - len(cs) {
+				wg.Go(func() {
+					r, err := cs[0].Check(context.Background(), d, 1)
+					switch {
+					case err != nil:
+						errs.Add(1)
+						msg := err.Error()
+						first.CompareAndSwap(nil, &msg)
+					case !r.Allowed():
+						refused.Add(1)
+						msg := fmt.Sprintf("%+v", r)
+						first.CompareAndSwap(nil, &msg)
+					}
+				})
+			}
+			wg.Wait()
+			sent2, _ := recalls()
+			t.Logf("%s: %d checks at once on one daemon, %d refused, %d errors; recalls sent %d", alg, limit-len(cs), refused.Load(), errs.Load(), sent2-sent)
+			if p := first.Load(); p != nil {
+				t.Errorf("first failure: %s", *p)
+			}
+			assert.Zero(t, refused.Load())
+			assert.Zero(t, errs.Load())
+			if alg != "strict" {
+				assert.Positive(t, sent2-sent, "the parked units were recalled")
+			}
+			// The bucket is about empty: a cost of 100 needs 6 s of refill.
+			r, err := cs[0].Check(context.Background(), d, 100)
+			require.NoError(t, err)
+			assert.False(t, r.Allowed(), "a cost of 100 after the burst: %+v", r)
+		})
+	}
 }

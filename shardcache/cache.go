@@ -682,9 +682,23 @@ const warmIntervals = 50
 // bucket until it refills.
 const warmLifeIntervals = 3000
 
-// warmFloor is the fewest units a warm lease is sized for: a key seen
-// once is answered locally at its next few checks.
-const warmFloor = 8
+// warmFloor is the fewest units a bucket's warm lease (token bucket,
+// GCRA) is sized for, under the fair-share cap: a key seen once is
+// answered locally at its next few dozen checks. It sizes the leases of
+// the long tail, whose rate rounds to 0 units per interval, and so how
+// often they are renewed: with 100,000 Zipf keys in closed loop, 8
+// units cost the store about 2,000 sync calls/s and 64 about 660
+// (docs/performance.md, *The warm floor*). Units of a bucket's lease
+// left unused come back with its refill, and the cap still bounds the
+// lease: with 3 daemons a sixth of what is left, so that a key gets the
+// whole floor only with 384 units or more left.
+const warmFloor = 64
+
+// windowFloor is warmFloor for a window's warm lease (fixed window,
+// sliding counter), which is sized for the traffic until its window
+// ends: units still leased then are lost to the window rather than
+// refilled, so the floor stays small.
+const windowFloor = 8
 
 // warmLife is the lease lifetime a warm grant tells the store: the
 // local lifetime, and the same margin over the local use as leaseLife's (three
@@ -884,12 +898,12 @@ func (c *Cache) leaseWant(e *entry, need, ns int64) (want int64, warm bool) {
 // rate units per sync interval, before the fair-share cap:
 // warmIntervals of its traffic, or of a windowed key's traffic until its
 // window ends when that is sooner (units still leased then are lost to
-// the window), and at least warmFloor units. A window the store has not
-// answered for yet is taken to end where the local clock's window does:
-// the store's windows are aligned on the epoch too, and this is only a
-// size.
+// the window), and at least warmFloor units (windowFloor for a
+// window). A window the store has not answered for yet is taken to end
+// where the local clock's window does: the store's windows are aligned
+// on the epoch too, and this is only a size.
 func (c *Cache) warmWant(e *entry, rate, ns int64) int64 {
-	intervals := int64(warmIntervals)
+	intervals, floor := int64(warmIntervals), int64(warmFloor)
 	if windowed(e.p.Kind) {
 		end := e.windowEnd
 		if end <= ns {
@@ -897,8 +911,9 @@ func (c *Cache) warmWant(e *entry, rate, ns int64) int64 {
 			end = ns - ns%per + per
 		}
 		intervals = min(intervals, (end-ns)/int64(c.o.SyncInterval))
+		floor = windowFloor
 	}
-	return max(intervals*rate, warmFloor)
+	return max(intervals*rate, floor)
 }
 
 // far reports whether e, whose remaining quota at the store is left
