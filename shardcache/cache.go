@@ -685,14 +685,14 @@ const warmLifeIntervals = 3000
 // warmFloor is the fewest units a bucket's warm lease (token bucket,
 // GCRA) is sized for, under the fair-share cap: a key seen once is
 // answered locally at its next few dozen checks. It sizes the leases of
-// the long tail, whose rate rounds to 0 units per interval, and so how
-// often they are renewed: with 100,000 Zipf keys in closed loop, 8
-// units cost the store about 2,000 sync calls/s and 64 about 660 after
-// a 40 s warm-up, 1,400 and 850 after 5.5 min (docs/performance.md,
-// *The warm floor*). Units of a bucket's lease
-// left unused come back with its refill, and the cap still bounds the
-// lease: with 3 daemons a sixth of what is left, so that a key gets the
-// whole floor only with 384 units or more left.
+// the long tail, whose smoothed rate is at most one unit per interval
+// (warmIntervals of it are fewer), and so how often they are renewed:
+// with 100,000 Zipf keys in closed loop, 8 units cost the store about
+// 2,000 sync calls/s and 64 about 660 after a 40 s warm-up, 1,400 and
+// 850 after 5.5 min (docs/performance.md, *The warm floor*). Units of a
+// bucket's lease left unused come back with its refill, and the cap
+// still bounds the lease: with 3 daemons a sixth of what is left, so
+// that a key gets the whole floor only with 384 units or more left.
 const warmFloor = 64
 
 // windowFloor is warmFloor for a window's warm lease (fixed window,
