@@ -120,6 +120,21 @@ func (o *burstOutcome) fail(what string) {
 	o.first.CompareAndSwap(nil, &what)
 }
 
+// check sends one check of cost 1 of descs on c and counts its answer;
+// what names the check in the first failure.
+func (o *burstOutcome) check(c *client.Client, descs []client.Descriptor, what string) {
+	o.sent.Add(1)
+	r, err := c.Check(context.Background(), descs, 1)
+	switch {
+	case err != nil:
+		o.errs.Add(1)
+		o.fail(what + ": " + err.Error())
+	case !r.Allowed():
+		o.refused.Add(1)
+		o.fail(fmt.Sprintf("%s: %+v", what, r))
+	}
+}
+
 // sendBursts sends shape's bursts of checks of descs under an
 // algorithm of kind, each burst's checks at once, round-robin over cs
 // (burst i's check j goes to daemon (i+j) mod len(cs)), and counts the
@@ -134,18 +149,7 @@ func sendBursts(cs []*client.Client, descs []client.Descriptor, kind algo.Kind, 
 		var wg sync.WaitGroup
 		for j := range shape.size {
 			c := cs[(i+j)%len(cs)]
-			wg.Go(func() {
-				o.sent.Add(1)
-				r, err := c.Check(context.Background(), descs, 1)
-				switch {
-				case err != nil:
-					o.errs.Add(1)
-					o.fail(err.Error())
-				case !r.Allowed():
-					o.refused.Add(1)
-					o.fail(fmt.Sprintf("burst %d: %+v", i, r))
-				}
-			})
+			wg.Go(func() { o.check(c, descs, fmt.Sprintf("burst %d", i)) })
 		}
 		wg.Wait()
 		end := time.Now()
@@ -280,32 +284,20 @@ func TestCachedBurstTakesParkedWarmLeases(t *testing.T) {
 				require.True(t, r.Allowed(), "daemon %d's first check", i)
 			}
 			sent, _ := recalls()
-			var refused, errs atomic.Int64
-			var first atomic.Pointer[string]
+			var o burstOutcome
 			var wg sync.WaitGroup
 			for range limit - len(cs) {
-				wg.Go(func() {
-					r, err := cs[0].Check(context.Background(), d, 1)
-					switch {
-					case err != nil:
-						errs.Add(1)
-						msg := err.Error()
-						first.CompareAndSwap(nil, &msg)
-					case !r.Allowed():
-						refused.Add(1)
-						msg := fmt.Sprintf("%+v", r)
-						first.CompareAndSwap(nil, &msg)
-					}
-				})
+				wg.Go(func() { o.check(cs[0], d, "the burst") })
 			}
 			wg.Wait()
 			sent2, _ := recalls()
-			t.Logf("%s: %d checks at once on one daemon, %d refused, %d errors; recalls sent %d", alg, limit-len(cs), refused.Load(), errs.Load(), sent2-sent)
-			if p := first.Load(); p != nil {
+			t.Logf("%s: %d checks at once on one daemon, %d refused, %d errors; recalls sent %d", alg, o.sent.Load(), o.refused.Load(), o.errs.Load(), sent2-sent)
+			if p := o.first.Load(); p != nil {
 				t.Errorf("first failure: %s", *p)
 			}
-			assert.Zero(t, refused.Load())
-			assert.Zero(t, errs.Load())
+			assert.EqualValues(t, limit-len(cs), o.sent.Load())
+			assert.Zero(t, o.refused.Load())
+			assert.Zero(t, o.errs.Load())
 			if alg != "strict" {
 				assert.Positive(t, sent2-sent, "the parked units were recalled")
 			}
