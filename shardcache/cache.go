@@ -109,9 +109,10 @@ type Cache struct {
 	orphanMu sync.Mutex
 	orphans  []algo.Op
 
-	sync  syncBuf      // the ops of Sync and ReturnIdle
-	syncN atomic.Int64 // Syncs started: an entry's rates are smoothed up to e.synced of them
-	half  int64        // half a sync interval, ns: the sync loop's tick and the wheel's slot
+	sync   syncBuf      // the ops of Sync and ReturnIdle
+	syncN  atomic.Int64 // Syncs started: an entry's rates are smoothed up to e.synced of them
+	half   int64        // half a sync interval, ns: the sync loop's tick and the wheel's slot
+	visits atomic.Int64 // entries the sync loop visited
 
 	closed  atomic.Bool
 	running atomic.Int64 // runMiss calls in progress
@@ -152,7 +153,7 @@ type entry struct {
 	peekUntil int64 // a denial's peeks may be answered from the answer until then
 	lastUse   int64 // the time of the last check of the key
 
-	used      int64 // units admitted since the last sync
+	used      int64 // units admitted since the last sync, or the sync loop's last visit if quiet
 	rate      int64 // units admitted per sync interval, smoothed
 	denials   int64 // checks denied since the last sync
 	denyRate  int64 // checks denied per sync interval, smoothed

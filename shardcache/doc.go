@@ -57,8 +57,9 @@
 // refreshes the remaining quota of the others that are hot, and drops
 // entries idle for two intervals. It visits only the entries that have
 // something due (a timing wheel per shard: the keys checked since the
-// last tick, the leases that go back when idle, a warm lease near its
-// lifetime's end), not every key it holds. Close returns every lease.
+// last tick but for those whose warm lease is far from running low, the
+// leases that go back when idle, a warm lease near its lifetime's end),
+// not every key it holds. Close returns every lease.
 //
 // # Peeks
 //

@@ -1,11 +1,14 @@
 package shardcache
 
-// SendChunk, SendCalls and WarmLifeIntervals are sendChunk, sendCalls
-// and warmLifeIntervals, for the tests.
+// SendChunk, SendCalls, WarmIntervals, WarmLifeIntervals and WarmFloor
+// are sendChunk, sendCalls, warmIntervals, warmLifeIntervals and
+// warmFloor, for the tests.
 const (
 	SendChunk         = sendChunk
 	SendCalls         = sendCalls
+	WarmIntervals     = warmIntervals
 	WarmLifeIntervals = warmLifeIntervals
+	WarmFloor         = warmFloor
 )
 
 // Held returns the units key's entry holds on lease and has admitted
@@ -29,4 +32,19 @@ func Misses(reason string) uint64 {
 		}
 	}
 	panic("BUG: no miss reason " + reason)
+}
+
+// Visits returns how many entries c's sync loop has visited.
+func (c *Cache) Visits() int64 { return c.visits.Load() }
+
+// Rate returns the smoothed units per sync interval of key's entry, as
+// of the sync loop's last visit of it (0 without an entry).
+func (c *Cache) Rate(key []byte) int64 {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[string(key)]; e != nil {
+		return e.rate
+	}
+	return 0
 }

@@ -34,6 +34,7 @@ var (
 	}()
 	syncs        = metrics.NewCounter(`rld_cache_syncs_total`)
 	syncOps      = metrics.NewCounter(`rld_cache_sync_ops_total`)
+	syncVisits   = metrics.NewCounter(`rld_cache_sync_visits_total`)
 	syncErrors   = metrics.NewCounter(`rld_cache_sync_errors_total`)
 	syncDuration = metrics.NewPrometheusHistogramExt(`rld_cache_sync_duration_seconds`, []float64{100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1})
 	_            = metrics.NewGauge(`rld_cache_entries`, func() float64 { return float64(liveEntries.Load()) })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -259,6 +260,46 @@ func TestWarmLeaseKept(t *testing.T) {
 			l.advance(2 * (shardcache.WarmLifeIntervals + 10) * shardcache.DefaultSyncInterval)
 			assert.LessOrEqual(t, w.ops()-before, int64(1), "an unused warm lease lapses with no call")
 			assert.Zero(t, w.c.Len(), "and its entry is dropped")
+		})
+	}
+}
+
+// TestQuietWarmLeaseSkipsTheLoop: a key checked every interval while it
+// holds a warm lease of many intervals of its traffic is not visited by
+// the sync loop at every tick after a check (twice an interval), only
+// when its lease runs low; the traffic it saw meanwhile is spread over
+// the intervals it spans, so the lease it is then renewed to is sized
+// by its rate per interval, not by all it used since the loop last saw
+// it.
+func TestQuietWarmLeaseSkipsTheLoop(t *testing.T) {
+	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA} {
+		t.Run(k.String(), func(t *testing.T) {
+			w := newWarmKey(k, 1_000_000_000, time.Hour, "quiet")
+			w.take(t)
+			require.EqualValues(t, shardcache.WarmFloor, w.lease(), "the first check leases the warm floor")
+			l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
+			const intervals, perInterval = 40, 2
+			visits := w.c.Visits()
+			var leases, rates []int64
+			for range intervals {
+				for range perInterval {
+					w.take(t)
+				}
+				l.advance(shardcache.DefaultSyncInterval)
+				leases = append(leases, w.lease())
+				rates = append(rates, w.c.Rate(w.key))
+			}
+			visits = w.c.Visits() - visits
+			t.Logf("%s: %d visits in %d intervals; leases %v; rates %v", k, visits, intervals, leases, rates)
+			assert.Less(t, visits, int64(intervals/2), "visited far less than twice an interval")
+			assert.Positive(t, visits, "visited as the lease ran low")
+			assert.LessOrEqual(t, slices.Max(rates), int64(2*perInterval),
+				"the rate is per interval, the traffic of a quiet spell spread over it")
+			renewed := slices.Max(leases)
+			assert.Greater(t, renewed, int64(shardcache.WarmFloor), "renewed before it ran out")
+			assert.LessOrEqual(t, renewed, int64(2*perInterval*shardcache.WarmIntervals),
+				"renewed to about warmIntervals of its traffic per interval")
+			assert.EqualValues(t, 2, w.ops(), "the first check and one renewal: no check missed the lease")
 		})
 	}
 }

@@ -225,10 +225,10 @@ func (c *Cache) reschedule(sh *shard, e *entry, ns int64) {
 
 // touch records a check of e, in sh whose lock the caller holds, at ns:
 // its first since the last sync brings its rates up to date and puts it
-// in the next tick's slot.
+// in the next tick's slot, unless e is quiet.
 func (c *Cache) touch(sh *shard, e *entry, ns int64) {
 	e.lastUse = max(e.lastUse, ns)
-	if e.seen {
+	if e.seen || quiet(e) {
 		return
 	}
 	e.seen = true
@@ -236,16 +236,48 @@ func (c *Cache) touch(sh *shard, e *entry, ns int64) {
 	c.schedule(sh, e, 0)
 }
 
-// catchUp brings e's smoothed rates up to n Syncs: those it was not
-// visited at saw no check of it (a check puts it in the next tick's
-// slot), so each is one idle step of plan's smoothing. The caller holds
-// e's shard lock.
+// quiet reports whether a check of e can leave e out of the sync loop's
+// next ticks: e holds a warm lease of more than twice the traffic the
+// key had per interval (its smoothed rate) and has had since the loop
+// last visited it (e.used), so the loop would have nothing to do with it
+// before its lifetime nears its end, where the wheel already has it
+// (see reschedule). A quiet entry's checks add to e.used alone; the
+// loop's next visit spreads that over the syncs it spans (catchUp).
+// Most keys of a long tail hold such a lease, and visiting each of them
+// at the two ticks after each interval it was checked in was most of
+// the loop's work. The caller holds e's shard lock.
+func quiet(e *entry) bool {
+	return e.warm && e.lease > 2*(e.rate+e.used)
+}
+
+// catchUp brings e's smoothed rates up to n Syncs. If e saw no check
+// since its rates were last brought up to date (e.used is 0), each of
+// those Syncs is one idle step of plan's smoothing: a check puts an
+// entry in the next tick's slot unless it is quiet. If it did, it was
+// quiet: what it used is spread evenly over those Syncs (the last 64 of
+// them) and the interval under way, whose share is left in e.used for
+// plan. The caller holds e's shard lock.
 func (c *Cache) catchUp(e *entry, n int64) {
 	k := n - e.synced
 	if k <= 0 {
 		return
 	}
 	e.synced = n
+	if e.used > 0 {
+		if k > 64 { // the rates forget what is older
+			e.used -= e.used * (k - 64) / (k + 1)
+			k = 64
+		}
+		total := e.used
+		for i := range k {
+			left := total * (k - i) / (k + 1) // the share of the later intervals
+			e.rate = (e.rate + e.used - left + 1) / 2
+			e.denyRate = (e.denyRate + 1) / 2
+			e.used = left
+		}
+		e.idleSyncs = 0
+		return
+	}
 	e.idleSyncs += int(min(k, 1<<20))
 	// (r+1)/2 reaches 1 from any r ≥ 1 (0 stays 0) within 64 steps.
 	for range min(k, 64) {
@@ -299,6 +331,8 @@ func (c *Cache) visitDue(sh *shard, ns int64, visit func(e *entry)) {
 			continue // checked meanwhile (due at the next tick), or dropped
 		}
 		r.e.due = 0
+		c.visits.Add(1)
+		syncVisits.Inc()
 		visit(r.e)
 	}
 	sh.mu.Unlock()
@@ -331,7 +365,7 @@ func (c *Cache) send(ops []algo.Op, refs []syncRef) {
 func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 	e.rate = (e.rate + e.used + 1) / 2
 	e.denyRate = (e.denyRate + e.denials + 1) / 2
-	if e.seen {
+	if e.seen || e.used > 0 { // used: a quiet entry's checks
 		e.idleSyncs = 0
 	} else {
 		e.idleSyncs++
@@ -567,6 +601,7 @@ func (c *Cache) ReturnIdle(now time.Time) int {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		c.visitDue(sh, ns, func(e *entry) {
+			c.catchUp(e, c.syncN.Load())
 			if e.lease > 0 && e.warm && e.inWindow {
 				if op, send, done := c.endOfWindow(e, ns); done {
 					if send {

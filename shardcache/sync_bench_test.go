@@ -40,7 +40,8 @@ func warmCache(tb testing.TB, b *algoBackend, n int) (*shardcache.Cache, [][]byt
 // 100,000 warm leases, none of which needs an op: the cost of a tick of
 // the sync loop on a daemon that serves a long tail of keys, which the
 // loop pays twice per sync interval; and a Sync after 1,000 of the keys
-// saw a check (untimed), which it smooths the rates of. Each iteration is the next tick
+// saw a check (untimed), which leaves them out: their warm leases hold
+// far more than their traffic (see quiet). Each iteration is the next tick
 // (half an interval later), over 20 s of ticks and then again from the
 // start: run it with -benchtime 200x (10 s) to keep every lease far
 // from its lifetime's end.
