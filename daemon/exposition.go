@@ -52,7 +52,7 @@ var metricHelp = map[string]string{
 	"rld_cache_syncs_total":                  "Runs of the cache's sync loop.",
 	"rld_cache_sync_ops_total":               "Operations sent to Redis by the sync loop (returns, renewals, refreshes).",
 	"rld_cache_sync_errors_total":            "Sync loop runs that failed.",
-	"rld_cache_sync_visits_total":            "Cached keys the sync loop visited (those with something due: checked since the last tick but not quiet, a lease to return, a warm lease near its end).",
+	"rld_cache_sync_visits_total":            "Cached keys the sync loop visited: those with something due at its tick (see docs/cache.md, What a tick visits).",
 	"rld_cache_sync_duration_seconds":        "Duration of the sync loop's runs.",
 	"rld_coalesce_batch_size":                "Checks per coalesced Redis call.",
 	"rld_redis_calls_total":                  "Redis calls by op and result: ok, timeout, error, breaker_open (refused, not sent).",

@@ -267,7 +267,7 @@ func (c *Cache) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, 
 		sh.mu.Unlock()
 		return algo.Result{}, false
 	}
-	c.touch(sh, e, ns)
+	c.touch(sh, e, ns, !peek)
 	var r algo.Result
 	var ok bool
 	if peek {
@@ -406,7 +406,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	sh := c.shard([]byte(key))
 	sh.mu.Lock()
 	e := c.entry(sh, key, p)
-	c.touch(sh, e, reqs[len(reqs)-1].ns)
+	c.touch(sh, e, reqs[len(reqs)-1].ns, true)
 	i := 0
 	for ; i < len(reqs) && reqs[i].p == p; i++ {
 		r, ok := c.local(e, reqs[i].ns, reqs[i].cost, false)
@@ -495,6 +495,9 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 			}
 		}
 		allowed := algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: min(r.Remaining+e.lease, p.Capacity()), Reset: r.Reset, At: r.At}
+		// A denial, or a lease that is not warm, needs the sync loop
+		// soon though the entry was quiet before the call.
+		c.touch(sh, e, reqs[len(reqs)-1].ns, true)
 		sh.mu.Unlock()
 		firstLocal := admitted - len(fromLease)
 		for k := range costs {

@@ -28,7 +28,7 @@ func (c *Cache) peek(ctx context.Context, key []byte, p algo.Params, cost int64,
 	sh := c.shard(key)
 	sh.mu.Lock()
 	if e := sh.m[string(key)]; e != nil && e.p == p {
-		c.touch(sh, e, ns)
+		c.touch(sh, e, ns, false)
 		if r, ok := c.peekLocal(e, ns, cost, keep > 0); ok {
 			sh.mu.Unlock()
 			countLocal(r)

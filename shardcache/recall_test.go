@@ -304,6 +304,54 @@ func TestQuietWarmLeaseSkipsTheLoop(t *testing.T) {
 	}
 }
 
+// TestQuietEndsAtTheStore: a quiet key is back in the sync loop's next
+// ticks as soon as the store answers one of its takes with something
+// the loop must see to: a lease that is not warm (a check larger than
+// the warm lease, near the limit) goes back when idle within a few
+// intervals, not at the old warm lease's end; and a key denied once per
+// interval keeps the denial's own retry-after, its denials counted per
+// interval rather than piled up into a hammered key's.
+func TestQuietEndsAtTheStore(t *testing.T) {
+	t.Run("cold lease", func(t *testing.T) {
+		w := newWarmKey(algo.TokenBucket, 1000, time.Hour, "cold")
+		w.take(t)
+		l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
+		l.advance(3 * shardcache.DefaultSyncInterval)
+		r, err := w.c.Take(ctx, w.key, w.p, 600, w.b.clk.Now(), false)
+		require.NoError(t, err)
+		require.True(t, r.Allowed)
+		require.Positive(t, w.lease(), "the large check leased more")
+		start := w.b.clk.Now()
+		for i := 0; i < 300 && w.lease() > 0; i++ {
+			l.advance(shardcache.DefaultSyncInterval / 2)
+		}
+		back := w.b.clk.Now().Sub(start)
+		t.Logf("the lease went back %v after the check", back)
+		assert.Zero(t, w.lease())
+		assert.LessOrEqual(t, back, 5*shardcache.DefaultSyncInterval, "an idle lease that is not warm goes back within a few intervals")
+	})
+	t.Run("denials", func(t *testing.T) {
+		// Recalls reach nobody: a denial waits 1 ms for them, not 10 s.
+		b := newAlgoBackend()
+		ca, _ := recallPair(b, true)
+		w := &warmKey{b: b, c: ca, p: algo.Params{Kind: algo.TokenBucket, Limit: 100, Period: time.Hour}, key: []byte("denied")}
+		w.take(t)
+		l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
+		l.advance(3 * shardcache.DefaultSyncInterval)
+		denied := 0
+		for range 20 {
+			r, err := w.c.Take(ctx, w.key, w.p, 80, w.b.clk.Now(), false)
+			require.NoError(t, err)
+			if !r.Allowed {
+				denied++
+				assert.LessOrEqual(t, r.RetryAfter, time.Second, "a check denied once an interval is not a hammered key")
+			}
+			l.advance(shardcache.DefaultSyncInterval)
+		}
+		assert.Positive(t, denied)
+	})
+}
+
 // TestWarmWindowLease: a fixed window or sliding counter key far from
 // its limit is answered locally after its first check in a window, with
 // no return when it goes idle; its lease ends with the window: a fixed

@@ -225,10 +225,11 @@ func (c *Cache) reschedule(sh *shard, e *entry, ns int64) {
 
 // touch records a check of e, in sh whose lock the caller holds, at ns:
 // its first since the last sync brings its rates up to date and puts it
-// in the next tick's slot, unless e is quiet.
-func (c *Cache) touch(sh *shard, e *entry, ns int64) {
+// in the next tick's slot, unless it is a take (not a peek) and e is
+// quiet.
+func (c *Cache) touch(sh *shard, e *entry, ns int64, take bool) {
 	e.lastUse = max(e.lastUse, ns)
-	if e.seen || quiet(e) {
+	if e.seen || (take && quiet(e, ns)) {
 		return
 	}
 	e.seen = true
@@ -236,27 +237,30 @@ func (c *Cache) touch(sh *shard, e *entry, ns int64) {
 	c.schedule(sh, e, 0)
 }
 
-// quiet reports whether a check of e can leave e out of the sync loop's
-// next ticks: e holds a warm lease of more than twice the traffic the
-// key had per interval (its smoothed rate) and has had since the loop
-// last visited it (e.used), so the loop would have nothing to do with it
-// before its lifetime nears its end, where the wheel already has it
-// (see reschedule). A quiet entry's checks add to e.used alone; the
-// loop's next visit spreads that over the syncs it spans (catchUp).
-// Most keys of a long tail hold such a lease, and visiting each of them
-// at the two ticks after each interval it was checked in was most of
-// the loop's work. The caller holds e's shard lock.
-func quiet(e *entry) bool {
-	return e.warm && e.lease > 2*(e.rate+e.used)
+// quiet reports whether a take of e at ns can leave e out of the sync
+// loop's next ticks: e holds a warm lease of more than twice the
+// traffic the key had per interval (its smoothed rate) and has had
+// since the loop last visited it (e.used), and has no denial since then
+// or in force, so the loop would have nothing to do with it before its
+// lifetime nears its end, where the wheel already has it (see
+// reschedule). What a quiet entry's takes admit adds up in e.used; the
+// loop's next visit spreads that over the syncs it spans (catchUp). A
+// take that the store answers touches e again (runMiss): a denial, or a
+// lease that is not warm, puts it in the next tick's slot. Most keys of
+// a long tail hold such a lease, and visiting each of them at the two
+// ticks after each interval it was checked in was most of the loop's
+// work. The caller holds e's shard lock.
+func quiet(e *entry, ns int64) bool {
+	return e.warm && e.denials == 0 && ns >= e.deniedUntil && e.lease > 2*(e.rate+e.used)
 }
 
-// catchUp brings e's smoothed rates up to n Syncs. If e saw no check
-// since its rates were last brought up to date (e.used is 0), each of
-// those Syncs is one idle step of plan's smoothing: a check puts an
-// entry in the next tick's slot unless it is quiet. If it did, it was
-// quiet: what it used is spread evenly over those Syncs (the last 64 of
-// them) and the interval under way, whose share is left in e.used for
-// plan. The caller holds e's shard lock.
+// catchUp brings e's smoothed rates up to n Syncs. If e admitted
+// nothing since its rates were last brought up to date (e.used is 0),
+// each of those Syncs is one idle step of plan's smoothing: a check puts
+// an entry in the next tick's slot unless it is a quiet take. If it
+// did, it was quiet: what it used is spread evenly over those Syncs (the
+// last 64 of them) and the interval under way, whose share is left in
+// e.used for plan. The caller holds e's shard lock.
 func (c *Cache) catchUp(e *entry, n int64) {
 	k := n - e.synced
 	if k <= 0 {
