@@ -109,10 +109,9 @@ type Cache struct {
 	orphanMu sync.Mutex
 	orphans  []algo.Op
 
-	sync   syncBuf      // the ops of Sync and ReturnIdle
-	syncN  atomic.Int64 // Syncs started: an entry's rates are smoothed up to e.synced of them
-	half   int64        // half a sync interval, ns: the sync loop's tick and the wheel's slot
-	visits atomic.Int64 // entries the sync loop visited
+	sync  syncBuf      // the ops of Sync and ReturnIdle
+	syncN atomic.Int64 // Syncs started: an entry's rates are smoothed up to e.synced of them
+	half  int64        // half a sync interval, ns: the sync loop's tick and the wheel's slot
 
 	closed  atomic.Bool
 	running atomic.Int64 // runMiss calls in progress

@@ -35,7 +35,11 @@ func Misses(reason string) uint64 {
 }
 
 // Visits returns how many entries c's sync loop has visited.
-func (c *Cache) Visits() int64 { return c.visits.Load() }
+func (c *Cache) Visits() int64 {
+	c.sync.mu.Lock()
+	defer c.sync.mu.Unlock()
+	return c.sync.visits
+}
 
 // Rate returns the smoothed units per sync interval of key's entry, as
 // of the sync loop's last visit of it (0 without an entry).

@@ -46,6 +46,8 @@ type syncBuf struct {
 	refs []syncRef
 	keys []byte   // the ops' keys, back to back
 	due  []dueRef // the entries of one shard due at a tick
+
+	visits int64 // entries visited, as rld_cache_sync_visits_total counts them for every Cache
 }
 
 // add appends op, the op of entry e of key in sh (nil for an orphan's),
@@ -335,7 +337,7 @@ func (c *Cache) visitDue(sh *shard, ns int64, visit func(e *entry)) {
 			continue // checked meanwhile (due at the next tick), or dropped
 		}
 		r.e.due = 0
-		c.visits.Add(1)
+		b.visits++
 		syncVisits.Inc()
 		visit(r.e)
 	}
