@@ -74,7 +74,7 @@ func Standalone(t testing.TB, extra ...string) *Server {
 }
 
 // Start (re)starts the process with its original arguments and port, and
-// waits until it answers PING.
+// waits until it answers on its port.
 func (s *Server) Start(t testing.TB) {
 	t.Helper()
 	if err := s.start(); err != nil {
@@ -140,8 +140,8 @@ func (s *Server) spawn(offset int, args func(port int) ([]string, error)) error 
 }
 
 // start launches the process, its output appended to its log, and waits
-// until it answers PING. On failure the process is killed and the error
-// quotes the log.
+// until it answers on its address as itself (INFO's process_id is its
+// pid). On failure the process is killed and the error quotes the log.
 func (s *Server) start() error {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return fmt.Errorf("redis-server not found in PATH: run `make deps` (it installs it with apt-get)")
@@ -169,12 +169,16 @@ func (s *Server) start() error {
 		if !s.running() {
 			return fmt.Errorf("%w (%v)", errExited, cmd.ProcessState)
 		}
-		reply, err := call(s.Addr, pollTimeout, "PING")
+		// Not PING: a server of another test that took the port first
+		// would answer it while this one fails to bind. The server must
+		// be this process.
+		reply, err := call(s.Addr, pollTimeout, "INFO", "server")
 		if err != nil {
 			return err
 		}
-		if reply != "PONG" {
-			return fmt.Errorf("PING replied %q", reply)
+		info, _ := reply.(string)
+		if pid := infoField(info, "process_id"); pid != strconv.Itoa(cmd.Process.Pid) {
+			return fmt.Errorf("%s is served by process %q, not by pid %d", s.Addr, pid, cmd.Process.Pid)
 		}
 		return nil
 	})
@@ -186,7 +190,7 @@ func (s *Server) start() error {
 		strings.Contains(string(b[logStart:]), "Address already in use") {
 		err = fmt.Errorf("%w: %w", errPortTaken, err)
 	}
-	return fmt.Errorf("redis-server %s did not answer PING: %w%s", s.Addr, err, s.logTail())
+	return fmt.Errorf("redis-server %s did not answer: %w%s", s.Addr, err, s.logTail())
 }
 
 func (s *Server) logPath() string { return filepath.Join(s.Dir, logName) }

@@ -28,7 +28,8 @@ func TestStandaloneStartKillRestart(t *testing.T) {
 
 // TestStartFailureQuotesLog checks that a server that exits at start-up
 // fails at once with the tail of its log, and that a taken port is told
-// apart (spawn retries those with another port).
+// apart, taken by another redis-server too (spawn retries those with
+// another port).
 func TestStartFailureQuotesLog(t *testing.T) {
 	port := FreePort(t, 0)
 	s := &Server{Dir: t.TempDir(), Port: port, Addr: "127.0.0.1:" + strconv.Itoa(port),
@@ -58,5 +59,14 @@ func TestStartFailureQuotesLog(t *testing.T) {
 	s.args = []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", ""}
 	if err := s.start(); !errors.Is(err, errPortTaken) {
 		t.Errorf("taken port: start() = %v; want errPortTaken", err)
+	}
+
+	// Taken by another redis-server, which answers on the port while
+	// this one fails to bind it: still a taken port, not a start.
+	other := Standalone(t)
+	s.Port, s.Addr = other.Port, other.Addr
+	s.args = []string{"--port", strconv.Itoa(other.Port), "--bind", "127.0.0.1", "--save", ""}
+	if err := s.start(); !errors.Is(err, errPortTaken) {
+		t.Errorf("port of another redis-server: start() = %v; want errPortTaken", err)
 	}
 }
