@@ -42,12 +42,14 @@ func startFleet(t *testing.T, n int, config string) []*daemontest.Server {
 	return fleet
 }
 
-// scriptCalls returns how many script calls Redis at addr ran since the
-// last CONFIG RESETSTAT, less the daemons' heartbeats (each ZADDs once).
+// scriptCalls returns how many script calls Redis at addr ran on limit
+// keys (rld:{…}) since resetStats: a daemon's heartbeat and its poll of
+// the changes' version name other keys and are not counted.
 func scriptCalls(t *testing.T, addr string) int {
 	t.Helper()
-	calls := commandCalls(t, addr)
-	return calls["evalsha"] + calls["eval"] - calls["zadd"]
+	n, err := redistest.ScriptCallsOn(addr, "rld:{")
+	require.NoError(t, err)
+	return n
 }
 
 // commandCalls returns the calls of each command Redis at addr ran since
@@ -68,10 +70,13 @@ func commandCalls(t *testing.T, addr string) map[string]int {
 	return calls
 }
 
+// resetStats zeroes the command counts of Redis at addr (commandCalls)
+// and starts recording its commands afresh (scriptCalls).
 func resetStats(t *testing.T, addr string) {
 	t.Helper()
 	_, err := redistest.Do(addr, "CONFIG", "RESETSTAT")
 	require.NoError(t, err)
+	require.NoError(t, redistest.RecordCommands(addr))
 }
 
 func descs(alg, key string) []client.Descriptor {
@@ -325,7 +330,7 @@ period = "1m"
 
 // hammerTwoRules checks one key (api_key abuser, tenant t1) at 1,000
 // checks/s for 3 s through one daemon on its own Redis with rules, and
-// returns the script calls Redis ran (heartbeats not counted). The
+// returns the script calls Redis ran on limit keys. The
 // per-key rule admits 5 units a minute: 5 are admitted, and the others
 // denied with a retry-after of up to 12 s.
 func hammerTwoRules(t *testing.T, rules string) int {

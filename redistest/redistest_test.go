@@ -70,3 +70,34 @@ func TestStartFailureQuotesLog(t *testing.T) {
 		t.Errorf("port of another redis-server: start() = %v; want errPortTaken", err)
 	}
 }
+
+// TestScriptCallsOn checks that only the script calls naming a matching
+// key since RecordCommands are counted, EVAL and EVALSHA alike.
+func TestScriptCallsOn(t *testing.T) {
+	s := Standalone(t)
+	const script = "return redis.call('INCR', KEYS[1])"
+	if _, err := Do(s.Addr, "EVAL", script, "1", "rld:{before}"); err != nil {
+		t.Fatal(err)
+	}
+	if err := RecordCommands(s.Addr); err != nil {
+		t.Fatal(err)
+	}
+	sha, err := Do(s.Addr, "SCRIPT", "LOAD", script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range [][]string{
+		{"EVAL", script, "1", "rld:{a}"},
+		{"EVALSHA", sha, "1", "rld:{b}"},
+		{"EVALSHA", sha, "1", "rld:daemons"},
+		{"INCR", "rld:{c}"},
+		{"EVAL", "return 1", "0", "rld:{not a key}"},
+	} {
+		if _, err := Do(s.Addr, cmd...); err != nil {
+			t.Fatalf("%v: %v", cmd, err)
+		}
+	}
+	if n, err := ScriptCallsOn(s.Addr, "rld:{"); err != nil || n != 2 {
+		t.Fatalf("ScriptCallsOn(rld:{) = %d, %v; want 2", n, err)
+	}
+}

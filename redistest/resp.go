@@ -183,3 +183,75 @@ func infoField(info, key string) string {
 	}
 	return ""
 }
+
+// slowlogLen is how many commands RecordCommands keeps: more than any
+// test here sends while it counts.
+const slowlogLen = 200_000
+
+// RecordCommands makes the server at addr keep every command it runs
+// from now on in its SLOWLOG (a threshold of 0 µs), emptied first, so
+// that ScriptCallsOn can count script calls by key.
+func RecordCommands(addr string) error {
+	for _, cmd := range [][]string{
+		{"CONFIG", "SET", "slowlog-log-slower-than", "0"},
+		{"CONFIG", "SET", "slowlog-max-len", strconv.Itoa(slowlogLen)},
+		{"SLOWLOG", "RESET"},
+	} {
+		if _, err := call(addr, doTimeout, cmd...); err != nil {
+			return fmt.Errorf("redistest: %s: %w", strings.Join(cmd, " "), err)
+		}
+	}
+	return nil
+}
+
+// ScriptCallsOn returns how many EVAL and EVALSHA calls the server at
+// addr ran since RecordCommands with a key that contains part. Unlike
+// INFO commandstats it leaves out the calls that name other keys, such
+// as a daemon's heartbeat.
+func ScriptCallsOn(addr, part string) (int, error) {
+	v, err := call(addr, doTimeout, "SLOWLOG", "GET", strconv.Itoa(slowlogLen))
+	if err != nil {
+		return 0, err
+	}
+	entries, ok := v.([]any)
+	if !ok {
+		return 0, fmt.Errorf("redistest: SLOWLOG GET answered %T", v)
+	}
+	if len(entries) >= slowlogLen {
+		return 0, fmt.Errorf("redistest: the SLOWLOG filled up (%d commands): the count would be short", len(entries))
+	}
+	n := 0
+	for _, e := range entries {
+		fields, _ := e.([]any)
+		if len(fields) < 4 {
+			return 0, fmt.Errorf("redistest: a SLOWLOG entry of %d fields", len(fields))
+		}
+		args, _ := fields[3].([]any)
+		if scriptCallOn(args, part) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// scriptCallOn reports whether args, a command as SLOWLOG gives it, is
+// EVAL or EVALSHA with a key that contains part.
+func scriptCallOn(args []any, part string) bool {
+	if len(args) < 3 {
+		return false
+	}
+	if name, _ := args[0].(string); !strings.EqualFold(name, "evalsha") && !strings.EqualFold(name, "eval") {
+		return false
+	}
+	numKeys, _ := args[2].(string)
+	n, err := strconv.Atoi(numKeys)
+	if err != nil {
+		return false
+	}
+	for i := 3; i < 3+n && i < len(args); i++ {
+		if key, _ := args[i].(string); strings.Contains(key, part) {
+			return true
+		}
+	}
+	return false
+}

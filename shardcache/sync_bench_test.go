@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -160,16 +161,23 @@ func TestTakeLocalAllocatesNothing(t *testing.T) {
 		check()
 		l.advance(shardcache.DefaultSyncInterval)
 	}
+	// MemStats counts the whole process's allocations, a goroutine left
+	// by an earlier test included. An allocation on this path shows in
+	// every round of 20 intervals; another goroutine's, in some.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	var before, after runtime.MemStats
-	var allocs uint64
-	for range 20 {
-		runtime.ReadMemStats(&before)
-		check()
-		runtime.ReadMemStats(&after)
-		allocs += after.Mallocs - before.Mallocs
-		l.advance(shardcache.DefaultSyncInterval)
+	rounds := make([]uint64, 3)
+	for i := range rounds {
+		for range 20 {
+			runtime.ReadMemStats(&before)
+			check()
+			runtime.ReadMemStats(&after)
+			rounds[i] += after.Mallocs - before.Mallocs
+			l.advance(shardcache.DefaultSyncInterval)
+		}
 	}
-	assert.Zero(t, allocs)
+	t.Logf("allocations in three rounds of 20 intervals × %d checks: %v", len(keys), rounds)
+	assert.Zero(t, slices.Min(rounds))
 }
 
 // TestMissReasons: rld_cache_misses_total counts each check that waits
