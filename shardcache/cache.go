@@ -661,12 +661,17 @@ func (c *Cache) takeSpent(e *entry) int64 {
 func (c *Cache) leaseLife() time.Duration { return 5 * c.o.SyncInterval }
 
 // warmIntervals is the horizon a warm lease is sized for, in sync
-// intervals (5 s at the default interval): a lease granted far from the
+// intervals (10 s at the default interval): a lease granted far from the
 // key's limit covers that long of the key's local traffic (at least
 // warmFloor units), so that a hot key renews it about once per horizon
 // rather than every interval, while a lease stays a small part of the
 // key's fair share for any key whose limit is far from its traffic.
-const warmIntervals = 50
+// Each renewal is a script call that Redis runs while the sync loop
+// waits on it: with 100,000 Zipf keys in closed loop, 50 intervals and
+// a floor of 64 cost about 600 sync calls/s, 100 and 256 about 170, and
+// the p99 on Redis went from 1.22–1.31 ms to 0.85–0.92 ms
+// (docs/performance.md, *Fewer renewals*).
+const warmIntervals = 100
 
 // warmLifeIntervals is how long a warm lease may be used, in sync
 // intervals (5 min at the default interval); it is renewed (its spend
@@ -687,16 +692,17 @@ const warmLifeIntervals = 3000
 
 // warmFloor is the fewest units a bucket's warm lease (token bucket,
 // GCRA) is sized for, under the fair-share cap: a key seen once is
-// answered locally at its next few dozen checks. It sizes the leases of
-// the long tail, whose smoothed rate is at most one unit per interval
-// (warmIntervals of it are fewer), and so how often they are renewed:
-// with 100,000 Zipf keys in closed loop, 8 units cost the store about
-// 2,000 sync calls/s and 64 about 660 after a 40 s warm-up, 1,400 and
-// 850 after 5.5 min (docs/performance.md, *The warm floor*). Units of a
+// answered locally at its next few hundred checks. It sizes the leases
+// of the long tail, whose smoothed rate is at most a few units per
+// interval (warmIntervals of it are fewer), and so how often they are
+// renewed: with 100,000 Zipf keys in closed loop, 8 units cost the
+// store about 2,000 sync calls/s and 64 about 660 after a 40 s warm-up,
+// 1,400 and 850 after 5.5 min (docs/performance.md, *The warm floor*);
+// with 256 and warmIntervals of 100, about 170 after 40 s. Units of a
 // bucket's lease left unused come back with its refill, and the cap
 // still bounds the lease: with 3 daemons a sixth of what is left, so
-// that a key gets the whole floor only with 384 units or more left.
-const warmFloor = 64
+// that a key gets the whole floor only with 1,536 units or more left.
+const warmFloor = 256
 
 // windowFloor is warmFloor for a window's warm lease (fixed window,
 // sliding counter), which is sized for the traffic until its window

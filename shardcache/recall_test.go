@@ -278,7 +278,10 @@ func TestQuietWarmLeaseSkipsTheLoop(t *testing.T) {
 			w.take(t)
 			require.EqualValues(t, shardcache.WarmFloor, w.lease(), "the first check leases the warm floor")
 			l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
-			const intervals, perInterval = 40, 2
+			// Enough traffic that warmIntervals of it outgrow the floor,
+			// for long enough that the floor runs low.
+			perInterval := 2*shardcache.WarmFloor/shardcache.WarmIntervals + 1
+			intervals := shardcache.WarmFloor/perInterval + 10
 			visits := w.c.Visits()
 			var leases, rates []int64
 			for range intervals {
