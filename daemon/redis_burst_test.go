@@ -258,11 +258,11 @@ func TestCachedBurstsNoFalseRejectionsCluster(t *testing.T) {
 
 // TestCachedBurstTakesParkedWarmLeases: a key far from its limit, seen
 // once on each of three daemons, holds a warm lease on each (the warm
-// floor's 64 units, under a capacity of 1,000); then everything left in
-// the bucket comes to one daemon at once. The exact algorithm admits it
-// whole (the strict rule's client shows it for the token bucket), and
-// so must the cached rules: the units parked on the other two daemons
-// are recalled, not refused. The period is a minute, so that the
+// floor capped at a sixth of what is left, under a capacity of 1,000);
+// then everything left in the bucket comes to one daemon at once. The
+// exact algorithm admits it whole (the strict rule's client shows it
+// for the token bucket), and so must the cached rules: the units parked
+// on the other two daemons are recalled, not refused. The period is a minute, so that the
 // bucket's refill during the burst is far less than what is parked.
 func TestCachedBurstTakesParkedWarmLeases(t *testing.T) {
 	srv := redistest.Standalone(t)

@@ -232,7 +232,9 @@ func (w *warmKey) lease() int64 {
 func TestWarmLeaseKept(t *testing.T) {
 	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA} {
 		t.Run(k.String(), func(t *testing.T) {
-			w := newWarmKey(k, 1_000_000, time.Hour, "warm")
+			// A limit whose refill brings a lease back at once (see
+			// TestSlowBucketWarmLeaseGoesBack for one that does not).
+			w := newWarmKey(k, 1_000_000, time.Second, "warm")
 			w.take(t)
 			require.EqualValues(t, 1, w.ops(), "the first check is one store op")
 			for range 3 {
@@ -245,8 +247,8 @@ func TestWarmLeaseKept(t *testing.T) {
 			w.take(t)
 			assert.EqualValues(t, 1, w.ops(), "and answers the key's next check")
 			// One check a second for a minute: renewed when it runs
-			// low (it holds about 5 s of the key's traffic, at least 8
-			// units), not at every sync.
+			// low (it holds about 10 s of the key's traffic, at least
+			// warmFloor units), not at every sync.
 			for range 60 {
 				l.advance(time.Second)
 				w.take(t)
@@ -404,6 +406,36 @@ func TestWarmWindowLease(t *testing.T) {
 	}
 }
 
+// TestSlowBucketWarmLeaseGoesBack: an unused warm lease of a bucket
+// that refills slowly (1,000 a day: its lease is hours of refill) goes
+// back at its lifetime's end, where a fast bucket's lapses with no call
+// (TestWarmLeaseKept): lapsed, its units would be out of the bucket
+// until it refilled, and a burst within the capacity refused meanwhile.
+func TestSlowBucketWarmLeaseGoesBack(t *testing.T) {
+	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA} {
+		t.Run(k.String(), func(t *testing.T) {
+			w := newWarmKey(k, 1_000, 24*time.Hour, "daily")
+			l := newLoops(w.b.clk, shardcache.DefaultSyncInterval, w.c)
+			for range 3 {
+				w.take(t)
+			}
+			lease := w.lease()
+			require.Positive(t, lease, "a warm lease")
+			l.advance(10 * time.Second)
+			assert.EqualValues(t, 1, w.ops(), "kept while idle")
+			life := shardcache.WarmLifeIntervals * shardcache.DefaultSyncInterval
+			l.advance(life)
+			assert.EqualValues(t, 2, w.ops(), "renewed near its lifetime's end: it was used since its last op")
+			require.Positive(t, w.lease())
+			l.advance(life + 10*time.Second) // past the renewal's lifetime, unused
+			assert.Zero(t, w.lease())
+			assert.EqualValues(t, 3, w.ops(), "one return")
+			assert.GreaterOrEqual(t, w.b.remaining(string(w.key), w.p), w.p.Limit-3,
+				"the unused units are back in the bucket, not out until it refills (%d leased)", lease)
+		})
+	}
+}
+
 // TestWarmWindowLeaseOutlivedGoesBack: a warm lease of a window longer
 // than a warm lease's lifetime (an hour) is renewed near its lifetime's
 // end when it was used since its last op, like a bucket's; one that was
@@ -461,7 +493,7 @@ func TestWarmWindowLeaseSizedToWindow(t *testing.T) {
 			t.Logf("%s: leases after each window's first check: %v", k, firstLeases)
 			for _, lease := range firstLeases {
 				// The window's traffic is 10 intervals × 3; a lease of
-				// warmIntervals of it would be about 150.
+				// warmIntervals of it would be about 300.
 				assert.LessOrEqual(t, lease, int64(2*10*perInterval))
 			}
 		})

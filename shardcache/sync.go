@@ -414,9 +414,10 @@ func (c *Cache) plan(e *entry, ns, peers int64) (algo.Op, bool) {
 // lifetime is that far. Else, while the key is far from its limit: a
 // renewal (the spend reported, the lease topped up to warmIntervals of
 // traffic and its lifetime extended, in one op) when the key used it
-// since its last op; when not, a bucket's lease lapses with no call (its
-// units, lost, come back with its refill; the store stops counting them
-// out when the lifetime it was told ends). Otherwise its return. A
+// since its last op; when not, a bucket's lease that its refill brings
+// back within a sync interval lapses with no call (its units, lost, come
+// back with the refill; the store stops counting them out when the
+// lifetime it was told ends; see refillsSoon). Otherwise its return. A
 // lease that ends with its window is planWarmWindow's. The caller holds
 // e's shard lock.
 func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
@@ -438,12 +439,13 @@ func (c *Cache) planWarm(e *entry, ns, peers int64) (algo.Op, bool) {
 			if want > 0 {
 				return c.renewWarmOp(e, want), true
 			}
-		case !windowed(e.p.Kind):
+		case !windowed(e.p.Kind) && c.refillsSoon(e.p, e.lease):
 			lapse(e, missLapsed)
 			return algo.Op{}, false
 		}
 		// A window's units lapsed would be lost until the window ends
-		// (an hour's, for an hour): they go back.
+		// (an hour's, for an hour), and a slow bucket's until it
+		// refills: they go back.
 	}
 	return c.returnOp(e, c.goneReason(e, ns)), true
 }
@@ -470,6 +472,17 @@ func (c *Cache) planWarmWindow(e *entry, ns, peers int64) (algo.Op, bool) {
 		return algo.Op{}, false
 	}
 	return c.returnOp(e, missReturned), true
+}
+
+// refillsSoon reports whether a bucket of p refills units within one
+// sync interval, so that a warm lease of that many left to lapse costs
+// a burst nothing: a lease of a key whose limit is far above its
+// traffic. Units lapsed refill at the limit's rate; those of a slow
+// limit (1,000 an hour: 256 units are 15 min of it) would be out of
+// the bucket long enough to refuse a burst within its capacity, and go
+// back instead, one call a lease lifetime.
+func (c *Cache) refillsSoon(p algo.Params, units int64) bool {
+	return float64(units)*float64(p.Period) <= float64(p.Limit)*float64(c.o.SyncInterval)
 }
 
 // endOfWindow ends e's warm lease that lapses with its window, when its
