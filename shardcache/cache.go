@@ -670,8 +670,7 @@ func (c *Cache) leaseLife() time.Duration { return 5 * c.o.SyncInterval }
 // waits on it: with 100,000 Zipf keys in closed loop, 50 intervals and
 // a floor of 64 cost about 600 sync calls/s, 100 and 256 about 170, and
 // in two interleaved rounds the p99 on Redis went from 1.22–1.31 ms to
-// 0.85–0.92 ms
-// (docs/performance.md, *Fewer renewals*).
+// 0.85–0.92 ms (docs/performance.md, *Fewer renewals*).
 const warmIntervals = 100
 
 // warmLifeIntervals is how long a warm lease may be used, in sync
