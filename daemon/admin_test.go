@@ -177,8 +177,43 @@ func TestConfigFollowsItsFile(t *testing.T) {
 	assert.Equal(t, int64(7), e.Rules[0].Limit, "the last good rules stay")
 	assert.Equal(t, newHash, l.healthHash(t), "the hash in force stays")
 	// The same bad content is not tried again at every poll.
-	time.Sleep(100 * time.Millisecond) // five polls
+	waitPolls(t, l.d, 5)
 	assert.Equal(t, failures+1, l.metric(t, `rld_config_reloads_total{result="failure"}`))
+	assert.Equal(t, 0.0, l.metric(t, `rld_config_last_reload_successful`))
+
+	// Put back, the file holds the rules in force: the failure no
+	// longer stands, and nothing is reloaded or counted.
+	require.NoError(t, os.WriteFile(l.cfg, []byte(second), 0o644))
+	eventually(t, "the failure is cleared", func() bool {
+		return l.metric(t, `rld_config_last_reload_successful`) == 1
+	})
+	assert.Contains(t, l.logs.String(), "config file is back to the configuration in force")
+
+	// A bad edit is one failure, whether SIGHUP (Reload) or the poll
+	// finds it first, and however often it is reloaded by hand.
+	require.NoError(t, os.WriteFile(l.cfg, []byte(second+"\n[server2]\n"), 0o644))
+	err := l.d.Reload()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "server2")
+	waitPolls(t, l.d, 5)
+	err = l.d.Reload()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "server2", "the error stays the file's")
+	assert.Equal(t, failures+2, l.metric(t, `rld_config_reloads_total{result="failure"}`))
+	assert.Equal(t, 0.0, l.metric(t, `rld_config_last_reload_successful`))
+	// Put back and reloaded by hand: unchanged, and the failure cleared.
+	require.NoError(t, os.WriteFile(l.cfg, []byte(second), 0o644))
+	require.NoError(t, l.d.Reload())
+	assert.Equal(t, 1.0, l.metric(t, `rld_config_last_reload_successful`))
+	assert.Equal(t, failures+2, l.metric(t, `rld_config_reloads_total{result="failure"}`))
+	assert.Equal(t, newHash, l.healthHash(t))
+}
+
+// waitPolls waits until d has polled its config file n more times.
+func waitPolls(t *testing.T, d *daemon.Daemon, n int64) {
+	t.Helper()
+	target := d.ConfigPolls() + n
+	eventually(t, fmt.Sprintf("%d polls of the config file", n), func() bool { return d.ConfigPolls() >= target })
 }
 
 // TestAdminHTTPToken sends real HTTP requests to the admin API without a

@@ -234,6 +234,9 @@ func (d *Daemon) serveAdminHTTP(ctx *fasthttp.RequestCtx) {
 	case !ctx.IsPost() && !ctx.IsGet():
 		who.Token = true
 		r = admin.Response{Err: admin.Errorf(admin.CodeBadRequest, "method %s: use POST with a JSON body of arguments, or GET", ctx.Method())}
+	case ctx.IsGet() && repeatedArg(ctx.QueryArgs()) != "":
+		who.Token = true
+		r = admin.Response{Err: admin.Errorf(admin.CodeBadRequest, "repeated query parameter %q: give each parameter once", repeatedArg(ctx.QueryArgs()))}
 	default:
 		who.Token = true
 		var args json.RawMessage
@@ -256,26 +259,29 @@ func (d *Daemon) serveAdminHTTP(ctx *fasthttp.RequestCtx) {
 // queryArgs turns a GET's query (?cursor=o-…&limit=50) into the op's
 // arguments: a JSON object of the parameters, a decimal integer as a
 // number, anything else as a string. The op decodes it as it decodes a
-// POST's body, so an unknown or repeated parameter is refused the same.
+// POST's body, so an unknown parameter is refused the same. A repeated
+// one is refused before (repeatedArg).
 func queryArgs(q *fasthttp.Args) json.RawMessage {
 	obj := make(map[string]any, q.Len())
-	var dup string
 	for k, v := range q.All() {
-		name := string(k)
-		if _, ok := obj[name]; ok && dup == "" {
-			dup = name
-		}
 		if n, err := strconv.ParseInt(string(v), 10, 64); err == nil {
-			obj[name] = n
+			obj[string(k)] = n
 		} else {
-			obj[name] = string(v)
+			obj[string(k)] = string(v)
 		}
-	}
-	if dup != "" {
-		// Not valid arguments of any op: the op refuses them with a
-		// clear error.
-		obj = map[string]any{"repeated query parameter " + dup: true}
 	}
 	b, _ := json.Marshal(obj)
 	return b
+}
+
+// repeatedArg returns the first parameter q gives twice, or "".
+func repeatedArg(q *fasthttp.Args) string {
+	seen := make(map[string]bool, q.Len())
+	for k := range q.All() {
+		if seen[string(k)] {
+			return string(k)
+		}
+		seen[string(k)] = true
+	}
+	return ""
 }

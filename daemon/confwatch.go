@@ -66,28 +66,42 @@ func (d *Daemon) loaded() *loadedConfig { return d.ops.loaded.Load() }
 // new content is loaded once two polls in a row read it, so that a file
 // caught while an editor or a deploy tool is still writing it is not
 // loaded half-written (a valid prefix of the file would otherwise be put
-// in force for one interval). A content that failed to load is not tried
-// again until it changes: the log says so once, not at every poll.
+// in force for one interval). A content that failed to load, here or by
+// SIGHUP, is not tried again until it changes: the log says so once, not
+// at every poll. A file put back to the content in force clears the
+// failure (rld_config_last_reload_successful is 1 again).
 func (d *Daemon) pollConfig(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	failed, seen := "", ""
+	readFailed, seen := false, ""
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		d.configPolls.Add(1)
 		data, err := os.ReadFile(d.opts.ConfigPath)
 		if err != nil {
-			if failed != "read error" {
+			if !readFailed {
 				d.log.Warn("config poll: cannot read the file; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", err))
-				failed = "read error"
+				readFailed = true
 			}
 			continue
 		}
+		readFailed = false
 		h := ConfigHash(data)
-		if h == d.loaded().hash || h == failed {
+		if h == d.loaded().hash {
+			seen = ""
+			d.reloadMu.Lock()
+			d.inForceAgainLocked()
+			d.reloadMu.Unlock()
+			continue
+		}
+		d.reloadMu.Lock()
+		failed := d.failedConfig
+		d.reloadMu.Unlock()
+		if h == failed {
 			seen = ""
 			continue
 		}
@@ -97,12 +111,20 @@ func (d *Daemon) pollConfig(ctx context.Context, interval time.Duration) {
 		}
 		seen = ""
 		d.log.Info("config file changed; reloading", slog.String("path", d.opts.ConfigPath), slog.String("hash", h))
-		if err := d.Reload(); err != nil {
-			failed = h
-			continue
-		}
-		failed = ""
+		_ = d.Reload() // a failure is logged, counted and recorded by Reload
 	}
+}
+
+// inForceAgainLocked records, with reloadMu held, that the file holds the
+// configuration in force again: a reload that failed since no longer
+// stands.
+func (d *Daemon) inForceAgainLocked() {
+	if d.failedConfig == "" {
+		return
+	}
+	d.failedConfig = ""
+	lastReloadOK.Set(1)
+	d.log.Info("config file is back to the configuration in force", slog.String("path", d.opts.ConfigPath))
 }
 
 // keepOpsSettings keeps old's [admin] and [log] tables, and the poll

@@ -56,8 +56,14 @@ type Daemon struct {
 	conf   atomic.Pointer[config.Config]
 	policy atomic.Pointer[policy.Policy]
 
-	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig
+	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig, failedConfig and failedErr
 	lastConfig []byte
+	// failedConfig is the ConfigHash of the content whose reload failed
+	// last, "" when the last reload did not fail: the poll does not try
+	// it again, and a file back at the content in force clears it.
+	failedConfig string
+	failedErr    error // why it failed
+	configPolls  atomic.Int64 // the config file's polls so far (tests wait on it)
 	chStore    changeStore  // the overrides and blocks (changes.go)
 	autoBl     autoBlocks   // the automatic blocks' queue (penalty.go)
 	compiles   atomic.Int64 // policies compiled for a change of the overrides and blocks
@@ -260,7 +266,13 @@ func (d *Daemon) Reload() error {
 	data, err := os.ReadFile(d.opts.ConfigPath)
 	if err == nil && bytes.Equal(data, d.lastConfig) {
 		d.log.Info("config unchanged; reload skipped", slog.String("path", d.opts.ConfigPath))
+		d.inForceAgainLocked()
 		return nil
+	}
+	if err == nil && d.failedConfig == ConfigHash(data) {
+		// One bad edit, one failure counted, whoever reloads it.
+		d.log.Error("config unchanged since its reload failed; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", d.failedErr))
+		return fmt.Errorf("cannot reload config: %w", d.failedErr)
 	}
 	var cfg *config.Config
 	var p *policy.Policy
@@ -274,6 +286,10 @@ func (d *Daemon) Reload() error {
 	if err != nil {
 		reloadsFailed.Inc()
 		lastReloadOK.Set(0)
+		d.failedConfig, d.failedErr = "read error", err
+		if data != nil {
+			d.failedConfig = ConfigHash(data)
+		}
 		d.log.Error("config reload failed; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", err))
 		return fmt.Errorf("cannot reload config: %w", err)
 	}
@@ -291,6 +307,7 @@ func (d *Daemon) Reload() error {
 	d.policy.Store(p)
 	d.reportChanges(p)
 	d.lastConfig = data
+	d.failedConfig = ""
 	d.setLoaded(data)
 	reloadsOK.Inc()
 	lastReloadOK.Set(1)

@@ -149,6 +149,9 @@ func TestListPagesThousands(t *testing.T) {
 	for _, q := range []string{"?cursor=nope", "?limit=-1", "?limit=5&limit=6", "?bogus=1"} {
 		code, b := httpGet(q)
 		assert.Equal(t, http.StatusBadRequest, code, "%s: %s", q, b)
+		if q == "?limit=5&limit=6" {
+			assert.Contains(t, string(b), `repeated query parameter \"limit\": give each parameter once`)
+		}
 	}
 	pages("socket", socketList, 0)
 	pages("http", httpList, 60)

@@ -78,14 +78,32 @@ func (p *Policy) ValidateOverride(o *Override, now time.Time) error {
 	case o.Period < 0 || o.Burst < 0:
 		return errors.New("period and burst must not be negative")
 	}
+	switch kind := r.base.Kind; {
+	case o.Period != 0 && kind == algo.Concurrency:
+		return errors.New("period: a concurrency rule has no period (its timeout says how long a slot not released is held): give a limit or a multiplier")
+	case o.Burst != 0 && kind != algo.TokenBucket && kind != algo.GCRA:
+		return fmt.Errorf("burst: only token_bucket and gcra take a burst, not %s", kind)
+	}
 	if !o.Expires.After(now) {
 		return fmt.Errorf("expires %s is not in the future", o.Expires.UTC().Format(time.RFC3339Nano))
 	}
 	for ti := -1; ti < len(r.tiers); ti++ {
-		pp := overrideParams(o, *r.paramsAt(ti))
-		if err := pp.Validate(); err != nil {
+		if err := checkOverridden(overrideParams(o, *r.paramsAt(ti))); err != nil {
 			return fmt.Errorf("the overridden limit: %w", err)
 		}
+	}
+	return nil
+}
+
+// checkOverridden reports what is wrong with the limit an override makes:
+// what algo.Params.Validate finds, and a sliding_log limit above the
+// configuration's MaxSlidingLogLimit.
+func checkOverridden(pp algo.Params) error {
+	if err := pp.Validate(); err != nil {
+		return err
+	}
+	if pp.Kind == algo.SlidingLog && pp.Limit > config.MaxSlidingLogLimit {
+		return fmt.Errorf("limit %d: sliding_log keeps one entry per admission, so its limit is at most %d", pp.Limit, config.MaxSlidingLogLimit)
 	}
 	return nil
 }
@@ -235,7 +253,7 @@ func (p *Policy) compileChanges(ch *Changes) {
 		valid := true
 		for ti := -1; ti < len(r.tiers); ti++ {
 			pp := overrideParams(o, *r.paramsAt(ti))
-			valid = valid && pp.Validate() == nil
+			valid = valid && checkOverridden(pp) == nil
 			r.ovParams = append(r.ovParams, pp)
 		}
 		if !valid {

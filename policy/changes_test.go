@@ -10,7 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/memstore"
 )
 
 const changesTOML = `
@@ -209,4 +211,118 @@ func BenchmarkCheckChanges(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestOperateUnderOverride: a grant tops a key up within the limit in
+// force, an override's when one applies, and not the rule's; the answers
+// of grant and reset are a check's under that limit.
+func TestOperateUnderOverride(t *testing.T) {
+	ctx := context.Background()
+	exp := t0.Add(time.Hour)
+	ch := &Changes{Overrides: []Override{
+		{ID: "k", Rule: "api", Key: map[string]string{"api_key": "big"}, Limit: 1000, Expires: exp},
+		{ID: "g", Rule: "api", Match: map[string]string{"api_key": "team-*"}, Limit: 500, Expires: exp},
+	}}
+	p := compileChanges(t, changesTOML, ch, memstore.New(memstore.Options{}))
+	require.Equal(t, 50, admitted(p, t0, 50, "api_key=big"))
+
+	key := Target{Rule: "api", Key: map[string]string{"api_key": "big"}}
+	applied, err := p.Operate(ctx, t0, algo.OpGrant, 10, key)
+	require.NoError(t, err)
+	require.Len(t, applied, 1)
+	require.NoError(t, applied[0].Err)
+	assert.Equal(t, int64(1000), applied[0].Params.Limit)
+	assert.Equal(t, int64(1000-50+10-1), applied[0].Result.Remaining, "what a check of cost 1 would leave")
+	assert.Equal(t, 960, admitted(p, t0, 2000, "api_key=big"), "the grant added 10 to the 950 left")
+
+	applied, err = p.Operate(ctx, t0, algo.OpReset, 0, key)
+	require.NoError(t, err)
+	assert.Equal(t, int64(999), applied[0].Result.Remaining)
+
+	// A glob override, the counter named by descriptors.
+	require.Equal(t, 500, admitted(p, t0, 600, "api_key=team-a"))
+	applied, err = p.Operate(ctx, t0, algo.OpGrant, 7, Target{Rule: "api", Descriptors: descs("api_key=team-a")})
+	require.NoError(t, err)
+	assert.Equal(t, int64(500), applied[0].Params.Limit)
+	assert.Equal(t, int64(6), applied[0].Result.Remaining)
+
+	// No override: the rule's own limit caps the grant.
+	require.Equal(t, 10, admitted(p, t0, 20, "api_key=plain"))
+	applied, err = p.Operate(ctx, t0, algo.OpGrant, 100, Target{Rule: "api", Key: map[string]string{"api_key": "plain"}})
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), applied[0].Params.Limit)
+	assert.Equal(t, int64(9), applied[0].Result.Remaining)
+}
+
+// TestValidateOverrideAlgorithm: an override is held to what the rule's
+// algorithm can enforce, as the configuration is: sliding_log's highest
+// limit, no period on a concurrency rule, a burst only on token_bucket
+// and gcra.
+func TestValidateOverrideAlgorithm(t *testing.T) {
+	p := compileChanges(t, `
+[[rule]]
+name = "login"
+by = ["ip"]
+algorithm = "sliding_log"
+mode = "strict"
+limit = 5
+period = "1m"
+[[rule]]
+name = "exports"
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 2
+timeout = "30s"
+[[rule]]
+name = "window"
+by = ["ip"]
+algorithm = "fixed_window"
+limit = 100
+period = "1m"
+[[rule]]
+name = "bucket"
+by = ["ip"]
+limit = 100
+period = "1m"
+`, nil, newFakeStore())
+	exp := t0.Add(time.Hour)
+	ip := map[string]string{"ip": "192.0.2.1"}
+	key := map[string]string{"api_key": "a"}
+	for _, ok := range []Override{
+		{Rule: "login", Key: ip, Limit: 10000, Expires: exp},
+		{Rule: "login", Key: ip, Multiplier: 2000, Expires: exp},
+		{Rule: "exports", Key: key, Limit: 5, Expires: exp},
+		{Rule: "bucket", Key: ip, Limit: 5, Burst: 20, Period: time.Second, Expires: exp},
+	} {
+		assert.NoError(t, p.ValidateOverride(&ok, t0), "%+v", ok)
+	}
+	bad := map[string]struct {
+		o    Override
+		want string
+	}{
+		"sliding_log limit":      {Override{Rule: "login", Key: ip, Limit: 20000, Expires: exp}, "sliding_log keeps one entry per admission, so its limit is at most 10000"},
+		"sliding_log multiplier": {Override{Rule: "login", Key: ip, Multiplier: 5000, Expires: exp}, "at most 10000"},
+		"sliding_log burst":      {Override{Rule: "login", Key: ip, Limit: 5, Burst: 7, Expires: exp}, "only token_bucket and gcra take a burst, not sliding_log"},
+		"fixed_window burst":     {Override{Rule: "window", Key: ip, Limit: 5, Burst: 7, Expires: exp}, "not fixed_window"},
+		"concurrency period":     {Override{Rule: "exports", Key: key, Limit: 5, Period: time.Minute, Expires: exp}, "a concurrency rule has no period"},
+	}
+	for name, c := range bad {
+		err := p.ValidateOverride(&c.o, t0)
+		if assert.Error(t, err, name) {
+			assert.Contains(t, err.Error(), c.want, name)
+		}
+	}
+
+	// An override of a state file written before these checks applies
+	// to nothing: it is reported as an orphan.
+	p2 := compileChanges(t, `
+[[rule]]
+name = "login"
+by = ["ip"]
+algorithm = "sliding_log"
+mode = "strict"
+limit = 5
+period = "1m"
+`, &Changes{Overrides: []Override{{ID: "old", Rule: "login", Key: ip, Limit: 20000, Expires: exp}}}, newFakeStore())
+	assert.Equal(t, []Orphan{{ID: "old", Rule: "login"}}, p2.Orphans())
 }

@@ -476,7 +476,17 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 		case algo.OpRefund:
 			settleRefunded.Add(int(op.N))
 		}
-		d.set(StatusAllowed, e.flags&entryLocal != 0, r.name, &op.Result, &op.Params)
+		// The store's answer is a peek of cost 1 after the op, made a
+		// refusal (algo.Op.Result). This answer allows: its next is the
+		// limit's own, not a refusal's 0. A release freed a slot, so the
+		// peek found one and counted it as taken: the slots free now are
+		// one more than it left.
+		res := op.Result
+		res.Allowed, res.RetryAfter = true, 0
+		if op.Kind == algo.OpRelease {
+			res.Remaining++
+		}
+		d.set(StatusAllowed, e.flags&entryLocal != 0, r.name, &res, &op.Params)
 	}
 	if changed == 0 && applied > 0 {
 		releasesUnknown.Inc()

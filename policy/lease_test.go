@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/memstore"
 )
 
@@ -264,4 +265,33 @@ func FuzzParseLease(f *testing.F) {
 			t.Fatalf("a lease other than the one signed is signed: %q", lease)
 		}
 	})
+}
+
+// TestReleaseSettleAnswers: the answer of a release is the slots free
+// after it, with no next (a concurrency limit gives one only with a
+// refusal); that of a settle of a lease without slots is the rate
+// limit's, with its own next, not a refusal's 0.
+func TestReleaseSettleAnswers(t *testing.T) {
+	p := newPolicy(t, concurrencyRules, memstore.New(memstore.Options{}))
+	ctx := context.Background()
+	var sc Scratch
+	var d Decision
+	lease := p.AcquireTo(ctx, t0, descs("api_key=k", "endpoint=/v1/export"), 1, &sc, &d)
+	require.Equal(t, StatusAllowed, d.Status)
+	assert.Equal(t, int64(1), d.Result.Remaining, "one slot of two left")
+	r := p.Release(ctx, t0.Add(time.Millisecond), lease)
+	require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+	assert.Equal(t, "exports", r.Rule)
+	assert.Equal(t, int64(2), r.Result.Remaining, "both slots are free")
+	assert.Equal(t, time.Duration(-1), algo.Next(r.Params, &r.Result), "no next without a refusal")
+
+	// A lease of the rate rule alone (no slot): 5 a minute, 3 taken.
+	lease = p.AcquireTo(ctx, t0, descs("api_key=j"), 3, &sc, &d)
+	require.Equal(t, StatusAllowed, d.Status)
+	s := p.Settle(ctx, t0.Add(time.Second), lease, 2)
+	require.Equal(t, StatusAllowed, s.Status, "%v", s.Err)
+	assert.Equal(t, "per-key", s.Rule)
+	assert.Positive(t, algo.Next(s.Params, &s.Result), "the time until the next unit comes back")
+	peek := p.Check(ctx, t0.Add(time.Second), descs("api_key=j"), 1, true, &sc)
+	assert.Equal(t, algo.Next(peek.Params, &peek.Result), algo.Next(s.Params, &s.Result), "the next of a check made then")
 }

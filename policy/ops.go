@@ -92,7 +92,10 @@ func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n
 		}
 		text, _ := r.appendKeyText(nil, descs)
 		ti := r.tier(descs)
-		a := Applied{Rule: r.name, Key: string(text), Params: *r.paramsAt(ti), Mode: r.mode}
+		// The limit in force for the key, an override's included: a
+		// grant never goes beyond it, and the answer is a check's.
+		pi := r.limitIndex(ti, key, descs, now.UnixNano())
+		a := Applied{Rule: r.name, Key: string(text), Params: *r.paramsAt(pi), Mode: r.mode}
 		if ti >= 0 {
 			a.Tier = r.tiers[ti].name
 		}

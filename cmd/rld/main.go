@@ -163,7 +163,7 @@ const configCheckHelp = `usage: rld config check FILE
 
 Parse and validate the configuration FILE as the daemon would on start or
 reload, without starting anything. Prints "FILE: ok, N rules" and one line
-per rule, or the first error naming the file, line and field; exit 0 when
+per rule, or every problem found, each naming the file, line and field; exit 0 when
 the file is valid, 2 otherwise. A running daemon keeps its rules in force
 when a reload finds an invalid file: check before 'systemctl reload rld'.
 `
@@ -202,10 +202,17 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			"reloads the rules (an invalid file is rejected, the rules in force stay);\n"+
 			"SIGTERM stops accepting, answers what was read, and exits 0. With\n"+
 			"Type=notify it sends READY=1, and WATCHDOG=1 when WatchdogSec= is set.\n"+
-			"Exit status: 0 after SIGTERM or SIGINT, 1 when serving fails, 2 when it\n"+
-			"cannot start (an invalid configuration, a socket in use).")
+			"Exit status: 0 after SIGTERM or SIGINT, 2 when it cannot start (an\n"+
+			"invalid configuration, a socket in use, an address that cannot be bound).")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
+	}
+	if fs.NArg() > 0 {
+		// A command after flags (rld -socket S admin …) would otherwise
+		// start a daemon: the command comes first.
+		fmt.Fprintf(stderr, "rld serve: unexpected argument %q (a command comes first: rld COMMAND [flags])\n", fs.Arg(0))
+		fs.Usage()
+		return exitError
 	}
 	opts := daemon.Options{ConfigPath: *cfgPath, Socket: *socket}
 	if *httpAddr != "" {
@@ -236,8 +243,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	if err := d.Run(ctx); err != nil {
+		// Run fails only before it serves: a socket or an address that
+		// cannot be listened on.
 		fmt.Fprintln(stderr, "rld:", err)
-		return 1
+		return exitError
 	}
 	return 0
 }

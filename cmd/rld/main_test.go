@@ -241,3 +241,35 @@ func metricValue(text, name string) float64 {
 	}
 	return -1
 }
+
+// TestServeRefusesToStart: a command given after flags, a stray
+// argument, and a socket or an address that cannot be listened on make
+// serve exit 2 without serving.
+func TestServeRefusesToStart(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "rld.sock")
+	var out, errOut bytes.Buffer
+	assert.Equal(t, exitError, run([]string{"-socket", sock, "-http", "off", "admin", "list"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), `unexpected argument "admin" (a command comes first`)
+	errOut.Reset()
+	assert.Equal(t, exitError, run([]string{"serve", "-config", "../../rld.toml", "-socket", sock, "-http", "off", "extra"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), `unexpected argument "extra"`)
+	assert.NoFileExists(t, sock, "nothing was served")
+
+	// A socket a live process listens on.
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	defer ln.Close()
+	errOut.Reset()
+	assert.Equal(t, exitError, run([]string{"serve", "-config", "../../rld.toml", "-socket", sock, "-http", "off", "-admin-http", "off"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "in use")
+
+	// An HTTP address taken.
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer tcp.Close()
+	errOut.Reset()
+	assert.Equal(t, exitError, run([]string{"serve", "-config", "../../rld.toml", "-socket", filepath.Join(dir, "other.sock"),
+		"-http", tcp.Addr().String(), "-admin-http", "off"}, &out, &errOut))
+	assert.Contains(t, errOut.String(), "cannot listen on http=")
+}
