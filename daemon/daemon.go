@@ -62,11 +62,11 @@ type Daemon struct {
 	// last, "" when the last reload did not fail: the poll does not try
 	// it again, and a file back at the content in force clears it.
 	failedConfig string
-	failedErr    error // why it failed
+	failedErr    error        // why it failed
 	configPolls  atomic.Int64 // the config file's polls so far (tests wait on it)
-	chStore    changeStore  // the overrides and blocks (changes.go)
-	autoBl     autoBlocks   // the automatic blocks' queue (penalty.go)
-	compiles   atomic.Int64 // policies compiled for a change of the overrides and blocks
+	chStore      changeStore  // the overrides and blocks (changes.go)
+	autoBl       autoBlocks   // the automatic blocks' queue (penalty.go)
+	compiles     atomic.Int64 // policies compiled for a change of the overrides and blocks
 
 	draining atomic.Bool
 	ready    chan struct{}
