@@ -48,7 +48,7 @@ func TestAuthRequest(t *testing.T) {
 	t.Cleanup(p.Close)
 
 	www := t.TempDir()
-	for _, f := range []string{"limited", "free"} {
+	for _, f := range []string{"limited", "free", "index.html"} {
 		require.NoError(t, os.WriteFile(filepath.Join(www, f), []byte("hello from "+f+"\n"), 0o644))
 	}
 	recipe, err := os.ReadFile(filepath.Join(nginxtest.RepoDir(), "clients", "nginx", "auth_request.conf"))
@@ -57,6 +57,9 @@ func TestAuthRequest(t *testing.T) {
 	// The test's client comes from 127.0.0.1: let it name another
 	// address, as a load balancer in front of nginx would.
 	conf += "\nset_real_ip_from 127.0.0.1;\nreal_ip_header X-Real-IP;\n"
+	// Types by extension, as Debian's nginx.conf sets them: a denial's
+	// body is JSON whatever the path.
+	conf += "include /etc/nginx/mime.types;\n"
 	n := nginxtest.Start(t, false, conf)
 
 	for i := 1; i <= 5; i++ {
@@ -94,6 +97,9 @@ func TestAuthRequest(t *testing.T) {
 	assert.Contains(t, r.Body, "BLOCKED")
 	assert.Empty(t, r.Header.Get("Retry-After"))
 	assert.Equal(t, 200, get(t, n.URL+"/free", "X-Real-IP", "203.0.113.67").Status)
+	r = get(t, n.URL+"/logo.png", "X-Real-IP", "203.0.113.66")
+	assert.Equal(t, 403, r.Status)
+	assert.Equal(t, "application/json", r.Header.Get("Content-Type"), "a denial is JSON whatever the path's extension")
 
 	// A key that would smuggle a descriptor into the query is refused.
 	assert.Equal(t, 403, get(t, n.URL+"/free", "X-API-Key", "k&ip=1.2.3.4").Status)
@@ -105,6 +111,9 @@ func TestAuthRequest(t *testing.T) {
 		require.Equal(t, 200, r.Status, r.Body)
 		assert.Equal(t, "hello from limited\n", r.Body)
 	}
+	r = get(t, n.URL+"/")
+	assert.Equal(t, 200, r.Status, "a directory's index, failing open")
+	assert.Equal(t, "hello from index.html\n", r.Body)
 	require.NoError(t, p.Restart())
 	for i := 1; i <= 5; i++ {
 		require.Equal(t, 200, get(t, n.URL+"/limited", "X-API-Key", "k3").Status)

@@ -33,7 +33,7 @@ local STATUS_NAMES = { [0] = "allowed", "limited", "blocked", "allowed-degraded"
 _M.STATUS_NAMES = STATUS_NAMES
 _M.ERROR_NAMES = { [0] = "none", "malformed", "frame_too_large", "unknown_op", "bad_version",
     "too_large", "cost_too_large", "internal", "overloaded", "not_supported", "bad_flags",
-    "unavailable", "bad_cost" }
+    "unavailable", "bad_cost", "forbidden", "not_found" }
 local MAX_FRAME, MAX_DESCS, MAX_NAME, MAX_VALUE, MAX_MESSAGE = 16384, 32, 64, 1024, 1024
 local MAX_U32 = 4294967295
 

@@ -148,7 +148,7 @@ final class Rld
     {
         $res = $this->acquire($descriptors, $cost);
         if ($res === null || ($res['status'] === self::ERROR && in_array($res['code'], [7, 8, 11], true))) {
-            return $this->failOpen ? $work($res) : $refused(null);
+            return $this->failOpen ? $work(null) : $refused(null);
         }
         if (!$res['allowed']) {
             return $refused($res);

@@ -1026,7 +1026,8 @@ class _Limiter:
         d.append(("endpoint", _clip(path)))
         d.append(("method", method.encode("latin-1", "replace")[:MAX_VALUE]))
         if self.extra is not None:
-            d.extend(self.extra(request))
+            # Cut to the protocol's limit, as the built-in values are.
+            d.extend((name, _clip(_raw(value, f"descriptor {name!r}"))) for name, value in self.extra(request))
         return d
 
     @staticmethod

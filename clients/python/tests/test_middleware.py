@@ -204,13 +204,15 @@ class DescriptorsTest(unittest.TestCase):
         env_ = {"REMOTE_ADDR": "10.1.2.3", "HTTP_X_FORWARDED_FOR": "198.51.100.7, 10.9.9.9",
                 "PATH_INFO": "//v1//search/", "REQUEST_METHOD": "POST", "HTTP_X_API_KEY": "sk_1", "HTTP_X_TENANT": "acme"}
         self.assertEqual(m.descriptors(env_), [("ip", b"198.51.100.7"), ("api_key", b"sk_1"), ("endpoint", b"/v1/search/"),
-                                               ("method", b"POST"), ("tenant", "acme")])
+                                               ("method", b"POST"), ("tenant", b"acme")])
         # An untrusted peer cannot choose its address.
         env_["REMOTE_ADDR"] = "203.0.113.9"
         self.assertEqual(m.descriptors(env_)[0], ("ip", b"203.0.113.9"))
         # Values are cut to the protocol's 1024 bytes.
         env_["HTTP_X_API_KEY"] = "k" * 5000
+        env_["HTTP_X_TENANT"] = "t" * 2000
         self.assertEqual(len(dict(m.descriptors(env_))["api_key"]), 1024)
+        self.assertEqual(dict(m.descriptors(env_))["tenant"], b"t" * 1024, "extra values too")
 
     def test_normalize_path(self):
         for path, want in (("/", "/"), ("", "/"), ("//a///b", "/a/b"), ("/a?b=//c", "/a"), ("a/b/", "/a/b/")):
