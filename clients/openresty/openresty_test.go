@@ -283,9 +283,20 @@ func testLuaAccess(t *testing.T, mode string) {
 	assert.Contains(t, r.Body, "RATE_LIMIT_UNAVAILABLE")
 	assert.Equal(t, "11\n", get(t, n.URL+"/rld-failures").Body, "every failure counted in the shared dict")
 	assert.Equal(t, 1, strings.Count(n.ErrorLog(), "rld: cannot check"), "logged once per interval:\n%s", n.ErrorLog())
+	// nginx logs each failed connect itself: after one, the worker's
+	// checks fail at once for reconnect_after (200 ms) without a connect,
+	// so the 11 failures made fewer connects (and error lines) than 11.
+	connects := strings.Count(n.ErrorLog(), "connect() to unix:")
+	assert.True(t, connects >= 1 && connects < 11, "%d failed connects logged for 11 failures:\n%s", connects, n.ErrorLog())
 
-	// rld again on the same socket: limits apply again, nginx untouched.
+	// rld again on the same socket: limits apply again, nginx untouched,
+	// once a connect is tried again.
 	require.NoError(t, p.Restart())
+	deadline := time.Now().Add(10 * time.Second)
+	for get(t, n.URL+"/limited", "X-API-Key", "probe").Header.Get("X-RateLimit-Limit") == "" {
+		require.True(t, time.Now().Before(deadline), "rld's answers back within 10 s:\n%s", n.ErrorLog())
+		time.Sleep(20 * time.Millisecond) // polling: the worker connects again after reconnect_after
+	}
 	sequence(t, n, "k3")
 	assert.Equal(t, 200, get(t, n.URL+"/closed", "X-API-Key", "k1").Status)
 }

@@ -291,6 +291,10 @@ Client.__index = Client
 --   pipeline      true: a worker's concurrent checks share one connection
 --                 and go out in batches (see below); false: each check
 --                 takes a connection of the cosocket pool
+--   reconnect_after  200 (ms): after a connect to the socket failed, the
+--                 worker's checks fail at once for this long, without a
+--                 connect (each failed connect costs a system call and a
+--                 line in nginx's error log); 0 connects every time
 function _M.new(opts)
     opts = opts or {}
     local c = {
@@ -299,8 +303,41 @@ function _M.new(opts)
         pool_size = opts.pool_size or 64,
         keepalive = opts.keepalive or 60000,
         pipeline = opts.pipeline ~= false,
+        reconnect_after = opts.reconnect_after or 200,
     }
     return setmetatable(c, Client)
+end
+
+local down = {} -- socket -> { till = ngx.now() seconds, err = message }: the worker's last failed connect
+
+-- held_down returns the error of c's socket while a failed connect to it
+-- is less than c.reconnect_after old, else nil.
+local function held_down(c)
+    local d = down[c.socket]
+    if d and ngx.now() < d.till then
+        return d.err
+    end
+    return nil
+end
+
+-- connect connects sock to c's socket; after a failure it returns nil
+-- and an error, and held_down answers for c.reconnect_after.
+local function connect(c, sock)
+    local err = held_down(c)
+    if err then
+        return nil, err
+    end
+    local ok, cerr = sock:connect(c.socket)
+    if ok then
+        down[c.socket] = nil
+        return true
+    end
+    err = "connect " .. c.socket .. ": " .. tostring(cerr)
+    if c.reconnect_after > 0 then
+        down[c.socket] = { till = ngx.now() + c.reconnect_after / 1000,
+            err = err .. " (not tried again for " .. c.reconnect_after .. " ms)" }
+    end
+    return nil, err
 end
 
 local next_id = 0
@@ -339,9 +376,9 @@ function Client:roundtrip(id, frame)
     for attempt = 1, 2 do
         local sock = ngx.socket.tcp()
         sock:settimeouts(self.timeout, self.timeout, self.timeout)
-        local ok, cerr = sock:connect(self.socket)
+        local ok, cerr = connect(self, sock)
         if not ok then
-            return nil, "connect " .. self.socket .. ": " .. tostring(cerr)
+            return nil, cerr
         end
         local reused = sock:getreusedtimes() > 0
         local res
@@ -412,9 +449,9 @@ local function run_batch(p, c, frames, ids)
     if not p.sock then
         local sock = ngx.socket.tcp()
         sock:settimeouts(c.timeout, c.timeout, c.timeout)
-        local ok, err = sock:connect(c.socket)
+        local ok, err = connect(c, sock)
         if not ok then
-            return nil, "connect " .. c.socket .. ": " .. tostring(err), false
+            return nil, err, false
         end
         p.sock = sock
     end
@@ -789,7 +826,8 @@ local function client_for(opts)
     end
     local pipeline = opts.pipeline ~= false
     local c = m[pipeline]
-    if not c or c.pool_size ~= (opts.pool_size or 64) or c.keepalive ~= (opts.keepalive or 60000) then
+    if not c or c.pool_size ~= (opts.pool_size or 64) or c.keepalive ~= (opts.keepalive or 60000)
+        or c.reconnect_after ~= (opts.reconnect_after or 200) then
         c = _M.new(opts)
         m[pipeline] = c
     end
