@@ -56,6 +56,10 @@ func (d *Daemon) initOps(cfg *config.Config, data []byte) error {
 		d.ops.token, d.ops.hasTok = sha256.Sum256([]byte(tok)), true
 	}
 	d.ops.admin = &admin.Server{Service: adminService{d}, Log: d.log, Changed: obs.writeAdmin}
+	if u := unmappedUIDs(cfg.Admin.SocketUIDs); len(u) > 0 {
+		d.log.Warn("admin.socket_uids names uids that this process's user namespace does not map: their admin frames arrive as uid 65534 and are refused (under systemd, set PrivateUsers=no in a drop-in)",
+			slog.Any("uids", u))
+	}
 	d.setLoaded(data)
 	return nil
 }

@@ -35,10 +35,11 @@ var (
 	lastReloadOK = metrics.NewGauge(`rld_config_last_reload_successful`, nil)
 	livePeers    = metrics.NewGauge(`rld_fleet_daemons`, nil)
 
-	// frameErrors counts rejected frames by error code.
-	frameErrors = func() (c [16]*metrics.Counter) {
-		for i := range c {
-			c[i] = metrics.NewCounter(`rld_frame_errors_total{code="` + wire.Code(i).String() + `"}`)
+	// frameErrors counts rejected frames by error code: one series per
+	// code the protocol names (none for CodeNone).
+	frameErrors = func() (c [wire.CodeNotFound + 1]*metrics.Counter) {
+		for i := wire.CodeNone + 1; i < wire.Code(len(c)); i++ {
+			c[i] = metrics.NewCounter(`rld_frame_errors_total{code="` + i.String() + `"}`)
 		}
 		return c
 	}()
@@ -59,7 +60,7 @@ func init() {
 }
 
 func countFrameError(code wire.Code) {
-	if int(code) < len(frameErrors) {
+	if int(code) < len(frameErrors) && frameErrors[code] != nil {
 		frameErrors[code].Inc()
 	}
 }

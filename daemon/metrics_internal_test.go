@@ -1,8 +1,11 @@
 package daemon
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/rld/rld/wire"
 )
 
 // TestCheckDurationAllocatesNothing: timing a check, on the hot path of
@@ -23,4 +26,16 @@ func BenchmarkCheckDuration(b *testing.B) {
 			checkDuration.UpdateDuration(now)
 		}
 	})
+}
+
+// TestFrameErrorSeries: rld_frame_errors_total has a series for every
+// code the protocol names but none, and none for a code it does not name.
+func TestFrameErrorSeries(t *testing.T) {
+	for c := wire.CodeNone; c < wire.CodeNotFound+8; c++ {
+		named := !strings.HasPrefix(c.String(), "code(")
+		has := int(c) < len(frameErrors) && frameErrors[c] != nil
+		if has != (named && c != wire.CodeNone) {
+			t.Errorf("code %d (%s): series %v", c, c, has)
+		}
+	}
 }

@@ -197,8 +197,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	adminAddr := fs.String("admin-http", "", "admin HTTP listen `address` (overrides admin.http; \"off\" disables)")
 	fs.Usage = flagUsage(fs, "rld [serve] [-config FILE] [-socket PATH] [-http ADDR] [-admin-http ADDR]",
 		"Run the daemon: answer checks on the Unix socket (binary protocol) and on\n"+
-			"HTTP (/v1/check, /metrics, /healthz). Under systemd socket activation it\n"+
-			"serves the socket it is handed (rld.socket) instead of -socket. SIGHUP\n"+
+			"HTTP (/v1/check, /v1/auth, /v1/acquire, /v1/release, /v1/settle, /metrics,\n"+
+			"/healthz). Under systemd socket activation it serves the socket it is\n"+
+			"handed (rld.socket) instead of -socket. SIGHUP\n"+
 			"reloads the rules (an invalid file is rejected, the rules in force stay);\n"+
 			"SIGTERM stops accepting, answers what was read, and exits 0. With\n"+
 			"Type=notify it sends READY=1, and WATCHDOG=1 when WatchdogSec= is set.\n"+
