@@ -36,8 +36,12 @@ func (s adminService) operate(ctx context.Context, kind algo.OpKind, n int64, t 
 	if err != nil {
 		return admin.StateResult{}, err
 	}
+	failed := 0
 	res := admin.StateResult{Counters: make([]admin.Counter, 0, len(applied))}
 	for _, a := range applied {
+		if a.Err != nil {
+			failed++
+		}
 		c := admin.Counter{Rule: a.Rule, Key: a.Key, Tier: a.Tier, Algorithm: a.Params.Kind.String(), Mode: string(a.Mode)}
 		if a.Err != nil {
 			c.Error = a.Err.Error()
@@ -45,6 +49,11 @@ func (s adminService) operate(ctx context.Context, kind algo.OpKind, n int64, t 
 			c.Remaining, c.ResetMs = a.Result.Remaining, a.Result.Reset.Milliseconds()
 		}
 		res.Counters = append(res.Counters, c)
+	}
+	if failed == len(applied) {
+		// Nothing changed for sure: the op failed (a timeout may still
+		// have reached the store; the answer says so).
+		return admin.StateResult{}, admin.Errorf(admin.CodeInternal, "%s changed no counter (a timed-out call may still have reached the store): %v", kind, applied[0].Err)
 	}
 	return res, nil
 }

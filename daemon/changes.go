@@ -57,7 +57,19 @@ func (d *Daemon) openChanges(cfg *config.Config) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// On Redis a load is a few calls of store.timeout each: at a start,
+	// with the scripts still loading and other daemons starting too, one
+	// may time out. It is tried again within the 5 s before the daemon
+	// starts without the changes (the announcements and the poll bring
+	// them). A state file's error is final: it was moved aside.
 	ch, err := d.chStore.load(ctx)
+	for err != nil && d.redis != nil && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(loadRetry):
+			ch, err = d.chStore.load(ctx)
+		}
+	}
 	if err != nil {
 		d.log.Error("cannot load the overrides and blocks; starting without them", slog.Any("error", err))
 		return
@@ -116,11 +128,20 @@ func (d *Daemon) reportChanges(p *policy.Policy) {
 	}
 }
 
+// changeTimeout bounds an admin change: its store (with the retries of
+// a change to Redis, changes_redis.go) and the load that applies it. It
+// holds reloadMu meanwhile, so it stays well below the systemd watchdog's
+// 10 s, which the loop that runs reloads keeps.
+const changeTimeout = 3 * time.Second
+
 // change validates and stores a change with store under reloadMu, then
-// loads the changes stored and swaps in their Policy. validate gets the
-// Policy in force and now by the store's clock.
+// loads the changes stored and swaps in their Policy, all within
+// changeTimeout. validate gets the Policy in force and now by the store's
+// clock.
 func (d *Daemon) change(ctx context.Context, validate func(p *policy.Policy, now time.Time) error,
 	store func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, changeTimeout)
+	defer cancel()
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
 	if validate != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -35,7 +36,7 @@ var (
 )
 
 // A change whose call times out or does not reach Redis is sent again
-// until its context ends (an admin op has 5 s), waiting putRetry, then
+// until its context ends (an admin op has changeTimeout), waiting putRetry, then
 // twice as long each time up to putRetryMax: a Cluster failover takes a
 // few seconds to reach every client's topology.
 const (
@@ -114,6 +115,7 @@ func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires
 	// than refuse the operator's change. A refusal by Redis is final.
 	var exp time.Time
 	var st redisx.Stamp
+	var sent error // an attempt that timed out: it may have been applied
 	wait := putRetry
 	for try := 0; ; try++ {
 		if try > 0 {
@@ -126,6 +128,12 @@ func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires
 		if exp, st, err = s.rc.Put(ctx, id, string(v), at, ttl); err == nil || redisx.IsReply(err) || ctx.Err() != nil {
 			break
 		}
+		if isTimeout(err) {
+			sent = err
+		}
+	}
+	if err != nil && sent != nil {
+		return fmt.Errorf("cannot store the change in redis (a call timed out, so it may still be stored as %s: see rld admin list): %w", id, err)
 	}
 	if err != nil {
 		return fmt.Errorf("cannot store the change in redis: %w", err)
@@ -222,4 +230,11 @@ func (d *Daemon) watchChanges(ctx context.Context, interval time.Duration) {
 		}
 		via.Inc()
 	}
+}
+
+// isTimeout reports whether err is a call's timeout: the call may have
+// reached Redis and been applied.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }

@@ -71,7 +71,8 @@ func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 // Health is the body of /healthz (HTTP 200): Status is "ok", or
 // "degraded" while a circuit breaker of the Redis store is not closed
 // (calls to a node are refused or only probing, and the rules follow
-// their fail modes), when checks still get answers. Redis is set only
+// their fail modes) or fail-open rules decide on local state (Fallback),
+// when checks still get answers. Redis is set only
 // with the Redis store.
 type Health struct {
 	// Status is "ok" or "degraded".
@@ -127,6 +128,9 @@ func (d *Daemon) health() []byte {
 	}
 	if f := d.fleet; f != nil {
 		rh := &RedisHealth{Daemons: f.Peers(), Fallback: f.fallback.Active(), Breakers: []BreakerHealth{}}
+		if rh.Fallback {
+			h.Status = "degraded" // answers decided on local state, before a breaker opened too
+		}
 		for _, b := range f.c.Breakers() {
 			bh := BreakerHealth{Node: b.Node, State: b.State.String()}
 			if b.State != breaker.Closed {
@@ -339,7 +343,11 @@ func (d *Daemon) writeDecision(ctx *fasthttp.RequestCtx, s *httpScratch, now tim
 		s.body = b
 		ctx.SetBody(b)
 	case policy.StatusBlocked:
-		httpError(ctx, fasthttp.StatusForbidden, "BLOCKED", "request blocked by the deny list")
+		msg := "request blocked by the deny list"
+		if dec.Rule != policy.RuleDeny {
+			msg = "request blocked: its key is blocked for rule " + strconv.Quote(dec.Rule)
+		}
+		httpError(ctx, fasthttp.StatusForbidden, "BLOCKED", msg)
 	default:
 		status, code := fasthttp.StatusInternalServerError, "INTERNAL"
 		switch dec.Code {

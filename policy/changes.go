@@ -272,11 +272,12 @@ func (p *Policy) compileChanges(ch *Changes) {
 				continue
 			}
 			if r.keyOv == nil {
-				r.keyOv = map[string]ovEntry{}
+				r.keyOv = map[string][]ovEntry{}
 			}
-			if _, dup := r.keyOv[key]; !dup { // the first one set wins
-				r.keyOv[key] = e
-			}
+			// The overrides come in the order they were set: the
+			// newest of a key goes first, and applies while it has
+			// not expired; then the one before it does.
+			r.keyOv[key] = slices.Insert(r.keyOv[key], 0, e)
 			continue
 		}
 		r.globOv = append(r.globOv, globOverride{match: selectors(o.Match), ovEntry: e})
@@ -364,15 +365,18 @@ func (r *rule) keyBlocked(key []byte, now int64) bool {
 }
 
 // limitIndex returns the params index (see paramsAt) of the limit in force
-// for a request of tier index ti whose counter key is key: a key
-// override's, else the first matching glob override's, else ti's own.
+// for a request of tier index ti whose counter key is key: the newest key
+// override's not expired, else the first matching glob override's, else
+// ti's own.
 func (r *rule) limitIndex(ti int, key []byte, descs []wire.Descriptor, now int64) int {
 	if !r.changed {
 		return ti
 	}
 	if len(r.keyOv) > 0 {
-		if e, ok := r.keyOv[string(key)]; ok && now < e.exp {
-			return len(r.tiers) + e.first + ti + 1
+		for _, e := range r.keyOv[string(key)] {
+			if now < e.exp {
+				return len(r.tiers) + e.first + ti + 1
+			}
 		}
 	}
 	for i := range r.globOv {

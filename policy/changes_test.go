@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/VictoriaMetrics/metrics"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -95,6 +96,9 @@ func TestBlocks(t *testing.T) {
 	}}
 	st := newFakeStore()
 	p := compileChanges(t, changesTOML, ch, st)
+	keyBlocked := metrics.GetOrCreateCounter(`rld_checks_total{rule="ip",decision="blocked"}`)
+	denied := metrics.GetOrCreateCounter(`rld_checks_total{rule="deny",decision="blocked"}`)
+	kb, dn := keyBlocked.Get(), denied.Get()
 	d := p.Check(context.Background(), t0, descs("ip=10.0.0.7"), 1, false, nil)
 	assert.Equal(t, StatusBlocked, d.Status)
 	assert.Equal(t, RuleDeny, d.Rule)
@@ -102,6 +106,8 @@ func TestBlocks(t *testing.T) {
 	assert.Equal(t, StatusBlocked, d.Status)
 	assert.Equal(t, "ip", d.Rule)
 	assert.Equal(t, []string{"api\x00\x01k"}, st.refunds, "the api rule's take is refunded")
+	assert.Equal(t, kb+1, keyBlocked.Get(), "a key block is counted under its rule")
+	assert.Equal(t, dn+1, denied.Get(), "a glob block under the deny list")
 	assert.Equal(t, StatusAllowed, p.Check(context.Background(), t0, descs("ip=192.0.2.2"), 1, false, nil).Status)
 	assert.Equal(t, StatusAllowed, p.Check(context.Background(), exp, descs("ip=10.0.0.7"), 1, false, nil).Status, "expired")
 	assert.Equal(t, StatusAllowed, p.Check(context.Background(), exp, descs("ip=192.0.2.1"), 1, false, nil).Status, "expired")
@@ -325,4 +331,30 @@ limit = 5
 period = "1m"
 `, &Changes{Overrides: []Override{{ID: "old", Rule: "login", Key: ip, Limit: 20000, Expires: exp}}}, newFakeStore())
 	assert.Equal(t, []Orphan{{ID: "old", Rule: "login"}}, p2.Orphans())
+}
+
+// TestKeyOverrideNewestApplies: of two overrides of one key, the newer
+// applies while it has not expired, whichever expires first; then the
+// older one does, until its own expiry.
+func TestKeyOverrideNewestApplies(t *testing.T) {
+	key := map[string]string{"api_key": "a"}
+	limit := func(p *Policy, at time.Time) int64 {
+		return p.Check(context.Background(), at, descs("api_key=a"), 1, true, nil).Params.Limit
+	}
+	// The newer expires first: the older applies after it.
+	p := compileChanges(t, changesTOML, &Changes{Overrides: []Override{
+		{ID: "o1", Rule: "api", Key: key, Limit: 50, Expires: t0.Add(time.Hour)},
+		{ID: "o2", Rule: "api", Key: key, Limit: 3, Expires: t0.Add(4 * time.Second)},
+	}}, newFakeStore())
+	assert.Equal(t, int64(3), limit(p, t0), "the newer override")
+	assert.Equal(t, int64(50), limit(p, t0.Add(5*time.Second)), "the older one, once the newer expired")
+	assert.Equal(t, int64(10), limit(p, t0.Add(2*time.Hour)), "the rule's, once both expired")
+
+	// The newer outlives the older.
+	p = compileChanges(t, changesTOML, &Changes{Overrides: []Override{
+		{ID: "o1", Rule: "api", Key: key, Limit: 3, Expires: t0.Add(4 * time.Second)},
+		{ID: "o2", Rule: "api", Key: key, Limit: 50, Expires: t0.Add(time.Hour)},
+	}}, newFakeStore())
+	assert.Equal(t, int64(50), limit(p, t0))
+	assert.Equal(t, int64(50), limit(p, t0.Add(5*time.Second)))
 }

@@ -87,8 +87,8 @@ type rule struct {
 	// The run-time changes of the rule (see Changes); changed is set
 	// when it has any.
 	changed  bool
-	ovParams []algo.Params // the overrides' limits, len(tiers)+1 each
-	keyOv    map[string]ovEntry
+	ovParams []algo.Params        // the overrides' limits, len(tiers)+1 each
+	keyOv    map[string][]ovEntry // newest first
 	globOv   []globOverride
 	keyBlock map[string]int64 // counter key → expiry, Unix nanoseconds
 
@@ -335,7 +335,7 @@ func compileRule(r *rule, cr *config.Rule) error {
 		shadow: cr.Shadow,
 		mode:   cr.Mode,
 		fail:   cr.Fail,
-		m:      newCounters(cr.Name, decAllowed, decLimited, decError, decShadowLimited, decAllowedDegraded, decLimitedDegraded),
+		m:      newCounters(cr.Name, decAllowed, decLimited, decBlocked, decError, decShadowLimited, decAllowedDegraded, decLimitedDegraded),
 		pen:    compilePenalty(cr),
 	}
 	AutoBlocks(cr.Name) // served from the start, as rld_checks_total is
@@ -533,7 +533,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		now := c.now.UnixNano()
 		if r.keyBlocked(key, now) {
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-			sc.count(p.denyM, decBlocked)
+			sc.count(r.m, decBlocked) // under the rule whose key is blocked
 			*d = Decision{Status: StatusBlocked, Rule: r.name}
 			return decided
 		}

@@ -359,6 +359,10 @@ func printResult(cmd string, res client.Result, err error, asJSON bool, stdout, 
 		if cmd == "acquire" {
 			out["lease"] = res.Lease
 		}
+		if res.Degraded {
+			// Decided by the rule's fail mode while Redis fails.
+			out["degraded"] = true
+		}
 		b, _ := json.Marshal(out)
 		fmt.Fprintln(stdout, string(b))
 	} else {
@@ -378,6 +382,10 @@ func printResult(cmd string, res client.Result, err error, asJSON bool, stdout, 
 		fields, _ := header.AppendFields(nil, nil, res.Answer(), time.Now())
 		for _, f := range fields {
 			fmt.Fprintf(stdout, "%s: %s\n", f.Name, f.Value)
+		}
+		if res.Degraded {
+			// As the HTTP endpoint marks an answer of a fail mode.
+			fmt.Fprintln(stdout, "X-RateLimit-Policy: degraded")
 		}
 	}
 	switch {

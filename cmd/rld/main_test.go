@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/wire"
 )
 
 func TestConfigCheck(t *testing.T) {
@@ -272,4 +273,22 @@ func TestServeRefusesToStart(t *testing.T) {
 	assert.Equal(t, exitError, run([]string{"serve", "-config", "../../rld.toml", "-socket", filepath.Join(dir, "other.sock"),
 		"-http", tcp.Addr().String(), "-admin-http", "off"}, &out, &errOut))
 	assert.Contains(t, errOut.String(), "cannot listen on http=")
+}
+
+// TestPrintDegraded: an answer of a rule's fail mode says so, in the JSON
+// and as the HTTP endpoint's X-RateLimit-Policy field; a normal one does
+// not.
+func TestPrintDegraded(t *testing.T) {
+	res := client.Result{Status: wire.StatusLimited, Rule: "login", Limit: 5, RetryAfter: time.Second, Next: -1, Degraded: true}
+	var out, errOut bytes.Buffer
+	assert.Equal(t, exitDenied, printResult("check", res, nil, true, &out, &errOut))
+	assert.Contains(t, out.String(), `"degraded":true`)
+	out.Reset()
+	assert.Equal(t, exitDenied, printResult("check", res, nil, false, &out, &errOut))
+	assert.Contains(t, out.String(), "\nX-RateLimit-Policy: degraded\n")
+	res.Degraded = false
+	out.Reset()
+	printResult("check", res, nil, true, &out, &errOut)
+	printResult("check", res, nil, false, &out, &errOut)
+	assert.NotContains(t, out.String(), "degraded")
 }
