@@ -576,6 +576,11 @@ func (cn *conn) write(b []byte) error {
 		_ = cn.c.SetWriteDeadline(cn.writeDeadline)
 	}
 	_, err := cn.c.Write(b)
+	if err != nil {
+		// As a slow reader's close is: the client is gone, or did not
+		// read its answers within the write deadline.
+		cn.d.log.Debug("closing connection: its answers could not be written", slog.Any("error", err))
+	}
 	return err
 }
 

@@ -611,10 +611,13 @@ func TestHTTPQueryParsing(t *testing.T) {
 		assert.Equal(t, 200, code)
 	}
 	assert.Equal(t, "0", remaining("p"))
-	for _, v := range []string{"yes", "", "TRUE", "2"} {
+	for _, v := range []string{"yes", "", "TRUE", "2", "1&peek=0", "0&peek=1"} {
 		code, _ := get("api_key=p2&endpoint=/v1/search&peek=" + v)
 		assert.Equal(t, 400, code, "peek=%q", v)
 	}
+	// A repeated cost is refused too, whatever its values.
+	code, _ = get("api_key=p2&endpoint=/v1/search&cost=1&cost=1")
+	assert.Equal(t, 400, code, "cost twice")
 	assert.Equal(t, "2", remaining("p2"))
 }
 

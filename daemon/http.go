@@ -169,15 +169,24 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	if i := badPercent(ctx.URI().QueryString()); i >= 0 {
 		bad = "malformed percent-encoding in the query at byte " + strconv.Itoa(i)
 	}
+	var seenCost, seenPeek bool
 	for key, value := range ctx.QueryArgs().All() {
 		switch string(key) {
 		case "cost":
+			if seenCost {
+				bad = "cost is given twice: give it once"
+			}
+			seenCost = true
 			n, err := strconv.ParseUint(string(value), 10, 32)
 			if err != nil {
 				bad = "cost must be a whole number from 0 to 4294967295 (0 means 1), got " + strconv.Quote(string(value))
 			}
 			cost = max(int64(n), 1)
 		case "peek":
+			if seenPeek {
+				bad = "peek is given twice: give it once"
+			}
+			seenPeek = true
 			switch string(value) {
 			case "1", "true":
 				peek = true
