@@ -137,9 +137,9 @@ func (c *Client) Peek(ctx context.Context, descs []Descriptor, cost uint32) (Res
 	return c.do(ctx, wire.OpPeek, descs, cost)
 }
 
-// Acquire answers like Check, and the concurrency rules that apply hold
-// cost slots (0 means 1) until Release of the Result's Lease, or until
-// their timeout: release them when the request is done, whatever its
+// Acquire answers like Check (the rate rules take cost units, 0 meaning
+// 1), and the concurrency rules that apply hold one slot each until
+// Release (or Settle) of the Result's Lease, or until their timeout: release them when the request is done, whatever its
 // outcome. A call whose ctx ends before the answer may still have taken
 // slots, which are then held until their timeout.
 func (c *Client) Acquire(ctx context.Context, descs []Descriptor, cost uint32) (Result, error) {
@@ -147,11 +147,14 @@ func (c *Client) Acquire(ctx context.Context, descs []Descriptor, cost uint32) (
 }
 
 // Release gives back the concurrency slots that Acquire's Result.Lease
-// names: Settle at the estimate. An unknown lease (released or settled
-// already, or expired: the rule's timeout passed) is a *ResponseError
-// with code wire.CodeNotFound, and changes nothing. The Result describes
-// the last limit that got slots back, after the release; a lease that
-// holds no slot releases nothing and is allowed with no rule.
+// names, and leaves the rate rules as the acquire took them (it does not
+// settle them: a later Settle still corrects them once). A lease whose
+// slots are gone (released or settled already, or expired: the rule's
+// timeout passed) is a *ResponseError with code wire.CodeNotFound, and
+// changes nothing. The Result describes the last limit that got slots
+// back, after the release; a lease that never held a slot (only rate
+// rules counted its acquire) releases nothing and is allowed with no
+// rule.
 func (c *Client) Release(ctx context.Context, lease string) (Result, error) {
 	if len(lease) == 0 || len(lease) > wire.MaxTokenLen {
 		return Result{}, fmt.Errorf("%w: a lease of %d bytes, want 1 to %d", ErrTooLarge, len(lease), wire.MaxTokenLen)
