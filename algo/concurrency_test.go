@@ -106,7 +106,7 @@ func TestReleaseOp(t *testing.T) {
 	op = algo.Op{Kind: algo.OpRelease, Params: p, N: 1, TakenAt: a.At}
 	algo.Apply(&op, &s, now+20)
 	assert.Equal(t, 1, op.Admitted)
-	assert.Equal(t, int64(0), op.Result.Remaining, "a peek of 1 after the release takes the freed slot")
+	assert.Equal(t, int64(1), op.Result.Remaining, "the slots free after the release: the one freed")
 	assert.True(t, algo.Decide(p, &s, now+20, 1, true).Allowed)
 
 	// b expires at b.At+P: releasing it then finds nothing.

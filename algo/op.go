@@ -212,7 +212,7 @@ func Apply(op *Op, s *State, now int64) {
 		if Release(p, s, now, op.TakenAt, op.N) {
 			op.Admitted = 1
 		}
-		after(op, s, now)
+		freed(op, s, now)
 	default:
 		panic("BUG: algo.Apply: unknown " + op.Kind.String())
 	}
@@ -235,9 +235,20 @@ func parked(op *Op, s *State, total int64) int64 {
 	return total
 }
 
+// freed sets op's Result as after does, but with Remaining the units
+// free on s (a release's answer: the slots free after it), not what a
+// check of cost 1 would leave: one more when such a check would fit.
+func freed(op *Op, s *State, now int64) {
+	DecideTo(op.Params, s, now, 1, true, &op.Result)
+	if op.Result.Allowed {
+		op.Result.Remaining++
+	}
+	op.Result.Allowed, op.Result.RetryAfter = false, 0
+}
+
 // after sets op's Result to that of a peek of cost 1 on s at now, with
 // Allowed false and RetryAfter 0: the reply of the ops that change a
-// key's state without deciding anything (refund, reset, grant, release).
+// key's state without deciding anything (refund, reset, grant).
 func after(op *Op, s *State, now int64) {
 	DecideTo(op.Params, s, now, 1, true, &op.Result)
 	op.Result.Allowed, op.Result.RetryAfter = false, 0

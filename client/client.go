@@ -139,9 +139,10 @@ func (c *Client) Peek(ctx context.Context, descs []Descriptor, cost uint32) (Res
 
 // Acquire answers like Check (the rate rules take cost units, 0 meaning
 // 1), and the concurrency rules that apply hold one slot each until
-// Release (or Settle) of the Result's Lease, or until their timeout: release them when the request is done, whatever its
-// outcome. A call whose ctx ends before the answer may still have taken
-// slots, which are then held until their timeout.
+// Release (or Settle) of the Result's Lease, or until their timeout:
+// release them when the request is done, whatever its outcome. A call
+// whose ctx ends before the answer may still have taken slots, which are
+// then held until their timeout.
 func (c *Client) Acquire(ctx context.Context, descs []Descriptor, cost uint32) (Result, error) {
 	return c.do(ctx, wire.OpAcquire, descs, cost)
 }

@@ -51,9 +51,14 @@ func (s adminService) operate(ctx context.Context, kind algo.OpKind, n int64, t 
 		res.Counters = append(res.Counters, c)
 	}
 	if failed == len(applied) {
-		// Nothing changed for sure: the op failed (a timeout may still
-		// have reached the store; the answer says so).
-		return admin.StateResult{}, admin.Errorf(admin.CodeInternal, "%s changed no counter (a timed-out call may still have reached the store): %v", kind, applied[0].Err)
+		// The op failed on every counter; one that timed out may still
+		// have reached the store, which the answer then says.
+		a := applied[0]
+		maybe := ""
+		if isTimeout(a.Err) {
+			maybe = " (the call timed out: it may still have reached the store)"
+		}
+		return admin.StateResult{}, admin.Errorf(admin.CodeInternal, "%s of rule %q key %s failed%s: %v", kind, a.Rule, a.Key, maybe, a.Err)
 	}
 	return res, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/policy"
+	"github.com/rld/rld/redisx"
 )
 
 // changeStore keeps the run-time changes (overrides and blocks) where
@@ -63,7 +64,8 @@ func (d *Daemon) openChanges(cfg *config.Config) {
 	// starts without the changes (the announcements and the poll bring
 	// them). A state file's error is final: it was moved aside.
 	ch, err := d.chStore.load(ctx)
-	for err != nil && d.redis != nil && ctx.Err() == nil {
+	for err != nil && d.redis != nil && ctx.Err() == nil && !redisx.IsReply(err) {
+		d.log.Debug("cannot load the overrides and blocks yet; trying again", slog.Any("error", err))
 		select {
 		case <-ctx.Done():
 		case <-time.After(loadRetry):
@@ -123,7 +125,7 @@ func (d *Daemon) reportChanges(p *policy.Policy) {
 	orphans := p.Orphans()
 	changesOrphaned.Set(float64(len(orphans)))
 	for _, o := range orphans {
-		d.log.Warn("an override or block names a rule the configuration does not have (or whose by descriptors changed): it applies to nothing until the rule is back",
+		d.log.Warn("an override or block names a rule the configuration does not have, or one whose by descriptors or algorithm it no longer fits: it applies to nothing until the rule is back",
 			slog.String("id", o.ID), slog.String("rule", o.Rule))
 	}
 }
@@ -140,10 +142,11 @@ const changeTimeout = 3 * time.Second
 // clock.
 func (d *Daemon) change(ctx context.Context, validate func(p *policy.Policy, now time.Time) error,
 	store func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, changeTimeout)
-	defer cancel()
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
+	// From the lock on: what the bound protects is the time it is held.
+	ctx, cancel := context.WithTimeout(ctx, changeTimeout)
+	defer cancel()
 	if validate != nil {
 		if err := validate(d.policy.Load(), time.Now().Add(d.chStore.skew())); err != nil {
 			return err

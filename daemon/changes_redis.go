@@ -125,11 +125,12 @@ func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires
 			}
 			wait = min(2*wait, putRetryMax)
 		}
-		if exp, st, err = s.rc.Put(ctx, id, string(v), at, ttl); err == nil || redisx.IsReply(err) || ctx.Err() != nil {
-			break
-		}
+		exp, st, err = s.rc.Put(ctx, id, string(v), at, ttl)
 		if isTimeout(err) {
 			sent = err
+		}
+		if err == nil || redisx.IsReply(err) || ctx.Err() != nil {
+			break
 		}
 	}
 	if err != nil && sent != nil {

@@ -67,9 +67,11 @@ func (d *Daemon) loaded() *loadedConfig { return d.ops.loaded.Load() }
 // caught while an editor or a deploy tool is still writing it is not
 // loaded half-written (a valid prefix of the file would otherwise be put
 // in force for one interval). A content that failed to load, here or by
-// SIGHUP, is not tried again until it changes: the log says so once, not
-// at every poll. A file put back to the content in force clears the
-// failure (rld_config_last_reload_successful is 1 again).
+// SIGHUP, is not tried again by the poll until it changes: the log says
+// so once, not at every poll (a SIGHUP tries it again: a file it names,
+// such as admin.token_file, may have been fixed). A file put back to the
+// content in force clears the failure (rld_config_last_reload_successful
+// is 1 again).
 func (d *Daemon) pollConfig(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -80,39 +82,49 @@ func (d *Daemon) pollConfig(ctx context.Context, interval time.Duration) {
 			return
 		case <-t.C:
 		}
+		d.pollConfigOnce(&readFailed, &seen)
 		d.configPolls.Add(1)
-		data, err := os.ReadFile(d.opts.ConfigPath)
-		if err != nil {
-			if !readFailed {
-				d.log.Warn("config poll: cannot read the file; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", err))
-				readFailed = true
-			}
-			continue
-		}
-		readFailed = false
-		h := ConfigHash(data)
-		if h == d.loaded().hash {
-			seen = ""
-			d.reloadMu.Lock()
-			d.inForceAgainLocked()
-			d.reloadMu.Unlock()
-			continue
-		}
-		d.reloadMu.Lock()
-		failed := d.failedConfig
-		d.reloadMu.Unlock()
-		if h == failed {
-			seen = ""
-			continue
-		}
-		if h != seen {
-			seen = h // changed since the last poll: read it again next time
-			continue
-		}
-		seen = ""
-		d.log.Info("config file changed; reloading", slog.String("path", d.opts.ConfigPath), slog.String("hash", h))
-		_ = d.Reload() // a failure is logged, counted and recorded by Reload
 	}
+}
+
+// pollConfigOnce is one poll of pollConfig; readFailed and seen are its
+// state across polls.
+func (d *Daemon) pollConfigOnce(readFailed *bool, seen *string) {
+	data, err := os.ReadFile(d.opts.ConfigPath)
+	if err != nil {
+		if !*readFailed {
+			d.log.Warn("config poll: cannot read the file; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", err))
+			*readFailed = true
+		}
+		return
+	}
+	*readFailed = false
+	h := ConfigHash(data)
+	if h == d.loaded().hash {
+		*seen = ""
+		d.reloadMu.Lock()
+		// Read again under the lock: a reload (SIGHUP) of another
+		// content may have failed since the read above.
+		if now, err := os.ReadFile(d.opts.ConfigPath); err == nil && ConfigHash(now) == d.loaded().hash {
+			d.inForceAgainLocked()
+		}
+		d.reloadMu.Unlock()
+		return
+	}
+	d.reloadMu.Lock()
+	failed := d.failedConfig
+	d.reloadMu.Unlock()
+	if h == failed {
+		*seen = ""
+		return
+	}
+	if h != *seen {
+		*seen = h // changed since the last poll: read it again next time
+		return
+	}
+	*seen = ""
+	d.log.Info("config file changed; reloading", slog.String("path", d.opts.ConfigPath), slog.String("hash", h))
+	_ = d.Reload() // a failure is logged, counted and recorded by Reload
 }
 
 // inForceAgainLocked records, with reloadMu held, that the file holds the

@@ -56,13 +56,12 @@ type Daemon struct {
 	conf   atomic.Pointer[config.Config]
 	policy atomic.Pointer[policy.Policy]
 
-	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig, failedConfig and failedErr
+	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig and failedConfig
 	lastConfig []byte
 	// failedConfig is the ConfigHash of the content whose reload failed
 	// last, "" when the last reload did not fail: the poll does not try
 	// it again, and a file back at the content in force clears it.
 	failedConfig string
-	failedErr    error        // why it failed
 	configPolls  atomic.Int64 // the config file's polls so far (tests wait on it)
 	chStore      changeStore  // the overrides and blocks (changes.go)
 	autoBl       autoBlocks   // the automatic blocks' queue (penalty.go)
@@ -269,11 +268,6 @@ func (d *Daemon) Reload() error {
 		d.inForceAgainLocked()
 		return nil
 	}
-	if err == nil && d.failedConfig == ConfigHash(data) {
-		// One bad edit, one failure counted, whoever reloads it.
-		d.log.Error("config unchanged since its reload failed; keeping the rules in force", slog.String("path", d.opts.ConfigPath), slog.Any("error", d.failedErr))
-		return fmt.Errorf("cannot reload config: %w", d.failedErr)
-	}
 	var cfg *config.Config
 	var p *policy.Policy
 	if err == nil {
@@ -286,7 +280,7 @@ func (d *Daemon) Reload() error {
 	if err != nil {
 		reloadsFailed.Inc()
 		lastReloadOK.Set(0)
-		d.failedConfig, d.failedErr = "read error", err
+		d.failedConfig = "read error"
 		if data != nil {
 			d.failedConfig = ConfigHash(data)
 		}

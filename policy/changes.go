@@ -78,14 +78,21 @@ func (p *Policy) ValidateOverride(o *Override, now time.Time) error {
 	case o.Period < 0 || o.Burst < 0:
 		return errors.New("period and burst must not be negative")
 	}
+	if !o.Expires.After(now) {
+		return fmt.Errorf("expires %s is not in the future", o.Expires.UTC().Format(time.RFC3339Nano))
+	}
+	return overrideFits(r, o)
+}
+
+// overrideFits reports what is wrong with the limits o makes of r's: a
+// period on a concurrency rule, a burst on an algorithm without one, a
+// limit its algorithm cannot enforce (checkOverridden).
+func overrideFits(r *rule, o *Override) error {
 	switch kind := r.base.Kind; {
 	case o.Period != 0 && kind == algo.Concurrency:
 		return errors.New("period: a concurrency rule has no period (its timeout says how long a slot not released is held): give a limit or a multiplier")
 	case o.Burst != 0 && kind != algo.TokenBucket && kind != algo.GCRA:
 		return fmt.Errorf("burst: only token_bucket and gcra take a burst, not %s", kind)
-	}
-	if !o.Expires.After(now) {
-		return fmt.Errorf("expires %s is not in the future", o.Expires.UTC().Format(time.RFC3339Nano))
 	}
 	for ti := -1; ti < len(r.tiers); ti++ {
 		if err := checkOverridden(overrideParams(o, *r.paramsAt(ti))); err != nil {
@@ -250,19 +257,15 @@ func (p *Policy) compileChanges(ch *Changes) {
 			continue
 		}
 		e := ovEntry{exp: o.Expires.UnixNano() - int64(ch.Skew), first: len(r.ovParams)}
-		valid := true
-		for ti := -1; ti < len(r.tiers); ti++ {
-			pp := overrideParams(o, *r.paramsAt(ti))
-			valid = valid && checkOverridden(pp) == nil
-			r.ovParams = append(r.ovParams, pp)
-		}
-		if !valid {
+		if overrideFits(r, o) != nil {
 			// Validated against another configuration (the rule's
-			// algorithm or period changed since): it applies to
-			// nothing until it fits again.
-			r.ovParams = r.ovParams[:e.first]
+			// algorithm or period changed since), or before a check
+			// it fails: it applies to nothing until it fits again.
 			p.orphans = append(p.orphans, Orphan{ID: o.ID, Rule: o.Rule})
 			continue
+		}
+		for ti := -1; ti < len(r.tiers); ti++ {
+			r.ovParams = append(r.ovParams, overrideParams(o, *r.paramsAt(ti)))
 		}
 		r.changed = true
 		if len(o.Key) > 0 {

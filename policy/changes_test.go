@@ -329,8 +329,18 @@ algorithm = "sliding_log"
 mode = "strict"
 limit = 5
 period = "1m"
-`, &Changes{Overrides: []Override{{ID: "old", Rule: "login", Key: ip, Limit: 20000, Expires: exp}}}, newFakeStore())
-	assert.Equal(t, []Orphan{{ID: "old", Rule: "login"}}, p2.Orphans())
+[[rule]]
+name = "exports"
+by = ["api_key"]
+algorithm = "concurrency"
+limit = 2
+timeout = "30s"
+`, &Changes{Overrides: []Override{
+		{ID: "old", Rule: "login", Key: ip, Limit: 20000, Expires: exp},
+		{ID: "burst", Rule: "login", Key: map[string]string{"ip": "192.0.2.2"}, Limit: 5, Burst: 7, Expires: exp},
+		{ID: "period", Rule: "exports", Key: key, Limit: 5, Period: time.Minute, Expires: exp},
+	}}, newFakeStore())
+	assert.ElementsMatch(t, []Orphan{{ID: "old", Rule: "login"}, {ID: "burst", Rule: "login"}, {ID: "period", Rule: "exports"}}, p2.Orphans())
 }
 
 // TestKeyOverrideNewestApplies: of two overrides of one key, the newer

@@ -406,7 +406,7 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 		op := algo.Op{Key: e.key, TakenAt: e.at}
 		switch {
 		case e.flags&entryTake == 0 && r.base.Kind == algo.Concurrency:
-			op.Kind, op.Params, op.N = algo.OpRelease, r.base, 1
+			op.Kind, op.Params, op.N = algo.OpRelease, r.slotParams(e.key, now.UnixNano()), 1
 		case e.flags&entryTake != 0 && actual > pl.cost:
 			op.Kind, op.Params, op.N = algo.OpCharge, e.params, actual-pl.cost
 		case e.flags&entryTake != 0 && actual < pl.cost:
@@ -476,16 +476,11 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 		case algo.OpRefund:
 			settleRefunded.Add(int(op.N))
 		}
-		// The store's answer is a peek of cost 1 after the op, made a
-		// refusal (algo.Op.Result). This answer allows: its next is the
-		// limit's own, not a refusal's 0. A release freed a slot, so the
-		// peek found one and counted it as taken: the slots free now are
-		// one more than it left.
+		// The store's answer is a refusal (algo.Op.Result), a release's
+		// with the slots free after it. This answer allows: its next is
+		// the limit's own, not a refusal's 0.
 		res := op.Result
 		res.Allowed, res.RetryAfter = true, 0
-		if op.Kind == algo.OpRelease {
-			res.Remaining++
-		}
 		d.set(StatusAllowed, e.flags&entryLocal != 0, r.name, &res, &op.Params)
 	}
 	if changed == 0 && applied > 0 {
@@ -530,4 +525,15 @@ func (f *Fallback) do(op *algo.Op, now time.Time) bool {
 	}
 	*op = ops[0]
 	return true
+}
+
+// slotParams returns the params a release of a slot of r's key answers
+// under: the rule's, with the limit of a key override in force (a tier's
+// or a glob override's limit needs the request's descriptors, which a
+// lease does not carry). The period, the slots' timeout, stays the
+// rule's: the release removes a slot taken under it.
+func (r *rule) slotParams(key []byte, now int64) algo.Params {
+	p := r.base
+	p.Limit = r.paramsAt(r.limitIndex(-1, key, nil, now)).Limit
+	return p
 }

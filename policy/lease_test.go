@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/config"
 	"github.com/rld/rld/memstore"
 )
 
@@ -294,4 +295,31 @@ func TestReleaseSettleAnswers(t *testing.T) {
 	assert.Positive(t, algo.Next(s.Params, &s.Result), "the time until the next unit comes back")
 	peek := p.Check(ctx, t0.Add(time.Second), descs("api_key=j"), 1, true, &sc)
 	assert.Equal(t, algo.Next(peek.Params, &peek.Result), algo.Next(s.Params, &s.Result), "the next of a check made then")
+}
+
+// TestReleaseUnderKeyOverride: a release answers under the limit in force
+// for its key, a key override's: limit 5, four slots held, one released,
+// two free.
+func TestReleaseUnderKeyOverride(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	cfg, err := config.Parse([]byte(concurrencyRules), t.Name()+".toml")
+	require.NoError(t, err)
+	p, err := Compile(cfg, &Changes{Overrides: []Override{
+		{ID: "o", Rule: "exports", Key: map[string]string{"api_key": "big"}, Limit: 5, Expires: exp},
+	}}, Stores{Cached: memstore.New(memstore.Options{})})
+	require.NoError(t, err)
+	ctx := context.Background()
+	var sc Scratch
+	var d Decision
+	var leases [][]byte
+	for i := range 4 {
+		l := p.AcquireTo(ctx, t0.Add(time.Duration(i)*time.Millisecond), descs("api_key=big", "endpoint=/v1/export"), 1, &sc, &d)
+		require.Equal(t, StatusAllowed, d.Status, "acquire %d: %s %v", i, d.Rule, d.Err)
+		leases = append(leases, l)
+	}
+	r := p.Release(ctx, t0.Add(10*time.Millisecond), leases[0])
+	require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+	assert.Equal(t, "exports", r.Rule)
+	assert.Equal(t, int64(5), r.Result.Limit, "the override's limit")
+	assert.Equal(t, int64(2), r.Result.Remaining, "5 slots, 3 held")
 }

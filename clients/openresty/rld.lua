@@ -313,6 +313,9 @@ local down = {} -- socket -> { till = ngx.now() seconds, err = message }: the wo
 -- held_down returns the error of c's socket while a failed connect to it
 -- is less than c.reconnect_after old, else nil.
 local function held_down(c)
+    if c.reconnect_after <= 0 then
+        return nil -- this client connects every time
+    end
     local d = down[c.socket]
     if d and ngx.now() < d.till then
         return d.err
