@@ -235,15 +235,24 @@ func parked(op *Op, s *State, total int64) int64 {
 	return total
 }
 
-// freed sets op's Result as after does, but with Remaining the units
-// free on s (a release's answer: the slots free after it), not what a
-// check of cost 1 would leave: one more when such a check would fit.
+// freed sets op's Result to what the log s holds at now after a release:
+// Remaining the units free (the limit less the live entries' costs), Reset
+// when the newest live entry expires (0 with none), Allowed false and
+// RetryAfter 0. Unlike after's peek, it counts no unit as taken.
 func freed(op *Op, s *State, now int64) {
-	DecideTo(op.Params, s, now, 1, true, &op.Result)
-	if op.Result.Allowed {
-		op.Result.Remaining++
+	p := op.Params
+	per := p.PeriodMicros()
+	var sum, newest int64
+	for _, en := range s.Log {
+		if en.At > now-per {
+			sum += en.Cost
+			newest = max(newest, en.At)
+		}
 	}
-	op.Result.Allowed, op.Result.RetryAfter = false, 0
+	op.Result = Result{Limit: p.Limit, Remaining: max(p.Limit-sum, 0), At: now}
+	if sum > 0 {
+		op.Result.Reset = micros(newest + per - now)
+	}
 }
 
 // after sets op's Result to that of a peek of cost 1 on s at now, with

@@ -356,10 +356,7 @@ local function run(alg)
       expire(p, alg.idle(p, st, now))
     end
     held_save(now)
-    -- algo.freed: the units free after the release, one more than a
-    -- check of cost 1 would leave when it fits.
-    local ok, rem, rst = alg.decide(p, st, now, 1, true)
-    if ok then rem = rem + 1 end
+    local rem, rst = alg.free(p, st, now)
     return {released and 1 or 0, rem, rst, 0, now}
   end
   return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset, grant, charge or release)')

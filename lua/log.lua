@@ -129,6 +129,20 @@ local function new_log(shift)
     return true
   end
 
+  -- free returns the units free and the reset after a release
+  -- (algo.freed): the limit less the live entries' costs, and when the
+  -- newest of them expires (0 with none). st.log holds the live entries.
+  function alg.free(p, st, now)
+    local sum, newest = 0, 0
+    for i = 1, #st.log do
+      sum = sum + st.log[i].cost
+      if st.log[i].at > newest then newest = st.log[i].at end
+    end
+    local rst = 0
+    if sum > 0 then rst = newest + p.per - now end
+    return math.max(p.limit - sum, 0), rst
+  end
+
   function alg.idle(p, st, now)
     local n = #st.log
     if n == 0 then return 0 end

@@ -570,12 +570,12 @@ func TestTimelines(t *testing.T) {
 			tk(100*m1, 1).is(1, 0, s1, 0),
 			tk(200*m1, 1).is(0, 0, 900*ms, 800*ms),   // full: the oldest expires at 1s
 			rl(300*m1, 1, 50*m1).is(0, 0, 800*ms, 0), // unknown lease id: nothing changes
-			rl(300*m1, 1, 0).is(1, 1, s1, 0),         // the slot of 0 comes back: 1 free
-			rl(300*m1, 1, 0).is(0, 1, s1, 0),         // released twice: unknown
+			rl(300*m1, 1, 0).is(1, 1, 800*ms, 0),     // the slot of 0 comes back: 1 free, 100's until 1.1s
+			rl(300*m1, 1, 0).is(0, 1, 800*ms, 0),     // released twice: unknown
 			tk(300*m1, 1).is(1, 0, s1, 0),
-			tk(1100*m1, 1).is(1, 0, s1, 0),         // the slot of 100ms expired
-			rl(1300*m1, 1, 300*m1).is(0, 1, s1, 0), // expired at 1.3s: unknown
-			rl(1300*m1, 1, 1100*m1).is(1, 2, s1, 0),
+			tk(1100*m1, 1).is(1, 0, s1, 0),             // the slot of 100ms expired
+			rl(1300*m1, 1, 300*m1).is(0, 1, 800*ms, 0), // expired at 1.3s: unknown
+			rl(1300*m1, 1, 1100*m1).is(1, 2, 0, 0),     // none held: nothing to reset
 			tk(1300*m1, 3).is(0, 2, 0, -1),
 		},
 	}}

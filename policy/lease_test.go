@@ -284,6 +284,7 @@ func TestReleaseSettleAnswers(t *testing.T) {
 	require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
 	assert.Equal(t, "exports", r.Rule)
 	assert.Equal(t, int64(2), r.Result.Remaining, "both slots are free")
+	assert.Zero(t, r.Result.Reset, "no slot held: nothing to wait for")
 	assert.Equal(t, time.Duration(-1), algo.Next(r.Params, &r.Result), "no next without a refusal")
 
 	// A lease of the rate rule alone (no slot): 5 a minute, 3 taken.
