@@ -459,6 +459,14 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		}
 		storeDecided.Add(len(costs))
 		leasesGranted.Add(int(leased))
+		// A warm lease was sized before the store's answer; a key this
+		// daemon had not asked about counted as fresh. Near its limit
+		// after all, what was leased is kept as an ordinary lease: it
+		// goes back when the key goes idle, rather than staying out for
+		// a warm lifetime (and, should this daemon crash, parked).
+		if warm && 2*(r.Remaining+leased) < p.Capacity() {
+			warm = false
+		}
 		sh.mu.Lock()
 		e = c.entry(sh, key, p)
 		c.applyLease(key, e, leased, r, sent, warm)

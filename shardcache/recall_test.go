@@ -497,3 +497,29 @@ func TestWarmWindowLeaseSizedToWindow(t *testing.T) {
 		})
 	}
 }
+
+// TestFirstLeaseNearLimitIsNotWarm: a daemon's first check of a key that
+// others have nearly used up sizes its lease before the store's answer
+// (the key counts as fresh) and may get what is left; the answer shows
+// the key near its limit, so the daemon keeps it as an ordinary lease:
+// idle, it goes back within a few sync intervals, not after a warm
+// lease's 30 s, and a crash of the daemon could not park it for long.
+func TestFirstLeaseNearLimitIsNotWarm(t *testing.T) {
+	b := newAlgoBackend()
+	ca, _ := recallPair(b, false)
+	p := algo.Params{Kind: algo.TokenBucket, Limit: 1000, Period: 24 * time.Hour}
+	key := []byte("near")
+	r, err := b.Take(ctx, key, p, 990, b.clk.Now(), false)
+	require.NoError(t, err)
+	require.True(t, r.Allowed, "other daemons used 990")
+	r, err = ca.Take(ctx, key, p, 1, b.clk.Now(), false)
+	require.NoError(t, err)
+	require.True(t, r.Allowed)
+	lease, _, _ := ca.Held(key)
+	require.Positive(t, lease, "the first check leased what was left")
+	l := newLoops(b.clk, shardcache.DefaultSyncInterval, ca)
+	l.advance(time.Second)
+	lease, _, _ = ca.Held(key)
+	assert.Zero(t, lease, "an ordinary lease: back when the key went idle")
+	assert.EqualValues(t, 9, b.remaining(string(key), p), "the units are back in the store")
+}
