@@ -8,6 +8,7 @@ import (
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/policy"
+	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/wire"
 )
 
@@ -55,7 +56,7 @@ func (s adminService) operate(ctx context.Context, kind algo.OpKind, n int64, t 
 		// have reached the store, which the answer then says.
 		a := applied[0]
 		maybe := ""
-		if isTimeout(a.Err) {
+		if redisx.IsTimeout(a.Err) {
 			maybe = " (the call timed out: it may still have reached the store)"
 		}
 		return admin.StateResult{}, admin.Errorf(admin.CodeInternal, "%s of rule %q key %s failed%s: %v", kind, a.Rule, a.Key, maybe, a.Err)

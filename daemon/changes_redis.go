@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -126,7 +125,7 @@ func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires
 			wait = min(2*wait, putRetryMax)
 		}
 		exp, st, err = s.rc.Put(ctx, id, string(v), at, ttl)
-		if isTimeout(err) {
+		if redisx.IsTimeout(err) {
 			sent = err
 		}
 		if err == nil || redisx.IsReply(err) || ctx.Err() != nil {
@@ -231,11 +230,4 @@ func (d *Daemon) watchChanges(ctx context.Context, interval time.Duration) {
 		}
 		via.Inc()
 	}
-}
-
-// isTimeout reports whether err is a call's timeout: the call may have
-// reached Redis and been applied.
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }

@@ -260,12 +260,8 @@ func TestOperateUnderOverride(t *testing.T) {
 	assert.Equal(t, int64(9), applied[0].Result.Remaining)
 }
 
-// TestValidateOverrideAlgorithm: an override is held to what the rule's
-// algorithm can enforce, as the configuration is: sliding_log's highest
-// limit, no period on a concurrency rule, a burst only on token_bucket
-// and gcra.
-func TestValidateOverrideAlgorithm(t *testing.T) {
-	p := compileChanges(t, `
+// algorithmRules has a rule of each algorithm that limits overrides.
+const algorithmRules = `
 [[rule]]
 name = "login"
 by = ["ip"]
@@ -290,7 +286,14 @@ name = "bucket"
 by = ["ip"]
 limit = 100
 period = "1m"
-`, nil, newFakeStore())
+`
+
+// TestValidateOverrideAlgorithm: an override is held to what the rule's
+// algorithm can enforce, as the configuration is: sliding_log's highest
+// limit, no period on a concurrency rule, a burst only on token_bucket
+// and gcra.
+func TestValidateOverrideAlgorithm(t *testing.T) {
+	p := compileChanges(t, algorithmRules, nil, newFakeStore())
 	exp := t0.Add(time.Hour)
 	ip := map[string]string{"ip": "192.0.2.1"}
 	key := map[string]string{"api_key": "a"}
@@ -321,21 +324,7 @@ period = "1m"
 
 	// An override of a state file written before these checks applies
 	// to nothing: it is reported as an orphan.
-	p2 := compileChanges(t, `
-[[rule]]
-name = "login"
-by = ["ip"]
-algorithm = "sliding_log"
-mode = "strict"
-limit = 5
-period = "1m"
-[[rule]]
-name = "exports"
-by = ["api_key"]
-algorithm = "concurrency"
-limit = 2
-timeout = "30s"
-`, &Changes{Overrides: []Override{
+	p2 := compileChanges(t, algorithmRules, &Changes{Overrides: []Override{
 		{ID: "old", Rule: "login", Key: ip, Limit: 20000, Expires: exp},
 		{ID: "burst", Rule: "login", Key: map[string]string{"ip": "192.0.2.2"}, Limit: 5, Burst: 7, Expires: exp},
 		{ID: "period", Rule: "exports", Key: key, Limit: 5, Period: time.Minute, Expires: exp},

@@ -134,7 +134,7 @@ func TestIsFailure(t *testing.T) {
 		err := <-errc
 		require.Error(t, err)
 		t.Logf("a reset connection: %T: %v", err, err)
-		assert.False(t, isTimeout(err), "the reset, not a deadline: %v", err)
+		assert.False(t, IsTimeout(err), "the reset, not a deadline: %v", err)
 		assert.True(t, isFailure(err), "%T %v", err, err)
 	})
 }

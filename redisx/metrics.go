@@ -82,16 +82,16 @@ func (o op) record(start time.Time, err error) {
 	switch {
 	case err == nil:
 		m.ok.Inc()
-	case isTimeout(err):
+	case IsTimeout(err):
 		m.timeout.Inc()
 	default:
 		m.failed.Inc()
 	}
 }
 
-// isTimeout reports whether err is a deadline that passed, the call's or
-// the connection's.
-func isTimeout(err error) bool {
+// IsTimeout reports whether err is a deadline that passed, the call's or
+// the connection's: a call that timed out may still have reached Redis.
+func IsTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
