@@ -2,7 +2,12 @@
 # bench.sh measures what rld's web clients cost, with wrk against nginx on
 # loopback, all in one run (docs/performance.md, "Clients"):
 #   static     a static file, no rld
+#   static_headers  the same file with the five rate-limit header fields
+#              added by add_header (constant values, no Lua)
 #   lua_empty  the same file behind an empty access_by_lua_block
+#   lua_floor  behind an access_by_lua_block that reads the client's
+#              address and sets the five fields to constants: the least a
+#              Lua client must do
 #   lua        the same file behind rld.lua's access helper (pipelined)
 #   lua_pool   the same, one pooled connection per check (pipeline = false)
 #   lua_before with BEFORE=path/to/an/older/rld.lua: that file in place of
@@ -128,6 +133,26 @@ http {
       access_by_lua_block { }
       try_files /static =404;
     }
+    location = /static-headers {
+      add_header X-RateLimit-Limit 1000000000;
+      add_header X-RateLimit-Remaining 999999999;
+      add_header X-RateLimit-Reset 1;
+      add_header RateLimit '"bench";r=999999999;t=1';
+      add_header RateLimit-Policy '"bench";q=1000000000;w=1';
+      try_files /static =404;
+    }
+    location = /lua-floor {
+      access_by_lua_block {
+        local ip = ngx.var.remote_addr
+        local h = ngx.header
+        h["X-RateLimit-Limit"] = "1000000000"
+        h["X-RateLimit-Remaining"] = "999999999"
+        h["X-RateLimit-Reset"] = "1"
+        h["RateLimit"] = '"bench";r=999999999;t=1'
+        h["RateLimit-Policy"] = '"bench";q=1000000000;w=1'
+      }
+      try_files /static =404;
+    }
     location = /rld-failures { content_by_lua_block { ngx.say(require("rld").failures("rld")) } }
     location ~ \.php\$ {
       include /etc/nginx/fastcgi_params;
@@ -202,7 +227,7 @@ run() {
 # name:connections:address. The _c1 cases, one connection, measure the
 # latency a check adds to a request when nginx is not saturated (with
 # $CONNS connections the worker is CPU-bound and p99 follows requests/s).
-ALL="static:$CONNS:$P1/static lua_empty:$CONNS:$P1/lua-empty lua:$CONNS:$P1/lua ${BEFORE:+lua_before:$CONNS:$P1/lua-before}
+ALL="static:$CONNS:$P1/static lua_empty:$CONNS:$P1/lua-empty lua_floor:$CONNS:$P1/lua-floor static_headers:$CONNS:$P1/static-headers lua:$CONNS:$P1/lua ${BEFORE:+lua_before:$CONNS:$P1/lua-before}
   lua_pool:$CONNS:$P1/lua-pool auth:$CONNS:$P2/static proxy:$CONNS:$P1/proxy proxy_lua:$CONNS:$P1/proxy-lua
   php_nocheck:$CONNS:$P1/nocheck.php php_check:$CONNS:$P1/check.php php_lua:$CONNS:$P1/lua.php
   static_c1:1:$P1/static lua_c1:1:$P1/lua ${BEFORE:+lua_before_c1:1:$P1/lua-before} lua_pool_c1:1:$P1/lua-pool"
