@@ -125,10 +125,10 @@ func (l *Log) validate(p *problems) {
 	if l.Decisions == "" {
 		p.add(`log.decisions = "": want "off", "stderr" or a file path`)
 	}
-	if l.DeniedRate < 0 || l.DeniedRate > 1 {
+	if !(l.DeniedRate >= 0 && l.DeniedRate <= 1) { // NaN too
 		p.add("log.denied_rate = %v: must be from 0 to 1", l.DeniedRate)
 	}
-	if l.AllowedRate < 0 || l.AllowedRate > 1 {
+	if !(l.AllowedRate >= 0 && l.AllowedRate <= 1) {
 		p.add("log.allowed_rate = %v: must be from 0 to 1", l.AllowedRate)
 	}
 	if l.DeniedPerSecond < 0 {

@@ -45,8 +45,11 @@ func TestAdminAndLogInvalid(t *testing.T) {
 		{"[log]\ndecisions = \"\"", `log.decisions = "": want "off", "stderr" or a file path`},
 		{"[log]\ndenied_rate = 1.5", "log.denied_rate = 1.5: must be from 0 to 1"},
 		{"[log]\nallowed_rate = -0.1", "log.allowed_rate = -0.1"},
+		{"[log]\ndenied_rate = nan", "log.denied_rate = NaN: must be from 0 to 1"},
+		{"[log]\nallowed_rate = nan", "log.allowed_rate = NaN: must be from 0 to 1"},
 		{"[log]\ndenied_per_second = -1", "log.denied_per_second = -1"},
-		{"[server]\nconfig_poll = \"-1s\"", `server.config_poll = "-1s": must not be negative`},
+		{"[server]\nconfig_poll = \"-1s\"", `server.config_poll = "-1s": want 10ms to 1h, or 0 to turn polling off`},
+		{"[server]\nconfig_poll = \"1ns\"", `server.config_poll = "1ns": want 10ms to 1h`},
 		{"[admin]\nsocket = 1", "admin.socket"},
 	}
 	for _, tt := range tests {

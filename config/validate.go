@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,8 +88,8 @@ func (s *Server) validate(p *problems) {
 	if s.DrainTimeout < 0 {
 		p.add("server.drain_timeout = %q: must not be negative", s.DrainTimeout)
 	}
-	if s.ConfigPoll < 0 {
-		p.add("server.config_poll = %q: must not be negative (0 turns polling off)", s.ConfigPoll)
+	if s.ConfigPoll != 0 && (s.ConfigPoll < Duration(10*time.Millisecond) || s.ConfigPoll > Duration(time.Hour)) {
+		p.add("server.config_poll = %q: want 10ms to 1h, or 0 to turn polling off", s.ConfigPoll)
 	}
 	switch s.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -106,8 +107,8 @@ func (s *Store) validate(p *problems) {
 	if s.MaxKeys <= 0 {
 		p.add("store.max_keys = %d: must be positive", s.MaxKeys)
 	}
-	if s.SweepInterval <= 0 {
-		p.add("store.sweep_interval = %q: must be positive", s.SweepInterval)
+	if s.SweepInterval < Duration(100*time.Millisecond) || s.SweepInterval > Duration(time.Hour) {
+		p.add("store.sweep_interval = %q: want 100ms to 1h", s.SweepInterval)
 	}
 	for i, addr := range s.Redis {
 		if _, port, err := net.SplitHostPort(addr); err != nil {
@@ -206,22 +207,13 @@ func (r *Rule) validate(p *problems, i int) {
 	kind, err := algo.ParseKind(r.Algorithm)
 	if err != nil {
 		p.add("%s: algorithm = %q: %v", at, r.Algorithm, err)
-		return // the limits cannot be checked without the algorithm
-	}
-	if r.Burst != 0 {
-		switch {
-		case kind != algo.TokenBucket && kind != algo.GCRA:
-			p.add("%s: burst = %d: only token_bucket and gcra take a burst, not %s", at, r.Burst, kind)
-		case len(r.Tiers) > 0:
-			p.add("%s: burst = %d: cannot be combined with tiers (each tier's capacity is its limit)", at, r.Burst)
-		}
 	}
 	switch r.Mode {
 	case ModeCached:
-		if r.Algorithm == algo.SlidingLog.String() {
+		if err == nil && kind == algo.SlidingLog {
 			p.add("%s: mode = \"cached\": sliding_log is always strict (a lease would let its log forget admissions early)", at)
 		}
-		if kind == algo.Concurrency {
+		if err == nil && kind == algo.Concurrency {
 			p.add("%s: mode = \"cached\": concurrency is always strict (a slot is held until it is released, not leased)", at)
 		}
 	case ModeStrict:
@@ -233,22 +225,39 @@ func (r *Rule) validate(p *problems, i int) {
 	default:
 		p.add("%s: fail = %q: want open or closed", at, r.Fail)
 	}
+	if err != nil {
+		r.validateWithoutAlgorithm(p, at)
+		return
+	}
+	if r.Burst != 0 {
+		switch {
+		case kind != algo.TokenBucket && kind != algo.GCRA:
+			p.add("%s: burst = %d: only token_bucket and gcra take a burst, not %s", at, r.Burst, kind)
+		case len(r.Tiers) > 0:
+			p.add("%s: burst = %d: cannot be combined with tiers (each tier's capacity is its limit)", at, r.Burst)
+		}
+	}
 	// A bad period or burst is reported once, here; the limits are still
 	// checked on their own, and against the period only when both are good
 	// (every such check would repeat the problem).
 	combine := true
-	switch {
-	case kind == algo.Concurrency && r.Period != 0:
-		p.add("%s: period = %q: a concurrency rule has no period; its timeout says how long a slot not released is held", at, r.Period)
-		combine = false
-	case kind == algo.Concurrency && r.Timeout <= 0:
-		p.add("%s: timeout = %q: a concurrency rule needs a positive timeout (how long a slot not released is held)", at, r.Timeout)
-		combine = false
-	case kind != algo.Concurrency && r.Timeout != 0:
-		p.add("%s: timeout = %q: only a concurrency rule takes a timeout, not %s", at, r.Timeout, kind)
-	case kind != algo.Concurrency && r.Period <= 0:
-		p.add("%s: period = %q: must be positive", at, r.Period)
-		combine = false
+	if kind == algo.Concurrency {
+		if r.Period != 0 {
+			p.add("%s: period = %q: a concurrency rule has no period; its timeout says how long a slot not released is held", at, r.Period)
+			combine = false
+		}
+		if r.Timeout <= 0 {
+			p.add("%s: timeout = %q: a concurrency rule needs a positive timeout (how long a slot not released is held)", at, r.Timeout)
+			combine = false
+		}
+	} else {
+		if r.Timeout != 0 {
+			p.add("%s: timeout = %q: only a concurrency rule takes a timeout, not %s", at, r.Timeout, kind)
+		}
+		if r.Period <= 0 {
+			p.add("%s: period = %q: must be positive", at, r.Period)
+			combine = false
+		}
 	}
 	if r.Burst < 0 {
 		p.add("%s: burst = %d: must not be negative (0 means the limit)", at, r.Burst)
@@ -304,6 +313,33 @@ const MaxPenaltyTime = 7 * 24 * time.Hour
 
 // validatePenalties checks the rule's penalty, block_after and
 // retry_jitter.
+// validateWithoutAlgorithm checks, for a rule whose algorithm is not
+// known, what does not depend on the algorithm: the signs of the limit,
+// period, timeout and burst, and the tiers' names and limits.
+func (r *Rule) validateWithoutAlgorithm(p *problems, at string) {
+	if len(r.Tiers) == 0 && r.Limit <= 0 {
+		p.add("%s: limit = %d: must be positive (or give tiers)", at, r.Limit)
+	} else if r.Limit < 0 {
+		p.add("%s: limit = %d: must not be negative", at, r.Limit)
+	}
+	if r.Period < 0 {
+		p.add("%s: period = %q: must not be negative", at, r.Period)
+	}
+	if r.Timeout < 0 {
+		p.add("%s: timeout = %q: must not be negative", at, r.Timeout)
+	}
+	if r.Burst < 0 {
+		p.add("%s: burst = %d: must not be negative (0 means the limit)", at, r.Burst)
+	}
+	for _, tier := range sortedKeys(r.Tiers) {
+		if tier == "" {
+			p.add("%s: tiers: empty tier name", at)
+		} else if r.Tiers[tier] <= 0 {
+			p.add("%s: tiers.%s = %d: must be positive", at, tier, r.Tiers[tier])
+		}
+	}
+}
+
 func (r *Rule) validatePenalties(p *problems, at string) {
 	if pen := r.Penalty; pen != nil {
 		if pen.After < 1 || pen.After > 1_000_000 {
@@ -357,11 +393,10 @@ func CheckRuleName(name string) error {
 	if len(name) > MaxRuleName {
 		return fmt.Errorf("longer than %d bytes", MaxRuleName)
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
+	for _, c := range name {
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
 			c == '_' || c == '.' || c == ':' || c == '-') {
-			return fmt.Errorf("byte %q not allowed (use A-Z a-z 0-9 _ . : -)", c)
+			return fmt.Errorf("character %q not allowed (use A-Z a-z 0-9 _ . : -)", c)
 		}
 	}
 	if slices.Contains(reservedNames, name) {
@@ -391,7 +426,35 @@ func decodeError(name string, err error) error {
 		}
 		return &lineError{file: name, line: pe.Position.Line, msg: msg, err: err}
 	}
+	// A value of the wrong type is not a ParseError: its text says where.
+	if m := typeError.FindStringSubmatch(err.Error()); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &lineError{file: name, line: line, msg: fmt.Sprintf("%s: want %s, not %s", m[2], typeName(m[4]), typeName(m[3])), err: err}
+	}
 	return fmt.Errorf("%s: %w", name, err)
+}
+
+// typeError matches the decoder's text for a value of the wrong type.
+var typeError = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): incompatible types: TOML value has type (.+); destination has type (.+)$`)
+
+// typeName says a type of the decoder's messages in the words of a TOML
+// file.
+func typeName(t string) string {
+	switch t {
+	case "string":
+		return "a string"
+	case "integer", "int64":
+		return "an integer"
+	case "float", "float64":
+		return "a number"
+	case "bool":
+		return "true or false"
+	case "slice", "[]interface {}":
+		return "an array"
+	case "struct", "map", "map[string]interface {}":
+		return "a table"
+	}
+	return t
 }
 
 // lineError is a decoding error at a line of a file, printed the way
@@ -407,51 +470,107 @@ func (e *lineError) Error() string { return fmt.Sprintf("%s:%d: %s", e.file, e.l
 
 func (e *lineError) Unwrap() error { return e.err }
 
-// unknownKeys returns one problem per key of the file that Config does not
-// have, as ":LINE: unknown key ..." (or ": unknown key ..." when the line
-// cannot be found), children of an unknown table left out.
+// unknownKeys reports each key the decoder did not use, once for every
+// place it is written, with its line: the file is scanned line by line,
+// following its table headers, and a key is reported at the line that
+// defines it in a table of that name. A key inside an unknown table is
+// covered by the table's own report. A key that no line defines by that
+// path (one inside an inline table) is reported once, without a line.
 func unknownKeys(md toml.MetaData, data []byte) []string {
-	var out []string
-	var reported []string
-	lines := strings.Split(string(data), "\n")
+	unknown := map[string]bool{}
 	for _, k := range md.Undecoded() {
-		ks := k.String()
-		if slices.ContainsFunc(reported, func(r string) bool { return ks == r || strings.HasPrefix(ks, r+".") }) {
+		unknown[k.String()] = true
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	// inUnknown reports whether a proper ancestor of path is unknown too.
+	inUnknown := func(path string) bool {
+		for i := strings.LastIndexByte(path, '.'); i > 0; i = strings.LastIndexByte(path[:i], '.') {
+			if unknown[path[:i]] {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
+	seen := map[string]bool{}
+	table := ""
+	for i, line := range strings.Split(string(data), "\n") {
+		t := strings.TrimSpace(line)
+		var path string
+		if name, ok := tableHeader(t); ok {
+			table, path = name, name
+		} else if key, ok := keyOfLine(t); ok {
+			path = key
+			if table != "" {
+				path = table + "." + key
+			}
+		} else {
 			continue
 		}
-		reported = append(reported, ks)
-		if n := keyLine(lines, k); n > 0 {
-			out = append(out, fmt.Sprintf(":%d: unknown key %q", n, ks))
-		} else {
-			out = append(out, fmt.Sprintf(": unknown key %q", ks))
+		if unknown[path] && !inUnknown(path) {
+			seen[path] = true
+			out = append(out, fmt.Sprintf(":%d: unknown key %q", i+1, path))
 		}
+	}
+	var rest []string
+	for k := range unknown {
+		if !seen[k] && !inUnknown(k) {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	for _, k := range rest {
+		out = append(out, fmt.Sprintf(": unknown key %q", k))
 	}
 	return out
 }
 
-// keyLine finds the first line that defines k: a table header naming it,
-// or a line starting with its last part followed by "=" or ".". It returns
-// 0 when none does. The decoder does not report positions of keys it did
-// not decode, so this is a best effort.
-func keyLine(lines []string, k toml.Key) int {
-	last := k[len(k)-1]
-	full := k.String()
-	for i, line := range lines {
-		t := strings.TrimSpace(line)
-		switch {
-		case t == "["+full+"]" || t == "[["+full+"]]":
-			return i + 1
-		case strings.HasPrefix(t, last):
-			rest := strings.TrimLeft(t[len(last):], " \t")
-			if strings.HasPrefix(rest, "=") || strings.HasPrefix(rest, ".") {
-				return i + 1
-			}
-		case strings.HasPrefix(t, strconv.Quote(last)):
-			rest := strings.TrimLeft(t[len(strconv.Quote(last)):], " \t")
-			if strings.HasPrefix(rest, "=") {
-				return i + 1
-			}
-		}
+// tableHeader returns the dotted name of a [table] or [[array]] header
+// line, its parts unquoted.
+func tableHeader(t string) (string, bool) {
+	if !strings.HasPrefix(t, "[") {
+		return "", false
 	}
-	return 0
+	end := "]"
+	t = t[1:]
+	if strings.HasPrefix(t, "[") {
+		end, t = "]]", t[1:]
+	}
+	n := strings.Index(t, end)
+	if n < 0 {
+		return "", false
+	}
+	return dottedKey(t[:n])
+}
+
+// keyOfLine returns the dotted key that a "key = value" line defines, its
+// parts unquoted.
+func keyOfLine(t string) (string, bool) {
+	if t == "" || t[0] == '#' {
+		return "", false
+	}
+	n := strings.IndexByte(t, '=')
+	if n <= 0 {
+		return "", false
+	}
+	return dottedKey(t[:n])
+}
+
+// dottedKey normalises a written key, `a . "b"`, to a.b. It gives up on
+// keys with quoted dots or characters a bare key may not hold.
+func dottedKey(s string) (string, bool) {
+	parts := strings.Split(s, ".")
+	for i, part := range parts {
+		part = strings.TrimSpace(part)
+		if len(part) >= 2 && (part[0] == '"' || part[0] == '\'') && part[len(part)-1] == part[0] {
+			part = part[1 : len(part)-1]
+		}
+		if part == "" || strings.ContainsAny(part, " \t\"'[]{}=#,") {
+			return "", false
+		}
+		parts[i] = part
+	}
+	return strings.Join(parts, "."), true
 }

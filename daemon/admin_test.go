@@ -434,3 +434,46 @@ func TestDecisionLogCap(t *testing.T) {
 	assert.LessOrEqual(t, lines, 5*seconds, "at most 5 lines per second")
 	assert.NotContains(t, string(b), `"decision":"allowed"`, "allowed_rate 0 logs no allowed answer")
 }
+
+// TestDecisionLogAcquiresAndErrors: an ACQUIRE over the socket is logged
+// and counted in top as a check is, and an error answer (cost_too_large)
+// is sampled, and counted, as a denial: with allowed_rate 0 it is still
+// written, under the denied kind.
+func TestDecisionLogAcquiresAndErrors(t *testing.T) {
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "decisions.jsonl")
+	cfg := uidConfig(fmt.Sprintf(oneRule, 2), os.Getuid()) +
+		fmt.Sprintf("\n[log]\ndecisions = %q\ndenied_rate = 1.0\nallowed_rate = 0.0\ndenied_per_second = 0\n", logPath)
+	l := startLogged(t, dir, cfg)
+	c := client.New(l.d.SocketPath())
+	defer c.Close()
+	deniedLines := daemon.DecisionLogLines("denied")
+	descs := []client.Descriptor{{Name: "api_key", Value: "acq"}}
+	for i := range 3 {
+		res, err := c.Acquire(context.Background(), descs, 1)
+		require.NoError(t, err)
+		assert.Equal(t, i < 2, res.Allowed(), "acquire %d", i)
+	}
+	_, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "big"}}, 5)
+	var re *client.ResponseError
+	require.ErrorAs(t, err, &re, "a cost above the capacity is an error answer")
+
+	b, err := os.ReadFile(logPath)
+	require.NoError(t, err)
+	log := string(b)
+	assert.Equal(t, 1, strings.Count(log, `"decision":"limited"`), log)
+	assert.Contains(t, log, `"key":"api_key=acq","decision":"limited"`)
+	assert.Equal(t, 1, strings.Count(log, `"decision":"error"`), log)
+	assert.NotContains(t, log, `"decision":"allowed"`)
+	assert.Equal(t, deniedLines+2, daemon.DecisionLogLines("denied"), "the acquire's denial and the error")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := admin.CallSocket(ctx, l.d.SocketPath(), admin.Request{Op: "top", Args: json.RawMessage(`{"rule":"per-key","n":5}`)})
+	require.NoError(t, err)
+	require.Nil(t, res.Err)
+	var top admin.TopResult
+	require.NoError(t, json.Unmarshal(res.Result, &top))
+	require.Len(t, top.Rules, 1)
+	assert.Equal(t, []admin.KeyCount{{Key: "api_key=acq", Count: 1}}, top.Rules[0].Keys)
+}

@@ -492,9 +492,9 @@ func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.T
 }
 
 // respond appends the answer of fs's request, decided by p at now, to
-// out; a check's decision is observed first.
+// out; the decision of a check or an acquire is observed first.
 func (fs *frameState) respond(p *policy.Policy, now time.Time, out []byte) []byte {
-	if fs.req.Op == wire.OpCheck {
+	if fs.req.Op == wire.OpCheck || fs.req.Op == wire.OpAcquire {
 		fs.obs.observe(p, &fs.dec, fs.req.Descs, now, &fs.os)
 	}
 	res := &fs.res

@@ -130,7 +130,9 @@ func (o *observer) sketch(rule string) *topk.Sketch {
 // observe records one decision dec for descs, decided by p; start is when
 // the request was read.
 func (o *observer) observe(p *policy.Policy, dec *policy.Decision, descs []wire.Descriptor, start time.Time, sc *obsScratch) {
-	denied := dec.Status == policy.StatusLimited || dec.Status == policy.StatusBlocked
+	// An error answer (cost_too_large, internal) refuses the request too:
+	// it is sampled, capped and counted as a denial.
+	denied := !dec.Status.Allowed()
 	keyed := false
 	if dec.Status == policy.StatusLimited && dec.Rule != "" {
 		var ok bool

@@ -8,3 +8,6 @@ var FillResponse = fillResponse
 
 // ConfigPolls returns how many times the config file was polled.
 func (d *Daemon) ConfigPolls() int64 { return d.configPolls.Load() }
+
+// DecisionLogLines returns rld_decision_log_lines_total of kind.
+func DecisionLogLines(kind string) uint64 { return decisionLines[kind].Get() }

@@ -562,7 +562,7 @@ func TestNewRejectsBadInput(t *testing.T) {
 
 	cfg.Rules[0].Name = `a"b`
 	_, err = New(cfg, newFakeStore())
-	assert.ErrorContains(t, err, `name: byte '"' not allowed`)
+	assert.ErrorContains(t, err, `name: character '"' not allowed`)
 
 	cfg = config.Default()
 	cfg.Deny = []string{"nope"}
