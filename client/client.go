@@ -255,8 +255,8 @@ func checkLimits(descs []Descriptor) error {
 	return nil
 }
 
-// writeTimeout bounds a write when the caller's context has no earlier
-// deadline.
+// writeTimeout bounds a write to the daemon: one that takes longer breaks
+// the connection.
 const writeTimeout = 5 * time.Second
 
 type answer struct {
@@ -310,32 +310,65 @@ func (cn *conn) send(ctx context.Context, id uint32, ch chan answer, op wire.Op,
 		return nil
 	}
 	cn.writing = true
-	// A write is bounded by this caller's deadline, or writeTimeout: a
-	// daemon that does not read must not hold callers forever. A write
-	// that times out has lost the framing, so the connection breaks.
-	deadline := time.Now().Add(writeTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	_ = cn.nc.SetWriteDeadline(deadline)
+	cn.writeOut(ctx)
+	return nil
+}
+
+// writeOut writes the buffered requests until none is left; it is called
+// with wmu held and writing set, and returns with wmu released. A write
+// is bounded by writeTimeout from its start: a daemon that does not read
+// must not hold callers forever, and a write that times out has lost the
+// framing, so the connection breaks, failing every pending call. The
+// writing caller's own context does not bound the shared write, whose
+// buffer holds other callers' requests too: when that context ends, the
+// caller stops writing and a goroutine writes the rest, so that the
+// connection and the other calls live on.
+func (cn *conn) writeOut(ctx context.Context) {
+	// A context's end wakes a Write blocked on a daemon that reads slowly.
+	stop := context.AfterFunc(ctx, func() { _ = cn.nc.SetWriteDeadline(time.Now()) })
+	defer stop()
 	for len(cn.wbuf) > 0 {
 		buf := cn.wbuf
 		cn.wbuf = cn.spare[:0]
 		cn.wmu.Unlock()
-		_, err := cn.nc.Write(buf)
+		limit := time.Now().Add(writeTimeout)
+		n, err := 0, error(nil)
+		for n < len(buf) && ctx.Err() == nil {
+			_ = cn.nc.SetWriteDeadline(limit)
+			var m int
+			m, err = cn.nc.Write(buf[n:])
+			n += m
+			var ne net.Error
+			if err != nil && errors.As(err, &ne) && ne.Timeout() && time.Now().Before(limit) {
+				err = nil // woken by a context's end, not by the daemon's silence
+			}
+			if err != nil {
+				break
+			}
+		}
 		cn.wmu.Lock()
-		cn.spare = buf[:0]
 		if err != nil {
 			cn.writing = false
 			cn.wbuf = cn.wbuf[:0]
 			cn.wmu.Unlock()
 			cn.fail(fmt.Errorf("%w: %v", ErrConnLost, err))
-			return nil // the waiter learns the error from fail
+			return // the waiters learn the error from fail
 		}
+		if n < len(buf) {
+			// This caller's context ended: what is left of its write goes
+			// first, then what other callers queued meanwhile.
+			cn.wbuf = append(buf[n:], cn.wbuf...)
+			go func() {
+				cn.wmu.Lock()
+				cn.writeOut(context.Background())
+			}()
+			cn.wmu.Unlock()
+			return
+		}
+		cn.spare = buf[:0]
 	}
 	cn.writing = false
 	cn.wmu.Unlock()
-	return nil
 }
 
 func (cn *conn) forget(id uint32) {

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -317,4 +322,114 @@ func TestAcquireRelease(t *testing.T) {
 	assert.Equal(t, wire.CodeNotFound, re.Code, "settled once")
 	_, err = c.Settle(ctx, "", 4)
 	assert.ErrorIs(t, err, client.ErrTooLarge)
+}
+
+// TestShortDeadlineSparesTheOthers: callers with deadlines too short to
+// finish a write share the connection with patient callers; the patient
+// ones never lose their call or the connection.
+func TestShortDeadlineSparesTheOthers(t *testing.T) {
+	s := start(t)
+	c := client.New(s.Socket)
+	defer c.Close()
+	done := make(chan struct{})
+	var impatient sync.WaitGroup
+	for range 2 {
+		impatient.Add(1)
+		go func() {
+			defer impatient.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Microsecond)
+				_, err := c.Check(ctx, []client.Descriptor{{Name: "tenant", Value: "hurry"}}, 1)
+				cancel()
+				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+					assert.NoError(t, err, "an impatient call fails only by its own deadline")
+					return
+				}
+			}
+		}()
+	}
+	var patient sync.WaitGroup
+	var failed atomic.Int64
+	for range 8 {
+		patient.Add(1)
+		go func() {
+			defer patient.Done()
+			for range 300 {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := c.Check(ctx, []client.Descriptor{{Name: "tenant", Value: "calm"}}, 1)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	patient.Wait()
+	close(done)
+	impatient.Wait()
+	assert.Zero(t, failed.Load(), "patient calls failed beside the impatient ones")
+}
+
+// TestCancelDuringBlockedWrite: against a peer that does not read, a call
+// whose context is cancelled returns at once, although its write is
+// blocked (the socket's buffer is full), not after the write timeout.
+func TestCancelDuringBlockedWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stuck.sock")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if nc, err := ln.Accept(); err == nil {
+			accepted <- nc // held open, never read
+		}
+	}()
+	c := client.New(path)
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	big := strings.Repeat("v", 1000)
+	descs := make([]client.Descriptor, 12)
+	for i := range descs {
+		descs[i] = client.Descriptor{Name: fmt.Sprintf("d%d", i), Value: big}
+	}
+	const calls = 200 // 200 × 12 KB: more than the socket buffers hold
+	returned := make(chan error, calls)
+	for range calls {
+		go func() {
+			_, err := c.Check(ctx, descs, 1)
+			returned <- err
+		}()
+	}
+	nc := <-accepted
+	defer nc.Close()
+	// Wait until the buffers are full: no call can have an answer, so
+	// none returns before the cancel.
+	require.Eventually(t, func() bool { return unread(t, nc) > 100_000 }, 5*time.Second, 5*time.Millisecond,
+		"the client filled the socket")
+	cancel()
+	start := time.Now()
+	for range calls {
+		select {
+		case err := <-returned:
+			assert.ErrorIs(t, err, context.Canceled)
+		case <-time.After(3 * time.Second):
+			t.Fatalf("a call still blocked %s after its cancel (the write timeout is 5s)", time.Since(start))
+		}
+	}
+}
+
+// unread returns the bytes waiting in nc's receive queue (SIOCINQ).
+func unread(t *testing.T, nc net.Conn) int {
+	raw, err := nc.(*net.UnixConn).SyscallConn()
+	require.NoError(t, err)
+	var n int32
+	require.NoError(t, raw.Control(func(fd uintptr) {
+		_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n)))
+	}))
+	return int(n)
 }
