@@ -31,7 +31,8 @@ var ErrConnLost = errors.New("rld client: connection lost")
 
 // ErrTooLarge is returned, without sending anything, for a request that
 // breaks the protocol's limits: too many descriptors, an empty or too long
-// name, a too long value, or a frame over wire.MaxFrame.
+// name, a too long value, a frame over wire.MaxFrame, or a lease (of
+// Release or Settle) that is empty or longer than wire.MaxTokenLen.
 var ErrTooLarge = errors.New("rld client: request breaks the protocol limits")
 
 // Descriptor is one (name, value) pair of a check, such as
@@ -65,7 +66,9 @@ type Result struct {
 	Lease string
 }
 
-// Allowed reports whether the request may go through.
+// Allowed reports whether the request may go through. A Result returned
+// with an error is the zero Result, which is allowed: check the error
+// first, and choose there whether to fail open or closed.
 func (r Result) Allowed() bool { return r.Status.Allowed() }
 
 // Answer returns r as header.Answer, whose AppendFields renders the HTTP
@@ -83,6 +86,7 @@ type ResponseError struct {
 	Message string
 }
 
+// Error returns the code's name and the daemon's message.
 func (e *ResponseError) Error() string {
 	return fmt.Sprintf("rld: %s: %s", e.Code, e.Message)
 }
@@ -168,8 +172,10 @@ func (c *Client) Release(ctx context.Context, lease string) (Result, error) {
 // units are corrected by the difference (charged beyond the estimate,
 // which may put a key in debt, or refunded below it), and its
 // concurrency slots go back. A lease is settled once; an unknown one
-// (settled already, or acquired more than 10 minutes ago) is a
-// *ResponseError with code wire.CodeNotFound, and changes nothing.
+// (settled already, acquired more than 10 minutes ago, or one that no
+// rate rule counted and that was released already) is a *ResponseError
+// with code wire.CodeNotFound, and changes nothing. A Release does not
+// settle: a Settle after it still corrects the rate rules once.
 func (c *Client) Settle(ctx context.Context, lease string, actual uint32) (Result, error) {
 	if len(lease) == 0 || len(lease) > wire.MaxTokenLen {
 		return Result{}, fmt.Errorf("%w: a lease of %d bytes, want 1 to %d", ErrTooLarge, len(lease), wire.MaxTokenLen)

@@ -68,7 +68,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stdout, configCheckHelp)
 			return 0
 		}
-		if len(args) == 0 || args[0] != "check" {
+		if len(args) == 0 {
+			fmt.Fprintln(stderr, "rld config: want a subcommand: check FILE")
+			fmt.Fprint(stderr, configCheckHelp)
+			return exitError
+		}
+		if args[0] != "check" {
+			fmt.Fprintf(stderr, "rld config: unknown subcommand %q: want check FILE\n", args[0])
 			fmt.Fprint(stderr, configCheckHelp)
 			return exitError
 		}
@@ -177,6 +183,10 @@ func versionCmd(args []string, stdout, stderr io.Writer) int {
 			"and the Go version. /healthz and the metric rld_build_info say the same.")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "rld version: unexpected argument %q\n", fs.Arg(0))
+		return exitError
 	}
 	bi := buildinfo.Get()
 	if *asJSON {
@@ -406,6 +416,7 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if len(args) != 1 {
+		fmt.Fprintf(stderr, "rld config check: want one FILE, got %d arguments\n", len(args))
 		fmt.Fprint(stderr, configCheckHelp)
 		return exitError
 	}
@@ -431,8 +442,10 @@ func release(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 2*time.Second, "give up after this long")
 	fs.Usage = flagUsage(fs, "rld release [-socket PATH] [-json] [-timeout D] LEASE",
 		"Give back the concurrency slots of LEASE, which rld acquire printed. Any\n"+
-			"daemon sharing the store releases it. Exit status: 0 released, 1 unknown\n"+
-			"lease (released already, or its timeout passed: nothing changed), 2 error.")
+			"daemon sharing the store releases it. Exit status: 0 released (or a lease\n"+
+			"that held no slot: only rate rules counted its acquire, nothing to give back),\n"+
+			"1 its slots are gone (released already, or their timeout passed: nothing\n"+
+			"changed), 2 error.")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}
@@ -460,9 +473,10 @@ func settle(args []string, stdout, stderr io.Writer) int {
 		"End the request that LEASE (printed by rld acquire -cost ESTIMATE) names, at its\n"+
 			"actual COST: the rate rules are charged the part above the estimate (a key may\n"+
 			"go into debt) or refunded the part below, and its concurrency slots go back.\n"+
-			"COST is 0 to 4294967295; 0 means 1, as on the wire. Exit status: 0 settled,\n"+
-			"1 unknown lease (settled or released already, or older than 10 minutes:\n"+
-			"nothing changed), 2 error.")
+			"COST is 0 to 4294967295; 0 means 1, as on the wire. A release does not settle:\n"+
+			"a settle after it still corrects the rate rules once. Exit status: 0 settled,\n"+
+			"1 unknown lease (settled already, older than 10 minutes, or, holding no rate\n"+
+			"rule, released already: nothing changed), 2 error.")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
 	}

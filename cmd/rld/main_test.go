@@ -68,6 +68,21 @@ func TestVersionAndUsage(t *testing.T) {
 	assert.Equal(t, exitError, run([]string{"frobnicate"}, &out, &errOut))
 	assert.Equal(t, exitError, run([]string{"check", "-socket", "/nonexistent/rld.sock", "a=b"}, &out, &errOut))
 	assert.Equal(t, exitError, run([]string{"check", "novalue"}, &out, &errOut))
+	// A bad argument names itself before any usage.
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"version", "foo"}, `rld version: unexpected argument "foo"`},
+		{[]string{"config"}, "rld config: want a subcommand: check FILE"},
+		{[]string{"config", "foo"}, `rld config: unknown subcommand "foo"`},
+		{[]string{"config", "check"}, "rld config check: want one FILE, got 0 arguments"},
+	} {
+		out.Reset()
+		errOut.Reset()
+		assert.Equal(t, exitError, run(tt.args, &out, &errOut), "%q", tt.args)
+		assert.True(t, strings.HasPrefix(errOut.String(), tt.want), "%q: %s", tt.args, errOut.String())
+	}
 }
 
 // TestServeEndToEnd runs the real binary on the shipped rld.toml, the way
