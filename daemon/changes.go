@@ -56,7 +56,14 @@ func (d *Daemon) openChanges(cfg *config.Config) {
 	} else {
 		d.chStore = &fileChanges{path: cfg.Admin.ChangesFile(cfg.Server.Socket), log: d.log}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	wait := 5 * time.Second
+	if d.redisSilent {
+		// Redis did not answer at all: waiting would only delay serving
+		// the fail modes. One try; the poll of the version loads the set
+		// once Redis answers.
+		wait = loadRetry
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	// On Redis a load is a few calls of store.timeout each: at a start,
 	// with the scripts still loading and other daemons starting too, one

@@ -51,6 +51,9 @@ type Daemon struct {
 	stores policy.Stores
 	mem    *memstore.Store // the embedded store; nil with Redis
 	redis  *redisx.Client  // nil without Redis
+	// redisSilent: Redis did not answer at start; the daemon serves at
+	// once and loads the overrides and blocks when it does.
+	redisSilent bool
 	fleet  *fleet          // the cache and heartbeats on Redis; nil without
 
 	conf   atomic.Pointer[config.Config]
@@ -170,6 +173,7 @@ func (d *Daemon) openStore(sc *config.Store) error {
 	// Ping until the start-up timeout, not just once: a first
 	// connection can take longer than one call may.
 	if err := pingUntil(ctx, c); err != nil {
+		d.redisSilent = true
 		d.log.Warn("redis does not answer; starting anyway: checks that need it follow their rules' fail modes until it does",
 			slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)), slog.Any("error", err))
 	} else {
