@@ -60,6 +60,10 @@ func TestConcurrencyFleetStandalone(t *testing.T) {
 // TestConcurrencyFleetCluster: three daemons on a Redis Cluster.
 func TestConcurrencyFleetCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
+	// A Cluster node named as a standalone server is refused.
+	_, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", cl.Addrs()[0]), 10, "strict"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `cannot use store.redis: store.mode = "standalone", but the Redis at `+cl.Addrs()[0]+` reports redis_mode cluster`)
 	store := clusterStore(cl)
 	runConcurrencyFleet(t, store)
 }

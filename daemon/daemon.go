@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -177,12 +178,45 @@ func (d *Daemon) openStore(sc *config.Store) error {
 		d.log.Warn("redis does not answer; starting anyway: checks that need it follow their rules' fail modes until it does",
 			slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)), slog.Any("error", err))
 	} else {
+		if err := checkServerMode(ctx, c, sc); err != nil {
+			c.Close()
+			return fmt.Errorf("cannot use store.redis: %w", err)
+		}
 		d.log.Info("using redis", slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)))
 	}
 	d.redis = c
 	d.fleet = newFleet(c, sc)
 	d.stores = d.fleet.stores()
 	return nil
+}
+
+// checkServerMode refuses a Redis whose kind does not match store.mode: a
+// Cluster node named as a standalone server (the keys of other nodes'
+// slots would never be decided there), a sentinel's own port named as a
+// standalone server, or a plain server named as a Cluster. Waiting would
+// not fix any of these. When INFO cannot be read (an ACL may deny it),
+// nothing is refused.
+func checkServerMode(ctx context.Context, c *redisx.Client, sc *config.Store) error {
+	got, err := c.ServerMode(ctx)
+	if err != nil {
+		return nil
+	}
+	want := "standalone" // a sentinel hands out a plain primary
+	if sc.Mode == config.RedisCluster {
+		want = "cluster"
+	}
+	if got == want {
+		return nil
+	}
+	hint := map[string]string{
+		"cluster":    `it is a Redis Cluster node: set store.mode = "cluster"`,
+		"sentinel":   `it is a sentinel: set store.mode = "sentinel" and store.master_set`,
+		"standalone": `it is not a Cluster node: set store.mode = "standalone" (or "sentinel" with its sentinels)`,
+	}[got]
+	if hint == "" {
+		hint = "redis_mode " + got
+	}
+	return fmt.Errorf("store.mode = %q, but the Redis at %s reports redis_mode %s: %s", sc.Mode, strings.Join(sc.Redis, ", "), got, hint)
 }
 
 // pingUntil pings c until it answers or ctx is done, and returns the last

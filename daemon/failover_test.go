@@ -13,6 +13,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/redistest"
 	"github.com/rld/rld/redisx"
 )
@@ -204,6 +205,10 @@ func TestClusterFailover(t *testing.T) {
 // the failover plus a second, then exact again.
 func TestSentinelFailover(t *testing.T) {
 	g := redistest.StartSentinel(t)
+	// A sentinel named as a standalone server is refused.
+	_, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", g.SentinelAddrs()[0]), 10, "strict"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "reports redis_mode sentinel: it is a sentinel")
 	addrs := quotedList(g.SentinelAddrs())
 	cfg := failoverConfig(fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q", addrs, g.MasterSet))
 	var sockets []string

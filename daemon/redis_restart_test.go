@@ -147,6 +147,15 @@ func TestRedisDownAtStart(t *testing.T) {
 	})
 }
 
+// TestStandaloneAsCluster: a plain Redis named as a Cluster stops the
+// daemon from starting, with an error naming the store and the fix.
+func TestStandaloneAsCluster(t *testing.T) {
+	srv := redistest.Standalone(t)
+	_, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\nmode = \"cluster\"", srv.Addr), 10, "strict"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `cannot use store.redis: store.mode = "cluster", but the Redis at `+srv.Addr+` reports redis_mode standalone: it is not a Cluster node`)
+}
+
 // TestRedisRefusesDaemon: a password Redis rejects stops the daemon from
 // starting, with an error naming the store.
 func TestRedisRefusesDaemon(t *testing.T) {

@@ -369,6 +369,28 @@ func (c *Client) Ping(ctx context.Context) error {
 	return nil
 }
 
+// ServerMode returns the redis_mode that INFO server reports (standalone,
+// cluster or sentinel) of the server c reaches (one node in Cluster
+// mode), under the call deadline.
+func (c *Client) ServerMode(ctx context.Context) (string, error) {
+	rc, err := c.client()
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := c.callCtx(ctx)
+	defer cancel()
+	info, err := rc.Do(ctx, rc.B().Info().Section("server").Build()).ToString()
+	if err != nil {
+		return "", fmt.Errorf("redisx: info server: %w", err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_mode:"); ok {
+			return v, nil
+		}
+	}
+	return "", errors.New("redisx: info server: no redis_mode")
+}
+
 // Options returns the options of c with the defaults filled in.
 func (c *Client) Options() Options {
 	o := c.o
