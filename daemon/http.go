@@ -212,7 +212,7 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		bad = d.addClientIP(ctx, s)
 	}
 	if bad != "" {
-		countFrameError(wire.CodeMalformed)
+		httpRejected.Inc()
 		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", bad)
 		return
 	}
@@ -221,7 +221,7 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	s.lease = nil
 	if string(ctx.Path()) == "/v1/acquire" {
 		if peek {
-			countFrameError(wire.CodeMalformed)
+			httpRejected.Inc()
 			httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "an acquire cannot peek")
 			return
 		}
@@ -234,9 +234,10 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	}
 	if string(ctx.Path()) == "/v1/auth" {
 		d.writeAuth(ctx, s, now, &dec)
-		return
+	} else {
+		d.writeDecision(ctx, s, now, &dec)
 	}
-	d.writeDecision(ctx, s, now, &dec)
+	httpCheckDuration.UpdateDuration(now)
 }
 
 // serveRelease answers GET or POST /v1/release?lease=LEASE: it gives
@@ -258,13 +259,13 @@ func (d *Daemon) serveRelease(ctx *fasthttp.RequestCtx) {
 		want = 2
 		var err error
 		if cost, err = strconv.ParseUint(string(args.Peek("cost")), 10, 32); err != nil {
-			countFrameError(wire.CodeMalformed)
+			httpRejected.Inc()
 			httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "cost must be a whole number from 0 to 4294967295 (0 means 1), got "+strconv.Quote(string(args.Peek("cost"))))
 			return
 		}
 	}
 	if len(lease) == 0 || len(lease) > wire.MaxTokenLen || args.Len() != want {
-		countFrameError(wire.CodeMalformed)
+		httpRejected.Inc()
 		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "want the query arguments lease (1 to "+strconv.Itoa(wire.MaxTokenLen)+" bytes), and cost for /v1/settle, only")
 		return
 	}

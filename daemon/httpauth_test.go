@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -199,4 +200,35 @@ func TestHTTPAuthMode(t *testing.T) {
 
 	a = doHTTP(t, u, "http://rld/v1/auth?cost=x", "X-Real-IP", "198.51.100.2")
 	assert.Equal(t, 400, a.status, "a bad request stays a 400")
+}
+
+// TestHTTPCheckMetrics: HTTP checks are timed in
+// rld_http_check_duration_seconds, and one refused with 400 is counted in
+// rld_http_rejected_total, not among the socket's frame errors.
+func TestHTTPCheckMetrics(t *testing.T) {
+	tcp, _ := startAuth(t, "")
+	c := httpVia("")
+	metric := func(series string) float64 {
+		t.Helper()
+		for _, line := range strings.Split(doHTTP(t, c, "http://"+tcp+"/metrics").body, "\n") {
+			if v, ok := strings.CutPrefix(line, series+" "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				require.NoError(t, err)
+				return f
+			}
+		}
+		t.Fatalf("no series %s", series)
+		return 0
+	}
+	timed := metric("rld_http_check_duration_seconds_count")
+	rejected := metric("rld_http_rejected_total")
+	malformed := metric(`rld_frame_errors_total{code="malformed"}`)
+	for range 3 {
+		assert.Contains(t, []int{200, 429}, doHTTP(t, c, "http://"+tcp+"/v1/check?endpoint=/m").status, "decided")
+	}
+	assert.Equal(t, 400, doHTTP(t, c, "http://"+tcp+"/v1/check?endpoint=%zz").status)
+	assert.Equal(t, 400, doHTTP(t, c, "http://"+tcp+"/v1/check?cost=x").status)
+	assert.Equal(t, timed+3, metric("rld_http_check_duration_seconds_count"))
+	assert.Equal(t, rejected+2, metric("rld_http_rejected_total"))
+	assert.Equal(t, malformed, metric(`rld_frame_errors_total{code="malformed"}`))
 }

@@ -27,6 +27,11 @@ var (
 	// nothing.
 	checkDuration = metrics.NewPrometheusHistogramExt(`rld_check_duration_seconds`, checkBuckets)
 	httpChecks    = metrics.NewCounter(`rld_http_checks_total`)
+	// httpRejected counts the HTTP check requests refused with 400.
+	httpRejected = metrics.NewCounter(`rld_http_rejected_total`)
+	// httpCheckDuration is rld_check_duration_seconds's counterpart for
+	// the HTTP checks.
+	httpCheckDuration = metrics.NewPrometheusHistogramExt(`rld_http_check_duration_seconds`, checkBuckets)
 
 	reloadsOK     = metrics.NewCounter(`rld_config_reloads_total{result="success"}`)
 	reloadsFailed = metrics.NewCounter(`rld_config_reloads_total{result="failure"}`)

@@ -140,7 +140,7 @@ func (p *prometheus) poll(t *testing.T, q string, deadline time.Time, ok func([]
 
 // TestPrometheus: a real Prometheus scrapes a running rld (on Redis, under
 // load); rld's /metrics passes promtool check metrics and the alert rules
-// promtool check rules; histogram_quantile over rld's latency buckets is a
+// promtool check rules and their unit tests; histogram_quantile over rld's latency buckets is a
 // number; the alert rules load and evaluate; every query of the Grafana
 // dashboard returns a series.
 func TestPrometheus(t *testing.T) {
@@ -154,6 +154,12 @@ func TestPrometheus(t *testing.T) {
 	out, err := exec.Command("promtool", "check", "rules", rules).CombinedOutput()
 	require.NoError(t, err, "promtool check rules:\n%s", out)
 	assert.Contains(t, string(out), "SUCCESS: 5 rules found")
+	// The alerts' unit tests: a lone degraded answer does not fire
+	// RldDegradedAnswers, a sustained share does, and it clears.
+	test := exec.Command("promtool", "test", "rules", "rld-alerts.test.yml")
+	test.Dir = filepath.Dir(rules)
+	out, err = test.CombinedOutput()
+	require.NoError(t, err, "promtool test rules:\n%s", out)
 
 	redis := redistest.Standalone(t)
 	s, err := daemontest.Start(fmt.Sprintf(`[store]
