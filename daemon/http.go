@@ -71,8 +71,8 @@ func (d *Daemon) serveHTTP(ctx *fasthttp.RequestCtx) {
 // Health is the body of /healthz (HTTP 200): Status is "ok", or
 // "degraded" while a circuit breaker of the Redis store is not closed
 // (calls to a node are refused or only probing, and the rules follow
-// their fail modes) or fail-open rules decide on local state (Fallback),
-// when checks still get answers. Redis is set only
+// their fail modes) or fail modes decide checks (Fallback), when checks
+// still get answers. Redis is set only
 // with the Redis store.
 type Health struct {
 	// Status is "ok" or "degraded".
@@ -103,8 +103,9 @@ type RedisHealth struct {
 	Daemons int `json:"daemons"`
 	// Breakers is the state of each circuit breaker, by node.
 	Breakers []BreakerHealth `json:"breakers"`
-	// Fallback is true while fail-open rules hold local state: some
-	// check was decided locally within the last second.
+	// Fallback is true while fail modes decide checks: within the last
+	// second, a fail-open rule decided one on local state, or a
+	// fail-closed rule refused one because Redis failed.
 	Fallback bool `json:"fallback"`
 }
 

@@ -107,6 +107,9 @@ type Fallback struct {
 	mu      sync.Mutex // serialises replacing mem
 	mem     atomic.Pointer[localState]
 	lastUse atomic.Int64 // unix ns of the last use of mem
+	// lastClosed is the unix ns of the last check a fail-closed rule
+	// refused because its store failed.
+	lastClosed atomic.Int64
 }
 
 // localState holds the LocalStore in use, so that it can be swapped
@@ -178,10 +181,13 @@ func (f *Fallback) Sweep(now time.Time) bool {
 	return true
 }
 
-// Active reports whether the Fallback holds local state: some check used
-// it within Forget.
+// Active reports whether fail modes decide checks: some check used the
+// Fallback's local state (a fail-open rule), or a fail-closed rule refused
+// one because its store failed, within Forget.
 func (f *Fallback) Active() bool {
-	return f.mem.Load() != nil && f.o.Clock().UnixNano()-f.lastUse.Load() <= int64(f.o.Forget)
+	ns := f.o.Clock().UnixNano()
+	return f.mem.Load() != nil && ns-f.lastUse.Load() <= int64(f.o.Forget) ||
+		ns-f.lastClosed.Load() <= int64(f.o.Forget)
 }
 
 // Peers returns the live daemons as the Health says, at least 1.
@@ -201,6 +207,9 @@ func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int
 		return algo.Result{Limit: p.Capacity(), RetryAfter: algo.Never}, nil
 	}
 	if fail == config.FailClosed {
+		if ns := now.UnixNano(); ns > f.lastClosed.Load() {
+			f.lastClosed.Store(ns) // a lost race is a refusal as recent
+		}
 		return algo.Result{Limit: p.Capacity(), RetryAfter: f.retryAfter(err, now)}, nil
 	}
 	peers := f.Peers()

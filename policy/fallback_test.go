@@ -129,7 +129,7 @@ fail = "closed"
 			assert.Equal(t, "login", d.Rule)
 			assert.Equal(t, tc.want, d.Result.RetryAfter)
 			assert.Equal(t, int64(5), d.Result.Limit)
-			assert.False(t, f.Active(), "a closed rule keeps no local state")
+			assert.True(t, f.Active(), "a fail-closed refusal for a failed store is a fail mode deciding too")
 		})
 	}
 }

@@ -25,6 +25,11 @@ var failureReplies = map[string]bool{
 	"OOM":         true, // maxmemory reached, writes are refused
 }
 
+// errClusterDown is a probe's error for a Cluster node whose CLUSTER INFO
+// says cluster_state:fail: it answers PING, but refuses the keys' calls
+// with CLUSTERDOWN.
+var errClusterDown = errors.New("redisx: cluster_state is not ok")
+
 // isFailure reports whether err, the error of a Redis call, says the node
 // is unhealthy, which its breaker counts: a deadline that passed, a
 // connection that could not be made or broke, no connection (yet), or an
@@ -57,7 +62,8 @@ func isFailure(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED),
 		errors.Is(err, syscall.ECONNRESET),
 		errors.Is(err, syscall.ECONNABORTED),
-		errors.Is(err, syscall.EPIPE):
+		errors.Is(err, syscall.EPIPE),
+		errors.Is(err, errClusterDown):
 		return true
 	}
 	_, ok := errors.AsType[net.Error](err) // *net.OpError of a dial, read or write; DNS errors

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -342,7 +343,10 @@ func (c *Client) probe(b *breaker.Breaker) {
 
 // ping sends PING to the node b guards: in Cluster mode the primary b
 // is named after (any node for the unmapped slots' breaker), else the
-// server or primary.
+// server or primary. In Cluster mode it sends CLUSTER INFO instead, and
+// fails unless cluster_state is ok: a node of a Cluster that is down
+// answers PING but refuses every key with CLUSTERDOWN, and a breaker that
+// closed on its PING would open again at the next check.
 func (c *Client) ping(b *breaker.Breaker) error {
 	rc, err := c.client()
 	if err != nil {
@@ -357,7 +361,17 @@ func (c *Client) ping(b *breaker.Breaker) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.probeTimeout())
 	defer cancel()
-	return rc.Do(ctx, rc.B().Ping().Build()).Error()
+	if c.o.Mode != Cluster {
+		return rc.Do(ctx, rc.B().Ping().Build()).Error()
+	}
+	info, err := rc.Do(ctx, rc.B().ClusterInfo().Build()).ToString()
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(info, "cluster_state:ok") {
+		return fmt.Errorf("redisx: probe %s: %w", b.Name(), errClusterDown)
+	}
+	return nil
 }
 
 // all returns every breaker of g.

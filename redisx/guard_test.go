@@ -196,3 +196,67 @@ func TestBreakerPerClusterNode(t *testing.T) {
 		assert.Equal(t, breaker.Closed, b.State, b.Node)
 	}
 }
+
+// TestClusterDownKeepsBreakersOpen: a shard lost whole (its primary and
+// its replica killed) puts a Cluster that needs full coverage in
+// cluster_state:fail: the other nodes still answer PING, but refuse every
+// key with CLUSTERDOWN. A surviving primary's breaker opens and stays
+// open while that lasts, its probes (CLUSTER INFO) failing, and closes
+// once the shard is back.
+func TestClusterDownKeepsBreakersOpen(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	const cooldown = 100 * time.Millisecond
+	c := newClient(t, redisx.Options{Addrs: cl.Addrs()[:1], Mode: redisx.Cluster, Timeout: 200 * time.Millisecond,
+		Breaker: breaker.Options{Failures: 3, Window: time.Second, Cooldown: cooldown}})
+	rs := redisx.NewStore(c)
+	ctx := context.Background()
+	p := algo.Params{Limit: 1_000_000, Period: time.Hour}
+	primaries := cl.Primaries()
+	lost, survivor := primaries[0], primaries[1]
+	var key []byte // a key of the surviving primary
+	for i := 0; key == nil; i++ {
+		k := []byte(fmt.Sprintf("down-%d", i))
+		if cl.PrimaryFor(string(redisx.AppendKey(nil, "t:", k, p.Kind))) == survivor {
+			key = k
+		}
+	}
+	redistest.WaitFor(t, "a breaker per primary", func() bool { return len(c.Breakers()) == 1+len(primaries) })
+	_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
+	require.NoError(t, err)
+	var lostReplica *redistest.Server
+	for _, n := range cl.Nodes() {
+		if n.Role == redistest.RoleReplica && n.Primary == lost {
+			lostReplica = n.Server
+		}
+	}
+	require.NotNil(t, lostReplica, "the lost primary's replica")
+	lostReplica.Kill()
+	lost.Kill()
+
+	redistest.WaitFor(t, "CLUSTERDOWN answers to open the survivor's breaker", func() bool {
+		_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
+		return errors.Is(err, breaker.ErrOpen)
+	})
+	state := func() breaker.State {
+		for _, b := range c.Breakers() {
+			if b.Node == survivor.Addr {
+				return b.State
+			}
+		}
+		return breaker.Closed
+	}
+	// About twenty probes: none closes it (with no check sent meanwhile,
+	// a breaker closed by a probe would stay closed).
+	for end := time.Now().Add(20 * cooldown); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		require.NotEqual(t, breaker.Closed, state(), "a probe closed the survivor's breaker while the cluster is down")
+	}
+	assert.True(t, c.Degraded())
+
+	lost.Start(t)
+	lostReplica.Start(t)
+	redistest.WaitFor(t, "the survivor's keys to be decided again", func() bool {
+		_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
+		return err == nil
+	})
+	assert.Equal(t, breaker.Closed, state())
+}
