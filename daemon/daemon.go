@@ -52,10 +52,10 @@ type Daemon struct {
 	stores policy.Stores
 	mem    *memstore.Store // the embedded store; nil with Redis
 	redis  *redisx.Client  // nil without Redis
+	fleet  *fleet          // the cache and heartbeats on Redis; nil without
 	// redisSilent: Redis did not answer at start; the daemon serves at
 	// once and loads the overrides and blocks when it does.
 	redisSilent bool
-	fleet  *fleet          // the cache and heartbeats on Redis; nil without
 
 	conf   atomic.Pointer[config.Config]
 	policy atomic.Pointer[policy.Policy]

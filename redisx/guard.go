@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
