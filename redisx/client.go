@@ -215,6 +215,7 @@ type Client struct {
 	g  *guard
 
 	lastErr atomic.Pointer[error] // the last connection error, while rc is nil
+	dials   dials                 // rc's connections being set up
 
 	// direct is the unpipelined connection of uncontended single calls
 	// (Standalone only); lastCall is when the last single call ended
@@ -282,7 +283,9 @@ func (c *Client) connectLoop(first chan<- error) {
 	defer close(c.loopDone)
 	wait := reconnectMin
 	for {
-		rc, err := rueidis.NewClient(c.o.rueidisOption())
+		ro := c.o.rueidisOption()
+		ro.DialCtxFn = c.dials.dialFn()
+		rc, err := rueidis.NewClient(ro)
 		if rc != nil {
 			// With ForceSingleClient (standalone), rueidis returns a
 			// client even when the dial failed; it dials again on the

@@ -144,7 +144,9 @@ func (g *guard) refreshSoon() {
 // b (the node's; refused at once while it is not closed, with its
 // *breaker.OpenError), on node (the connection route picked with b) or
 // else the rueidis client, within the call's deadline (callCtx, or
-// batchCtx when batch is set), send makes the call; b then counts send's
+// batchCtx when batch is set), send makes the call, once no connection to
+// b's node is being set up (dials: rueidis would make it wait for that
+// beyond its deadline); b then counts send's
 // error (see isFailure), and a failure asks for a fresh slot map. A call
 // on node that meets a redirection (MOVED: the slot map is behind; ASK:
 // the slot is being migrated) is made again on the rueidis client, which
@@ -166,15 +168,37 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, node rueidis.Clie
 	case err != nil:
 	case batch:
 		cctx, cancel := c.batchCtx(ctx)
-		err, counted = c.route(cctx, rc, node, send)
+		if err = c.dials.wait(cctx, c.dialKey(b, node)); err == nil {
+			err, counted = c.route(cctx, rc, node, send)
+		} else {
+			counted = err
+		}
 		cancel()
 	default:
 		cctx := c.callDeadline(ctx)
-		err, counted = c.route(cctx, rc, node, send)
+		if err = c.dials.wait(cctx, c.dialKey(b, node)); err == nil {
+			err, counted = c.route(cctx, rc, node, send)
+		} else {
+			counted = err
+		}
 		cctx.Stop()
 	}
 	c.done(b, ticket, counted)
 	return err
+}
+
+// dialKey is the address of the connection a call through b on node
+// needs, for dials.wait: b's node; any address in Cluster mode when
+// rueidis picks the node (node nil); none in Sentinel mode, where the
+// primary is rueidis's to find.
+func (c *Client) dialKey(b *breaker.Breaker, node rueidis.Client) string {
+	switch {
+	case c.o.Mode == Sentinel:
+		return "sentinel"
+	case c.o.Mode == Cluster && node == nil:
+		return anyAddr
+	}
+	return b.Name()
 }
 
 // route runs send on node when there is one, and again on rc when node

@@ -1,0 +1,78 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
+)
+
+// TestClusterPausedPrimaryAnswersInTime: checks of keys spread over a
+// Cluster, cached and strict, go on while one primary is paused (SIGSTOP)
+// for 4 s, long enough for its replica to be promoted: every check is
+// answered, none waits anywhere near the 500 ms that rueidis gives a
+// connection's set-up (a refresh of its slot map dialling the paused node
+// once made the checks of that node wait for it).
+func TestClusterPausedPrimaryAnswersInTime(t *testing.T) {
+	cl := redistest.StartCluster(t)
+	cfg := fmt.Sprintf("[store]\n%s\n", clusterStore(cl))
+	for _, mode := range []string{"cached", "strict"} {
+		cfg += fmt.Sprintf("\n[[rule]]\nname = %q\nmatch = { m = %q }\nby = [\"api_key\"]\nlimit = 1000000\nperiod = \"1h\"\nmode = %q\n", mode, mode, mode)
+	}
+	d, err := daemontest.Start(cfg)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	c := client.New(d.Socket)
+	defer c.Close()
+
+	var checks atomic.Int64
+	var mu sync.Mutex
+	var slowest time.Duration
+	var slowKey string
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, mode := range []string{"cached", "strict"} {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("k%d", i%30) // on every primary
+				start := time.Now()
+				_, err := c.Check(context.Background(), []client.Descriptor{{Name: "m", Value: mode}, {Name: "api_key", Value: key}}, 1)
+				took := time.Since(start)
+				if !assert.NoError(t, err) {
+					return
+				}
+				checks.Add(1)
+				mu.Lock()
+				if took > slowest {
+					slowest, slowKey = took, mode+"/"+key
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	redistest.WaitFor(t, "checks under way", func() bool { return checks.Load() > 1000 })
+	paused := cl.Primaries()[0]
+	paused.Pause()
+	time.Sleep(4 * time.Second) // the outage: past the 1 s node timeout and the promotion
+	paused.Resume()
+	before := checks.Load()
+	redistest.WaitFor(t, "checks after the resume", func() bool { return checks.Load() > before+1000 })
+	close(stop)
+	wg.Wait()
+	t.Logf("%d checks; the slowest %v (%s)", checks.Load(), slowest.Round(time.Microsecond), slowKey)
+	assert.Less(t, slowest, 200*time.Millisecond, "a check waited on a connection's set-up (store.timeout is 5ms)")
+}
