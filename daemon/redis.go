@@ -185,7 +185,11 @@ func (f *fleet) watchRecalls(ctx context.Context, log *slog.Logger) {
 				f.cache.Recalled(r.Key, r.Kind, time.Now())
 			}
 		})
-	}, func(bool) {}, func(err error, first bool) {
+	}, func(again bool) {
+		if again {
+			log.Info("subscribed to lease recalls again")
+		}
+	}, func(err error, first bool) {
 		if first {
 			log.Warn("no subscription to lease recalls; subscribing again", slog.Any("error", err))
 		}

@@ -247,7 +247,9 @@ func (c *Client) subscribe(ctx context.Context, channel, what string, subscribed
 			}
 		},
 	})
-	cctx, ccancel := c.callCtx(ctx)
+	// A dedicated connection is dialled by this first call: it has the
+	// set-up's time as well as a call's (no check waits on it).
+	cctx, ccancel := context.WithTimeout(ctx, c.o.DialTimeout+c.o.Timeout)
 	err = dc.Do(cctx, dc.B().Subscribe().Channel(channel).Build()).Error()
 	ccancel()
 	if err != nil {
