@@ -343,6 +343,9 @@ func decideCmd(cmd string, args []string, stdout, stderr io.Writer) int {
 func printResult(cmd string, res client.Result, err error, asJSON bool, stdout, stderr io.Writer) int {
 	var rerr *client.ResponseError
 	if err != nil && !errors.As(err, &rerr) {
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("no answer from rld within -timeout (%w): is the daemon stopped or overloaded?", err)
+		}
 		fmt.Fprintf(stderr, "rld %s: %v\n", cmd, err)
 		return exitError
 	}
