@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -331,8 +332,10 @@ func (cn *conn) send(ctx context.Context, id uint32, ch chan answer, op wire.Op,
 // connection and the other calls live on.
 func (cn *conn) writeOut(ctx context.Context) {
 	// A context's end wakes a Write blocked on a daemon that reads slowly.
-	stop := context.AfterFunc(ctx, func() { _ = cn.nc.SetWriteDeadline(time.Now()) })
-	defer stop()
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { _ = cn.nc.SetWriteDeadline(time.Now()) })
+		defer stop()
+	}
 	for len(cn.wbuf) > 0 {
 		buf := cn.wbuf
 		cn.wbuf = cn.spare[:0]
@@ -341,11 +344,13 @@ func (cn *conn) writeOut(ctx context.Context) {
 		n, err := 0, error(nil)
 		for n < len(buf) && ctx.Err() == nil {
 			_ = cn.nc.SetWriteDeadline(limit)
+			if ctx.Err() != nil {
+				break // it ended as the deadline was set: its wake-up is lost
+			}
 			var m int
 			m, err = cn.nc.Write(buf[n:])
 			n += m
-			var ne net.Error
-			if err != nil && errors.As(err, &ne) && ne.Timeout() && time.Now().Before(limit) {
+			if err != nil && errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(limit) {
 				err = nil // woken by a context's end, not by the daemon's silence
 			}
 			if err != nil {

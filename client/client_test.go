@@ -433,3 +433,18 @@ func unread(t *testing.T, nc net.Conn) int {
 	}))
 	return int(n)
 }
+
+// TestCheckAllocations: a check with a context that never ends allocates
+// at most 4 times: the wake-up of a cancelled write is set up only for a
+// context that can end.
+func TestCheckAllocations(t *testing.T) {
+	s := start(t)
+	c := client.New(s.Socket)
+	defer c.Close()
+	descs := []client.Descriptor{{Name: "tenant", Value: "allocs"}}
+	require.NoError(t, c.Ping(context.Background()))
+	background := testing.AllocsPerRun(200, func() {
+		_, _ = c.Check(context.Background(), descs, 1)
+	})
+	assert.LessOrEqual(t, background, 4.0, "allocations per check with context.Background")
+}

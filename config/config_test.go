@@ -138,6 +138,8 @@ func TestInvalid(t *testing.T) {
 		{"concurrency with a period", "[[rule]]\nname = \"cc\"\nby = [\"ip\"]\nlimit = 2\nperiod = \"1m\"\nalgorithm = \"concurrency\"\n",
 			[]string{`rule[0] "cc": period = "1m": a concurrency rule has no period`}},
 		// A bad algorithm hides nothing the algorithm does not decide.
+		{"unknown algorithm and a tier named *", "[[rule]]\nname = \"r\"\nby = [\"ip\"]\ntiers = { \"*\" = 5 }\nperiod = \"1m\"\nalgorithm = \"leaky\"\n",
+			[]string{`rule[0] "r": algorithm = "leaky"`, `rule[0] "r": tiers."*": a tier is chosen by an exact tier descriptor`}},
 		{"unknown algorithm and more", "[[rule]]\nname = \"r\"\nby = [\"ip\"]\nlimit = -1\nperiod = \"-1s\"\nalgorithm = \"leaky\"\nmode = \"foo\"\nfail = \"bar\"\n",
 			[]string{`rule[0] "r": algorithm = "leaky"`, `rule[0] "r": limit = -1: must be positive`, `rule[0] "r": period = "-1s": must not be negative`,
 				`rule[0] "r": mode = "foo": want cached or strict`, `rule[0] "r": fail = "bar": want open or closed`}},
@@ -264,6 +266,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"type", "[[rule]]\nname = \"r\"\nlimit = \"ten\"\n", `x.toml:3: rule.limit: want an integer, not a string`},
 		{"mode as integer", "[server]\nsocket_mode = 0o660\n", `x.toml:2: server.socket_mode: want a string, not an integer`},
 		{"by as a string", "[[rule]]\nname = \"r\"\nby = \"ip\"\n", `x.toml:3: rule.by: want an array, not a string`},
+		{"socket as an array", "[server]\nsocket = [1]\n", `x.toml:2: server.socket: want a string, not an array`},
+		{"penalty as a number", "[[rule]]\nname = \"r\"\npenalty = 3\n", `x.toml:3: rule.penalty: want a table, not an integer`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -279,16 +279,7 @@ func (r *Rule) validate(p *problems, i int) {
 	}
 	for _, tier := range sortedKeys(r.Tiers) {
 		limit := r.Tiers[tier]
-		if tier == "" {
-			p.add("%s: tiers: empty tier name", at)
-			continue
-		}
-		if tier == "*" {
-			p.add("%s: tiers.\"*\": a tier is chosen by an exact tier descriptor, so \"*\" would be the tier of requests sending tier=*, not a default; a request with no listed tier gets limit (or the smallest tier)", at)
-			continue
-		}
-		if len(tier) > MaxGlob {
-			p.add("%s: tiers: tier name of %d bytes is longer than %d", at, len(tier), MaxGlob)
+		if !r.checkTierName(p, at, tier) {
 			continue
 		}
 		if limit <= 0 {
@@ -311,8 +302,6 @@ const MaxPenaltyFactor = 100
 // and retry_jitter.
 const MaxPenaltyTime = 7 * 24 * time.Hour
 
-// validatePenalties checks the rule's penalty, block_after and
-// retry_jitter.
 // validateWithoutAlgorithm checks, for a rule whose algorithm is not
 // known, what does not depend on the algorithm: the signs of the limit,
 // period, timeout and burst, and the tiers' names and limits.
@@ -332,14 +321,30 @@ func (r *Rule) validateWithoutAlgorithm(p *problems, at string) {
 		p.add("%s: burst = %d: must not be negative (0 means the limit)", at, r.Burst)
 	}
 	for _, tier := range sortedKeys(r.Tiers) {
-		if tier == "" {
-			p.add("%s: tiers: empty tier name", at)
-		} else if r.Tiers[tier] <= 0 {
+		if r.checkTierName(p, at, tier) && r.Tiers[tier] <= 0 {
 			p.add("%s: tiers.%s = %d: must be positive", at, tier, r.Tiers[tier])
 		}
 	}
 }
 
+// checkTierName reports a tier name that cannot be used, and whether the
+// name is good.
+func (r *Rule) checkTierName(p *problems, at, tier string) bool {
+	switch {
+	case tier == "":
+		p.add("%s: tiers: empty tier name", at)
+	case tier == "*":
+		p.add("%s: tiers.\"*\": a tier is chosen by an exact tier descriptor, so \"*\" would be the tier of requests sending tier=*, not a default; a request with no listed tier gets limit (or the smallest tier)", at)
+	case len(tier) > MaxGlob:
+		p.add("%s: tiers: tier name of %d bytes is longer than %d", at, len(tier), MaxGlob)
+	default:
+		return true
+	}
+	return false
+}
+
+// validatePenalties checks the rule's penalty, block_after and
+// retry_jitter.
 func (r *Rule) validatePenalties(p *problems, at string) {
 	if pen := r.Penalty; pen != nil {
 		if pen.After < 1 || pen.After > 1_000_000 {
@@ -431,11 +436,19 @@ func decodeError(name string, err error) error {
 		line, _ := strconv.Atoi(m[1])
 		return &lineError{file: name, line: line, msg: fmt.Sprintf("%s: want %s, not %s", m[2], typeName(m[4]), typeName(m[3])), err: err}
 	}
+	if m := tableError.FindStringSubmatch(err.Error()); m != nil {
+		line, _ := strconv.Atoi(m[1])
+		return &lineError{file: name, line: line, msg: fmt.Sprintf("%s: want a table, not %s", m[2], typeName(m[3])), err: err}
+	}
 	return fmt.Errorf("%s: %w", name, err)
 }
 
 // typeError matches the decoder's text for a value of the wrong type.
 var typeError = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): incompatible types: TOML value has type (.+); destination has type (.+)$`)
+
+// tableError matches the decoder's text for a value where a table is
+// wanted.
+var tableError = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): type mismatch for [^:]+: expected table but found (.+)$`)
 
 // typeName says a type of the decoder's messages in the words of a TOML
 // file.
@@ -443,15 +456,15 @@ func typeName(t string) string {
 	switch t {
 	case "string":
 		return "a string"
-	case "integer", "int64":
+	case "integer", "int64", "int":
 		return "an integer"
 	case "float", "float64":
 		return "a number"
 	case "bool":
 		return "true or false"
-	case "slice", "[]interface {}":
+	case "slice", "[]interface {}", "[]any":
 		return "an array"
-	case "struct", "map", "map[string]interface {}":
+	case "struct", "map", "map[string]interface {}", "map[string]any":
 		return "a table"
 	}
 	return t

@@ -219,6 +219,28 @@ func checkServerMode(ctx context.Context, c *redisx.Client, sc *config.Store) er
 	return fmt.Errorf("store.mode = %q, but the Redis at %s reports redis_mode %s: %s", sc.Mode, strings.Join(sc.Redis, ", "), got, hint)
 }
 
+// checkServerModeLater, for a daemon that started while Redis was silent,
+// checks the kind of Redis once it answers (checkServerMode), every
+// second until then: a mismatch can no longer stop the daemon, so it is
+// logged as an error.
+func (d *Daemon) checkServerModeLater(ctx context.Context) {
+	sc := &d.cfg().Store
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		if d.redis.Ping(ctx) != nil {
+			continue
+		}
+		if err := checkServerMode(ctx, d.redis, sc); err != nil {
+			d.log.Error("cannot use store.redis: checks follow their fail modes or go wrong; fix the configuration and restart", slog.Any("error", err))
+		}
+		return
+	}
+}
+
 // pingUntil pings c until it answers or ctx is done, and returns the last
 // error.
 func pingUntil(ctx context.Context, c *redisx.Client) error {
@@ -414,6 +436,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.fleet != nil {
 		d.fleet.start(d.log)
 		go d.watchChanges(sweepCtx, time.Duration(d.cfg().Store.ChangesPoll))
+		if d.redisSilent {
+			go d.checkServerModeLater(sweepCtx)
+		}
 	}
 
 	// Checks run on connCtx, which outlives ctx until the drain is done:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,6 +155,20 @@ func TestStandaloneAsCluster(t *testing.T) {
 	_, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\nmode = \"cluster\"", srv.Addr), 10, "strict"))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), `cannot use store.redis: store.mode = "cluster", but the Redis at `+srv.Addr+` reports redis_mode standalone: it is not a Cluster node`)
+}
+
+// TestStandaloneAsClusterFoundLater: a daemon that started while its
+// Redis was silent checks the kind of Redis once it answers, and logs the
+// mismatch as an error (it can no longer refuse to start).
+func TestStandaloneAsClusterFoundLater(t *testing.T) {
+	srv := redistest.Standalone(t)
+	srv.Kill()
+	l := startLogged(t, t.TempDir(), fleetConfig(fmt.Sprintf("redis = [%q]\nmode = \"cluster\"", srv.Addr), 10, "strict"))
+	srv.Start(t)
+	redistest.WaitFor(t, "the mismatch in the log", func() bool {
+		return strings.Contains(l.logs.String(), `store.mode = \"cluster\", but the Redis at `+srv.Addr+` reports redis_mode standalone`)
+	})
+	assert.Contains(t, l.logs.String(), "level=ERROR")
 }
 
 // TestRedisRefusesDaemon: a password Redis rejects stops the daemon from

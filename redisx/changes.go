@@ -249,7 +249,7 @@ func (c *Client) subscribe(ctx context.Context, channel, what string, subscribed
 	})
 	// A dedicated connection is dialled by this first call: it has the
 	// set-up's time as well as a call's (no check waits on it).
-	cctx, ccancel := context.WithTimeout(ctx, c.o.DialTimeout+c.o.Timeout)
+	cctx, ccancel := context.WithTimeout(withDedicatedDial(ctx), c.o.DialTimeout+c.o.Timeout)
 	err = dc.Do(cctx, dc.B().Subscribe().Channel(channel).Build()).Error()
 	ccancel()
 	if err != nil {

@@ -90,26 +90,47 @@ func (d *dials) wait(ctx context.Context, addr string) error {
 	}
 }
 
+// dedicatedDial marks the context of a call whose dial sets up a
+// dedicated connection (a subscription's): no check uses it, so no check
+// waits for it.
+type dedicatedDial struct{}
+
+// withDedicatedDial returns ctx marked as a dedicated connection's.
+func withDedicatedDial(ctx context.Context) context.Context {
+	return context.WithValue(ctx, dedicatedDial{}, true)
+}
+
 // dialFn returns a rueidis DialCtxFn that dials with the dialer rueidis
 // passes and counts the set-up as in progress from the dial until the
 // first bytes come back on the connection (the answer to rueidis's
-// handshake) or it closes.
+// handshake) or it closes. rueidis dials with the context of the call
+// that needs the connection. Not counted: a dedicated connection's
+// (dedicatedDial: a subscription's, in Cluster mode), and a dial whose
+// context never ends, which rueidis uses for a single server's dedicated
+// connections and for a client's first connection, before any check.
+// With the default of one pipelined connection per node, a set-up
+// counted is that of the connection every call to the node uses.
 func (d *dials) dialFn() func(ctx context.Context, addr string, dialer *net.Dialer, tc *tls.Config) (net.Conn, error) {
 	return func(ctx context.Context, addr string, dialer *net.Dialer, tc *tls.Config) (net.Conn, error) {
-		end := d.start(addr)
-		var conn net.Conn
-		var err error
-		if tc != nil {
-			conn, err = (&tls.Dialer{NetDialer: dialer, Config: tc}).DialContext(ctx, "tcp", addr)
-		} else {
-			conn, err = dialer.DialContext(ctx, "tcp", addr)
+		if ctx.Done() == nil || ctx.Value(dedicatedDial{}) != nil {
+			return dial(ctx, addr, dialer, tc)
 		}
+		end := d.start(addr)
+		conn, err := dial(ctx, addr, dialer, tc)
 		if err != nil {
 			end()
 			return nil, err
 		}
 		return &settingUp{Conn: conn, end: end}, nil
 	}
+}
+
+// dial dials addr with dialer, through TLS when tc is set.
+func dial(ctx context.Context, addr string, dialer *net.Dialer, tc *tls.Config) (net.Conn, error) {
+	if tc != nil {
+		return (&tls.Dialer{NetDialer: dialer, Config: tc}).DialContext(ctx, "tcp", addr)
+	}
+	return dialer.DialContext(ctx, "tcp", addr)
 }
 
 // settingUp is a connection whose set-up ends at its first read of any

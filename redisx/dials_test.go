@@ -25,7 +25,9 @@ func TestDialsWait(t *testing.T) {
 	}()
 	var d dials
 	addr := ln.Addr().String()
-	conn, err := d.dialFn()(context.Background(), addr, &net.Dialer{}, nil)
+	dialCtx, cancelDial := context.WithTimeout(context.Background(), time.Minute) // a call's
+	defer cancelDial()
+	conn, err := d.dialFn()(dialCtx, addr, &net.Dialer{}, nil)
 	require.NoError(t, err)
 	defer conn.Close()
 	peer := <-accepted
@@ -49,7 +51,36 @@ func TestDialsWait(t *testing.T) {
 	assert.NoError(t, d.wait(context.Background(), anyAddr))
 
 	// A set-up that fails ends too.
-	_, err = d.dialFn()(context.Background(), "127.0.0.1:1", &net.Dialer{}, nil)
+	_, err = d.dialFn()(dialCtx, "127.0.0.1:1", &net.Dialer{}, nil)
 	require.Error(t, err)
 	assert.Zero(t, d.busy.Load())
+}
+
+// TestDialsDedicated: a dedicated connection's set-up (a subscription's,
+// or any dialled with a context that never ends) makes no call wait.
+func TestDialsDedicated(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // never answers
+		}
+	}()
+	var d dials
+	marked, cancelMarked := context.WithTimeout(withDedicatedDial(context.Background()), time.Minute)
+	defer cancelMarked()
+	for _, ctx := range []context.Context{marked, context.Background()} {
+		conn, err := d.dialFn()(ctx, ln.Addr().String(), &net.Dialer{}, nil)
+		require.NoError(t, err)
+		defer conn.Close()
+	}
+	assert.Zero(t, d.busy.Load())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	assert.NoError(t, d.wait(ctx, ln.Addr().String()))
 }
