@@ -407,6 +407,12 @@ func (f *fileChanges) addBlock(ctx context.Context, b *policy.Block, ttl time.Du
 		b.Expires = time.Now().Add(ttl)
 	}
 	return f.update(ctx, func(ch *policy.Changes) error {
+		// An automatic block's ID names its rule and key: stored again,
+		// it replaces the one before.
+		if i := slices.IndexFunc(ch.Blocks, func(o policy.Block) bool { return o.ID == b.ID }); i >= 0 {
+			ch.Blocks[i] = *b
+			return nil
+		}
 		ch.Blocks = append(ch.Blocks, *b)
 		return nil
 	})

@@ -1,5 +1,7 @@
 package daemon
 
+import "github.com/rld/rld/policy"
+
 // AnswerOf exposes answerOf to the external tests.
 var AnswerOf = answerOf
 
@@ -11,3 +13,10 @@ func (d *Daemon) ConfigPolls() int64 { return d.configPolls.Load() }
 
 // DecisionLogLines returns rld_decision_log_lines_total of kind.
 func DecisionLogLines(kind string) uint64 { return decisionLines[kind].Get() }
+
+// StoreAutoBlock stores ab as the automatic blocks' goroutine does.
+func (d *Daemon) StoreAutoBlock(ab policy.AutoBlock) {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	d.storeAutoBlocksLocked([]policy.AutoBlock{ab})
+}

@@ -2,7 +2,11 @@ package daemon
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -101,7 +105,7 @@ func (d *Daemon) storeAutoBlocksLocked(batch []policy.AutoBlock) {
 	stored := 0
 	for _, ab := range batch {
 		b := policy.Block{
-			ID: newChangeID("b-"), Rule: ab.Rule, Key: ab.Key, Reason: ab.Reason,
+			ID: autoBlockID(ab), Rule: ab.Rule, Key: ab.Key, Reason: ab.Reason,
 			Author: autoBlockAuthor, Created: time.Now(), Expires: time.Now().Add(ab.For),
 		}
 		now := time.Now().Add(d.chStore.skew())
@@ -128,4 +132,20 @@ func (d *Daemon) storeAutoBlocksLocked(batch []policy.AutoBlock) {
 		// Stored: the announcement or the next poll applies them.
 		d.log.Warn("changes: automatic blocks stored, but not applied here yet", slog.Any("error", err))
 	}
+}
+
+// autoBlockID is the ID of ab's block: the same for every daemon that
+// blocks the same key of the same rule, so that a fleet whose daemons
+// block it at once stores one block (the last one written), not one per
+// daemon.
+func autoBlockID(ab policy.AutoBlock) string {
+	h := sha256.New()
+	h.Write([]byte(ab.Rule))
+	for _, name := range slices.Sorted(maps.Keys(ab.Key)) {
+		h.Write([]byte{0})
+		h.Write([]byte(name))
+		h.Write([]byte{'='})
+		h.Write([]byte(ab.Key[name]))
+	}
+	return "b-" + hex.EncodeToString(h.Sum(nil)[:10])
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/client"
 	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redistest"
 	"github.com/rld/rld/wire"
 )
@@ -182,4 +183,30 @@ timeout = %q
 		res.Status = checkStatus(t, c0, "greedy")
 	}
 	assert.Equal(t, wire.StatusAllowed, res.Status, "the cooldown ends with the block")
+}
+
+// TestAutoBlockOncePerKey: the same key of the same rule blocked
+// automatically twice (two daemons at once, or one after the other), on
+// the embedded store and on Redis, is one block, not two.
+func TestAutoBlockOncePerKey(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for name, store := range map[string]string{
+		"embedded": "",
+		"redis":    fmt.Sprintf("[store]\nredis = [%q]\ntimeout = %q\n", srv.Addr, fleetTimeout),
+	} {
+		t.Run(name, func(t *testing.T) {
+			l := startLogged(t, t.TempDir(), uidConfig(store+penaltyDaemonRules, os.Getuid()))
+			sock := l.d.SocketPath()
+			for _, key := range []string{"twice", "twice", "other"} {
+				l.d.StoreAutoBlock(policy.AutoBlock{Rule: "api", Key: map[string]string{"api_key": key}, For: time.Hour, Reason: "automatic: test"})
+			}
+			var list admin.ListResult
+			require.Nil(t, changeCall(t, sock, "list", nil, &list))
+			keys := map[string]int{}
+			for _, b := range list.Blocks {
+				keys[b.Key["api_key"]]++
+			}
+			assert.Equal(t, map[string]int{"twice": 1, "other": 1}, keys)
+		})
+	}
 }
