@@ -172,7 +172,10 @@ func (o *Options) rueidisOption() rueidis.ClientOption {
 	case Sentinel:
 		ro.Sentinel = rueidis.SentinelOption{
 			MasterSet: o.MasterSet,
-			Dialer:    net.Dialer{Timeout: o.DialTimeout},
+			// Go's default keep-alive, spelled out: it tells a sentinel's
+			// dial from the primary's (Client.dials).
+			Dialer: net.Dialer{Timeout: o.DialTimeout, KeepAliveConfig: net.KeepAliveConfig{
+				Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: 9}},
 			// Reconcile with the sentinels now and then: a missed
 			// +switch-master would otherwise pin the old primary.
 			TopologyRefreshInterval: 5 * time.Second,
@@ -284,6 +287,15 @@ func (c *Client) connectLoop(first chan<- error) {
 	wait := reconnectMin
 	for {
 		ro := c.o.rueidisOption()
+		if c.o.Mode == Sentinel {
+			// The sentinels' dialer is told apart by its keep-alive
+			// settings (the same as Go's defaults, spelled out); every
+			// other dial is the primary's (or a replica's).
+			primary := c.g.one.Name()
+			c.dials.key = func(_ string, dialer *net.Dialer) (string, bool) {
+				return primary, !dialer.KeepAliveConfig.Enable
+			}
+		}
 		ro.DialCtxFn = c.dials.dialFn()
 		rc, err := rueidis.NewClient(ro)
 		if rc != nil {

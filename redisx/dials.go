@@ -14,6 +14,10 @@ import (
 // node stretches to the dial timeout. A call first waits here, bounded by
 // its own deadline, until no connection to its node is being set up.
 type dials struct {
+	// key, when set, names the set-ups a dial's address and dialer
+	// count under (Sentinel mode: the primary's, whatever its address),
+	// or says not to count it (a sentinel's connection).
+	key  func(addr string, dialer *net.Dialer) (string, bool)
 	busy atomic.Int64 // set-ups in progress, all addresses
 	mu   sync.Mutex
 	m    map[string]*dialing
@@ -115,7 +119,14 @@ func (d *dials) dialFn() func(ctx context.Context, addr string, dialer *net.Dial
 		if ctx.Done() == nil || ctx.Value(dedicatedDial{}) != nil {
 			return dial(ctx, addr, dialer, tc)
 		}
-		end := d.start(addr)
+		key := addr
+		if d.key != nil {
+			var track bool
+			if key, track = d.key(addr, dialer); !track {
+				return dial(ctx, addr, dialer, tc)
+			}
+		}
+		end := d.start(key)
 		conn, err := dial(ctx, addr, dialer, tc)
 		if err != nil {
 			end()

@@ -187,15 +187,12 @@ func (c *Client) call(ctx context.Context, b *breaker.Breaker, node rueidis.Clie
 	return err
 }
 
-// dialKey is the address of the connection a call through b on node
-// needs, for dials.wait: b's node; any address in Cluster mode when
-// rueidis picks the node (node nil); none in Sentinel mode, where the
-// primary is rueidis's to find.
+// dialKey is the key of the connection a call through b on node needs,
+// for dials.wait: b's name (its node's address; in Sentinel mode the
+// primary's set-ups are counted under it too), or any address in Cluster
+// mode when rueidis picks the node (node nil).
 func (c *Client) dialKey(b *breaker.Breaker, node rueidis.Client) string {
-	switch {
-	case c.o.Mode == Sentinel:
-		return "sentinel"
-	case c.o.Mode == Cluster && node == nil:
+	if c.o.Mode == Cluster && node == nil {
 		return anyAddr
 	}
 	return b.Name()

@@ -24,7 +24,23 @@ import (
 // once made the checks of that node wait for it).
 func TestClusterPausedPrimaryAnswersInTime(t *testing.T) {
 	cl := redistest.StartCluster(t)
-	cfg := fmt.Sprintf("[store]\n%s\n", clusterStore(cl))
+	pausePrimaryUnderChecks(t, clusterStore(cl), cl.Primaries()[0])
+}
+
+// TestSentinelPausedPrimaryAnswersInTime: the same with Sentinel, where
+// rueidis dials the primary again while the sentinels fail it over.
+func TestSentinelPausedPrimaryAnswersInTime(t *testing.T) {
+	g := redistest.StartSentinel(t)
+	store := fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q", quotedList(g.SentinelAddrs()), g.MasterSet)
+	pausePrimaryUnderChecks(t, store, g.Primary())
+}
+
+// pausePrimaryUnderChecks runs a daemon on store with a cached and a
+// strict rule, checks 30 keys of each in a loop, pauses primary for 4 s
+// meanwhile, and asserts that every check was answered, the slowest well
+// within the dial timeout.
+func pausePrimaryUnderChecks(t *testing.T, store string, paused *redistest.Server) {
+	cfg := fmt.Sprintf("[store]\n%s\n", store)
 	for _, mode := range []string{"cached", "strict"} {
 		cfg += fmt.Sprintf("\n[[rule]]\nname = %q\nmatch = { m = %q }\nby = [\"api_key\"]\nlimit = 1000000\nperiod = \"1h\"\nmode = %q\n", mode, mode, mode)
 	}
@@ -65,7 +81,6 @@ func TestClusterPausedPrimaryAnswersInTime(t *testing.T) {
 		})
 	}
 	redistest.WaitFor(t, "checks under way", func() bool { return checks.Load() > 1000 })
-	paused := cl.Primaries()[0]
 	paused.Pause()
 	time.Sleep(4 * time.Second) // the outage: past the 1 s node timeout and the promotion
 	paused.Resume()
