@@ -60,9 +60,11 @@ bench: deps build
 	bin/rld-bench -spawn -rld $(BIN) -targets echo,redis,rld -store embedded,redis \
 	  -rate $(BENCH_RATE) -duration $(BENCH_DURATION) -plot bin/bench.svg $(BENCH_FLAGS)
 
-# bench-go runs the Go benchmarks of the packages.
+# bench-go runs the Go benchmarks of the packages (not bench/'s
+# BenchmarkCluster, which starts Redis Clusters: docs/performance.md).
 bench-go:
-	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./wire ./algo ./memstore ./policy ./daemon
+	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./wire ./algo ./memstore ./policy ./daemon \
+		./redisx ./deadline ./shardcache ./breaker ./coalesce ./header ./topk
 
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./wire

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,7 +21,7 @@ func BenchmarkProcessDenied(b *testing.B) {
 		"\"\n[[rule]]\nname = \"bench\"\nby = [\"api_key\"]\nlimit = 1\nperiod = \"1h\"\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock")})
+	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock"), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,7 +25,7 @@ func BenchmarkProcess(b *testing.B) {
 	if err := os.WriteFile(cfg, []byte("[server]\nhttp = \"\"\n[[rule]]\nname = \"bench\"\nby = [\"api_key\"]\nlimit = 1000000000\nperiod = \"1s\"\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock")})
+	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock"), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func BenchmarkProcessRedisLeases(b *testing.B) {
 	if err := os.WriteFile(cfg, []byte(toml), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock")})
+	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock"), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func BenchmarkProcessRedisStrict(b *testing.B) {
 	if err := os.WriteFile(cfg, []byte(toml), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock")})
+	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock"), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

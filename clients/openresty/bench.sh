@@ -44,8 +44,12 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 TMP=$(mktemp -d /tmp/rldbench.XXXX)
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -9 -- "-$p" 2>/dev/null || kill -9 "$p" 2>/dev/null || true; done
-  rm -rf "$TMP"
+  # bash reports each job it reaps killed ("Killed ..."): not an error here.
+  {
+    for p in "${pids[@]}"; do kill -9 -- "-$p" || kill -9 "$p" || true; done
+    wait || true
+    rm -rf "$TMP"
+  } 2>/dev/null
 }
 trap cleanup EXIT
 
