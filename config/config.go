@@ -449,6 +449,9 @@ func Parse(data []byte, name string) (*Config, error) {
 	for _, p := range unknownKeys(md, data) {
 		problems = append(problems, fmt.Errorf("%s%s", name, p))
 	}
+	for _, p := range notTables(data) {
+		problems = append(problems, fmt.Errorf("%s: %s", name, p))
+	}
 	c.setDefaults()
 	for _, p := range c.validate() {
 		problems = append(problems, fmt.Errorf("%s: %s", name, p))

@@ -216,6 +216,10 @@ func TestInvalid(t *testing.T) {
 		{"unknown table", "[servr]\nsocket = \"x\"\n", []string{`x.toml:1: unknown key "servr"`}},
 		// Every place of a repeated unknown key, each at its own line; a key
 		// named like another table's known one is found in its own table.
+		// The decoder drops a match or tiers that is not a table: a rule
+		// without its match would count every request.
+		{"match and tiers not tables", rule + "match = \"path=/login\"\ntiers = [1]\n",
+			[]string{`x.toml: rule[0] "r": match = "path=/login": want a table`, `x.toml: rule[0] "r": tiers = [1]: want a table`}},
 		{"unknown key in two rules", rule + "colour = \"red\"\n" + rule + "colour = \"blue\"\n[server]\nlimit = 5\n",
 			[]string{`x.toml:6: unknown key "rule.colour"`, `x.toml:12: unknown key "rule.colour"`, `x.toml:14: unknown key "server.limit"`}},
 		{"unknown key in an inline table", strings.Replace(rule, "limit = 10", "limit = 10\npenalty = { after = 3, factor = 2.0, max = \"1m\", extra = 1 }", 1),

@@ -446,6 +446,36 @@ func decodeError(name string, err error) error {
 // typeError matches the decoder's text for a value of the wrong type.
 var typeError = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): incompatible types: TOML value has type (.+); destination has type (.+)$`)
 
+// notTables reports the rules' match and tiers written as something else
+// than a table: the decoder drops such a value without a word, and a rule
+// without its match would count every request.
+func notTables(data []byte) []string {
+	var raw struct {
+		Rule []map[string]any `toml:"rule"`
+	}
+	if _, err := toml.Decode(string(data), &raw); err != nil {
+		return nil // the real decode reported it
+	}
+	var out []string
+	for i, r := range raw.Rule {
+		at := fmt.Sprintf("rule[%d]", i)
+		if name, ok := r["name"].(string); ok {
+			at += " " + strconv.Quote(name)
+		}
+		for _, field := range []string{"match", "tiers"} {
+			v, ok := r[field]
+			if _, table := v.(map[string]any); ok && !table {
+				text := fmt.Sprint(v)
+				if s, isString := v.(string); isString {
+					text = strconv.Quote(s)
+				}
+				out = append(out, fmt.Sprintf("%s: %s = %s: want a table, such as %s = { name = ... }", at, field, text, field))
+			}
+		}
+	}
+	return out
+}
+
 // tableError matches the decoder's text for a value where a table is
 // wanted.
 var tableError = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): type mismatch for [^:]+: expected table but found (.+)$`)
@@ -466,6 +496,8 @@ func typeName(t string) string {
 		return "an array"
 	case "struct", "map", "map[string]interface {}", "map[string]any":
 		return "a table"
+	case "time.Time":
+		return "a date"
 	}
 	return t
 }

@@ -188,7 +188,8 @@ func pruneExpired(ch *policy.Changes, now time.Time) {
 
 // newChangeID returns a new id: prefix, then the creation time (Unix
 // nanoseconds, 16 hex digits) and 4 random hex digits, so that list's
-// order of id is the order of creation (on one daemon's clock).
+// order of id is the order of creation (on one daemon's clock) of the
+// changes admin ops make (an automatic block's is autoBlockID).
 func newChangeID(prefix string) string {
 	var b [10]byte
 	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixNano()))

@@ -220,7 +220,7 @@ func checkServerMode(ctx context.Context, c *redisx.Client, sc *config.Store) er
 }
 
 // checkServerModeLater, for a daemon that started while Redis was silent,
-// checks the kind of Redis once it answers (checkServerMode), every
+// checks the kind of Redis once it answers INFO (checkServerMode), every
 // second until then: a mismatch can no longer stop the daemon, so it is
 // logged as an error.
 func (d *Daemon) checkServerModeLater(ctx context.Context) {
@@ -231,8 +231,11 @@ func (d *Daemon) checkServerModeLater(ctx context.Context) {
 			return
 		case <-time.After(time.Second):
 		}
-		if d.redis.Ping(ctx) != nil {
-			continue
+		if _, err := d.redis.ServerMode(ctx); err != nil {
+			if redisx.IsReply(err) {
+				return // INFO refused (an ACL): nothing to check, as at a start
+			}
+			continue // not answering yet
 		}
 		if err := checkServerMode(ctx, d.redis, sc); err != nil {
 			d.log.Error("cannot use store.redis: checks follow their fail modes or go wrong; fix the configuration and restart", slog.Any("error", err))

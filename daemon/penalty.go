@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"log/slog"
 	"maps"
@@ -140,12 +141,14 @@ func (d *Daemon) storeAutoBlocksLocked(batch []policy.AutoBlock) {
 // daemon.
 func autoBlockID(ab policy.AutoBlock) string {
 	h := sha256.New()
-	h.Write([]byte(ab.Rule))
+	field := func(s string) { // length first: values may hold any byte
+		h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(s))))
+		h.Write([]byte(s))
+	}
+	field(ab.Rule)
 	for _, name := range slices.Sorted(maps.Keys(ab.Key)) {
-		h.Write([]byte{0})
-		h.Write([]byte(name))
-		h.Write([]byte{'='})
-		h.Write([]byte(ab.Key[name]))
+		field(name)
+		field(ab.Key[name])
 	}
 	return "b-" + hex.EncodeToString(h.Sum(nil)[:10])
 }

@@ -118,3 +118,12 @@ func TestAutoBlockStopWaits(t *testing.T) {
 	assert.LessOrEqual(t, runtime.NumGoroutine(), base, "no goroutine started after stop")
 	d.stopAutoBlocks() // idempotent
 }
+
+// TestAutoBlockIDSeparatesFields: two keys whose names and values run
+// together the same way get different ids.
+func TestAutoBlockIDSeparatesFields(t *testing.T) {
+	a := policy.AutoBlock{Rule: "r", Key: map[string]string{"a": "x\x00b=y", "b": "z"}}
+	b := policy.AutoBlock{Rule: "r", Key: map[string]string{"a": "x", "b": "y\x00b=z"}}
+	assert.NotEqual(t, autoBlockID(a), autoBlockID(b))
+	assert.Equal(t, autoBlockID(a), autoBlockID(policy.AutoBlock{Rule: "r", Key: map[string]string{"b": "z", "a": "x\x00b=y"}}))
+}

@@ -287,6 +287,7 @@ func (c *Client) connectLoop(first chan<- error) {
 	wait := reconnectMin
 	for {
 		ro := c.o.rueidisOption()
+		c.dials.background = c.o.Mode != Standalone
 		if c.o.Mode == Sentinel {
 			// The sentinels' dialer is told apart by its keep-alive
 			// settings (the same as Go's defaults, spelled out); every

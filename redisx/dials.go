@@ -14,10 +14,18 @@ import (
 // node stretches to the dial timeout. A call first waits here, bounded by
 // its own deadline, until no connection to its node is being set up.
 type dials struct {
+	// background counts the dials whose context never ends too. rueidis
+	// re-dials a Cluster node's or a Sentinel primary's pipelined
+	// connection with such a context from its refreshes; a single
+	// server's (Standalone) are only its first connection and its
+	// dedicated ones.
+	background bool
 	// key, when set, names the set-ups a dial's address and dialer
 	// count under (Sentinel mode: the primary's, whatever its address),
 	// or says not to count it (a sentinel's connection).
-	key  func(addr string, dialer *net.Dialer) (string, bool)
+	key func(addr string, dialer *net.Dialer) (string, bool)
+	// seen, when set, is told of every dial (tests).
+	seen atomic.Pointer[func(ctx context.Context, addr string)]
 	busy atomic.Int64 // set-ups in progress, all addresses
 	mu   sync.Mutex
 	m    map[string]*dialing
@@ -108,15 +116,20 @@ func withDedicatedDial(ctx context.Context) context.Context {
 // passes and counts the set-up as in progress from the dial until the
 // first bytes come back on the connection (the answer to rueidis's
 // handshake) or it closes. rueidis dials with the context of the call
-// that needs the connection. Not counted: a dedicated connection's
-// (dedicatedDial: a subscription's, in Cluster mode), and a dial whose
-// context never ends, which rueidis uses for a single server's dedicated
-// connections and for a client's first connection, before any check.
-// With the default of one pipelined connection per node, a set-up
-// counted is that of the connection every call to the node uses.
+// that needs the connection, or one that never ends (its refreshes, its
+// first connection, and a dedicated connection outside Cluster mode).
+// Not counted: a dedicated connection's marked so (dedicatedDial: a
+// subscription's, in Cluster mode), and without background a dial whose
+// context never ends. With the default of one pipelined connection per
+// node, a set-up counted is that of the connection every call to the
+// node uses (or, in Sentinel mode, a subscription's to the primary,
+// which a healthy primary sets up in a round trip).
 func (d *dials) dialFn() func(ctx context.Context, addr string, dialer *net.Dialer, tc *tls.Config) (net.Conn, error) {
 	return func(ctx context.Context, addr string, dialer *net.Dialer, tc *tls.Config) (net.Conn, error) {
-		if ctx.Done() == nil || ctx.Value(dedicatedDial{}) != nil {
+		if seen := d.seen.Load(); seen != nil {
+			(*seen)(ctx, addr)
+		}
+		if ctx.Done() == nil && !d.background || ctx.Value(dedicatedDial{}) != nil {
 			return dial(ctx, addr, dialer, tc)
 		}
 		key := addr

@@ -57,7 +57,8 @@ func TestDialsWait(t *testing.T) {
 }
 
 // TestDialsDedicated: a dedicated connection's set-up (a subscription's,
-// or any dialled with a context that never ends) makes no call wait.
+// or, in Standalone mode, any dialled with a context that never ends)
+// makes no call wait.
 func TestDialsDedicated(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -80,6 +81,14 @@ func TestDialsDedicated(t *testing.T) {
 		defer conn.Close()
 	}
 	assert.Zero(t, d.busy.Load())
+	// Where rueidis's refreshes dial with a context that never ends
+	// (Cluster, Sentinel), those dials count.
+	d.background = true
+	conn, err := d.dialFn()(context.Background(), ln.Addr().String(), &net.Dialer{}, nil)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, d.busy.Load())
+	conn.Close()
+	assert.Zero(t, d.busy.Load(), "the close ends it")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	assert.NoError(t, d.wait(ctx, ln.Addr().String()))
