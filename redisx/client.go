@@ -13,8 +13,10 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/deadline"
+	"github.com/rld/rld/lua"
 )
 
 // Mode says how Redis is deployed.
@@ -285,18 +287,18 @@ func isRefusal(err error) bool {
 func (c *Client) connectLoop(first chan<- error) {
 	defer close(c.loopDone)
 	wait := reconnectMin
+	c.dials.background = c.o.Mode != Standalone
+	if c.o.Mode == Sentinel {
+		// The sentinels' dialer is told apart by its keep-alive
+		// settings (the same as Go's defaults, spelled out); every
+		// other dial is the primary's (or a replica's).
+		primary := c.g.one.Name()
+		c.dials.key = func(_ string, dialer *net.Dialer) (string, bool) {
+			return primary, !dialer.KeepAliveConfig.Enable
+		}
+	}
 	for {
 		ro := c.o.rueidisOption()
-		c.dials.background = c.o.Mode != Standalone
-		if c.o.Mode == Sentinel {
-			// The sentinels' dialer is told apart by its keep-alive
-			// settings (the same as Go's defaults, spelled out); every
-			// other dial is the primary's (or a replica's).
-			primary := c.g.one.Name()
-			c.dials.key = func(_ string, dialer *net.Dialer) (string, bool) {
-				return primary, !dialer.KeepAliveConfig.Enable
-			}
-		}
 		ro.DialCtxFn = c.dials.dialFn()
 		rc, err := rueidis.NewClient(ro)
 		if rc != nil {
@@ -305,6 +307,7 @@ func (c *Client) connectLoop(first chan<- error) {
 			// next call.
 			c.rc.Store(&rueidisClient{rc})
 			c.g.refreshSoon() // Cluster: map the slots at once
+			go c.preloadScripts(rc)
 		}
 		if err != nil {
 			c.lastErr.Store(&err)
@@ -613,4 +616,58 @@ func (d *direct) close() {
 		d.sc.Close()
 		d.sc = nil
 	}
+}
+
+// preloadScripts loads the checks' scripts (each algorithm's, and its
+// once variant) on every node rc knows (a Cluster's primaries), again
+// every second until every node took them or c closes: else the first check on a node that never
+// saw them (a new Redis, one restarted or flushed) spends its deadline on
+// EVALSHA, NOSCRIPT and EVAL, and is answered by its fail mode. A node
+// that loses them later, or a replica promoted, meets the same NOSCRIPT
+// path.
+func (c *Client) preloadScripts(rc rueidis.Client) {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), c.o.DialTimeout+time.Second)
+		err := loadAllScripts(ctx, rc)
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// loadAllScripts sends SCRIPT LOAD of every check script to every node
+// rc knows, one pipeline per node, and returns the first error.
+func loadAllScripts(ctx context.Context, rc rueidis.Client) error {
+	nodes := rc.Nodes()
+	errs := make(chan error, len(nodes))
+	for _, n := range nodes {
+		go func() {
+			cmds := make(rueidis.Commands, 0, 2*algo.NumKinds)
+			for k := range algo.NumKinds {
+				src, _ := lua.Source(algo.Kind(k).String())
+				once, _ := lua.OnceSource(algo.Kind(k).String())
+				cmds = append(cmds, n.B().ScriptLoad().Script(src).Build(), n.B().ScriptLoad().Script(once).Build())
+			}
+			var first error
+			for _, r := range n.DoMulti(ctx, cmds...) {
+				if err := r.Error(); err != nil && first == nil {
+					first = err
+				}
+			}
+			errs <- first
+		}()
+	}
+	var first error
+	for range nodes {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
