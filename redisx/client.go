@@ -642,25 +642,28 @@ func (c *Client) preloadScripts(rc rueidis.Client) {
 }
 
 // loadAllScripts sends SCRIPT LOAD of every check script to every node
-// rc knows, one pipeline per node, and returns the first error.
+// rc knows, one pipeline per node on a dedicated connection (the calls of
+// the checks do not queue behind it), and returns the first error.
 func loadAllScripts(ctx context.Context, rc rueidis.Client) error {
+	ctx = withDedicatedDial(ctx) // no check waits for its set-up
 	nodes := rc.Nodes()
 	errs := make(chan error, len(nodes))
 	for _, n := range nodes {
 		go func() {
-			cmds := make(rueidis.Commands, 0, 2*algo.NumKinds)
-			for k := range algo.NumKinds {
-				src, _ := lua.Source(algo.Kind(k).String())
-				once, _ := lua.OnceSource(algo.Kind(k).String())
-				cmds = append(cmds, n.B().ScriptLoad().Script(src).Build(), n.B().ScriptLoad().Script(once).Build())
-			}
-			var first error
-			for _, r := range n.DoMulti(ctx, cmds...) {
-				if err := r.Error(); err != nil && first == nil {
-					first = err
+			errs <- n.Dedicated(func(dc rueidis.DedicatedClient) error {
+				cmds := make(rueidis.Commands, 0, 2*algo.NumKinds)
+				for k := range algo.NumKinds {
+					src, _ := lua.Source(algo.Kind(k).String())
+					once, _ := lua.OnceSource(algo.Kind(k).String())
+					cmds = append(cmds, dc.B().ScriptLoad().Script(src).Build(), dc.B().ScriptLoad().Script(once).Build())
 				}
-			}
-			errs <- first
+				for _, r := range dc.DoMulti(ctx, cmds...) {
+					if err := r.Error(); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
 		}()
 	}
 	var first error

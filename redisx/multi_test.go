@@ -2,6 +2,8 @@ package redisx_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/lua"
 	"github.com/rld/rld/redistest"
 	"github.com/rld/rld/redisx"
 )
@@ -294,7 +297,13 @@ func TestDoCluster(t *testing.T) {
 		ops = append(ops, algo.Op{Kind: algo.OpLease, Key: key, Params: p, N: 3})
 	}
 	require.Len(t, perPrimary, 3)
+	src, _ := lua.Source(p.Kind.String())
+	sum := sha1.Sum([]byte(src))
 	for _, primary := range c.Primaries() {
+		redistest.WaitFor(t, "the client's preload of the scripts", func() bool {
+			n, err := redistest.Do(primary.Addr, "SCRIPT", "EXISTS", hex.EncodeToString(sum[:]))
+			return err == nil && n == "1"
+		})
 		_, err := redistest.Do(primary.Addr, "CONFIG", "RESETSTAT")
 		require.NoError(t, err)
 	}
@@ -310,12 +319,14 @@ func TestDoCluster(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, "1", n, "%q on %s", rkey, addr)
 		}
-		// The first Do met NOSCRIPT: 20 EVALSHA, SCRIPT LOAD, 20 again.
-		assert.Equal(t, int64(2*len(keys)), cmdCalls(t, addr, "evalsha"), addr)
+		// The scripts were preloaded: one EVALSHA per key.
+		assert.Equal(t, int64(len(keys)), cmdCalls(t, addr, "evalsha"), addr)
 	}
 
 	for _, node := range c.Nodes() {
 		_, err := redistest.Do(node.Addr, "SCRIPT", "FLUSH")
+		require.NoError(t, err)
+		_, err = redistest.Do(node.Addr, "CONFIG", "RESETSTAT")
 		require.NoError(t, err)
 	}
 	for i := range ops {
@@ -325,6 +336,11 @@ func TestDoCluster(t *testing.T) {
 	for i := range ops {
 		require.NoError(t, ops[i].Err, "op %d", i)
 		assert.Equal(t, int64(9), ops[i].Result.Remaining, "op %d: 3 back, a peek of 1", i)
+	}
+	for addr, keys := range perPrimary {
+		// After the flush the Do met NOSCRIPT: 20 EVALSHA, SCRIPT LOAD,
+		// 20 again.
+		assert.Equal(t, int64(2*len(keys)), cmdCalls(t, addr, "evalsha"), addr)
 	}
 
 	rs2 := redisx.NewStore(newClient(t, redisx.Options{Addrs: c.Addrs()[2:], Mode: redisx.Cluster}))
