@@ -157,6 +157,15 @@ func TestStandaloneAsCluster(t *testing.T) {
 	assert.Contains(t, err.Error(), `cannot use store.redis: store.mode = "cluster", but the Redis at `+srv.Addr+` reports redis_mode standalone: it is not a Cluster node`)
 }
 
+// TestPlainRedisAsSentinels: a plain Redis named as the sentinels stops
+// the daemon from starting, with an error that says so.
+func TestPlainRedisAsSentinels(t *testing.T) {
+	srv := redistest.Standalone(t)
+	_, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]\nmode = \"sentinel\"\nmaster_set = \"m\"", srv.Addr), 10, "strict"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot use store.redis: redisx: "+srv.Addr+" is not a sentinel (it does not know SENTINEL)")
+}
+
 // TestStandaloneAsClusterFoundLater: a daemon that started while its
 // Redis was silent checks the kind of Redis once it answers, and logs the
 // mismatch as an error (it can no longer refuse to start).

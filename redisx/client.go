@@ -267,6 +267,9 @@ func New(ctx context.Context, o Options) (*Client, error) {
 	case err := <-first:
 		if isRefusal(err) {
 			c.Close()
+			if o.Mode == Sentinel && strings.Contains(err.Error(), "unknown command 'SENTINEL'") {
+				return nil, fmt.Errorf("redisx: %s is not a sentinel (it does not know SENTINEL): name the sentinels, or set the mode to standalone: %w", strings.Join(o.Addrs, ","), err)
+			}
 			return nil, fmt.Errorf("redisx: redis %s refused the connection: %w", strings.Join(o.Addrs, ","), err)
 		}
 	case <-ctx.Done():
