@@ -400,16 +400,9 @@ func TestDecisionLogAndTop(t *testing.T) {
 	assert.Greater(t, denied["retry_after_ms"].(float64), 0.0)
 	assert.Contains(t, denied, "latency_us")
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	res, err := admin.CallSocket(ctx, l.d.SocketPath(), admin.Request{Op: "top", Args: json.RawMessage(`{"rule":"per-key","n":5}`)})
-	require.NoError(t, err)
-	require.Nil(t, res.Err)
-	var top admin.TopResult
-	require.NoError(t, json.Unmarshal(res.Result, &top))
-	require.Len(t, top.Rules, 1)
-	assert.Equal(t, uint64(31), top.Rules[0].Denied)
-	assert.Equal(t, []admin.KeyCount{{Key: "api_key=abuser", Count: 28}, {Key: "api_key=other", Count: 3}}, top.Rules[0].Keys)
+	top := topOf(t, l.d.SocketPath(), "per-key")
+	assert.Equal(t, uint64(31), top.Denied)
+	assert.Equal(t, []admin.KeyCount{{Key: "api_key=abuser", Count: 28}, {Key: "api_key=other", Count: 3}}, top.Keys)
 }
 
 // TestDecisionLogCap: with every denial sampled and a cap of 5 a second,
@@ -467,13 +460,23 @@ func TestDecisionLogAcquiresAndErrors(t *testing.T) {
 	assert.NotContains(t, log, `"decision":"allowed"`)
 	assert.Equal(t, deniedLines+2, daemon.DecisionLogLines("denied"), "the acquire's denial and the error")
 
+	top := topOf(t, l.d.SocketPath(), "per-key")
+	assert.Equal(t, []admin.KeyCount{{Key: "api_key=acq", Count: 1}}, top.Keys)
+}
+
+// topOf asks the daemon on sock for the top denied keys of rule (5 of
+// them) over its admin socket.
+func topOf(t *testing.T, sock, rule string) admin.RuleTop {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	res, err := admin.CallSocket(ctx, l.d.SocketPath(), admin.Request{Op: "top", Args: json.RawMessage(`{"rule":"per-key","n":5}`)})
+	args, err := json.Marshal(map[string]any{"rule": rule, "n": 5})
+	require.NoError(t, err)
+	res, err := admin.CallSocket(ctx, sock, admin.Request{Op: "top", Args: args})
 	require.NoError(t, err)
 	require.Nil(t, res.Err)
 	var top admin.TopResult
 	require.NoError(t, json.Unmarshal(res.Result, &top))
 	require.Len(t, top.Rules, 1)
-	assert.Equal(t, []admin.KeyCount{{Key: "api_key=acq", Count: 1}}, top.Rules[0].Keys)
+	return top.Rules[0]
 }

@@ -201,6 +201,12 @@ func checkServerMode(ctx context.Context, c *redisx.Client, sc *config.Store) er
 	if err != nil {
 		return nil
 	}
+	return modeMismatch(sc, got)
+}
+
+// modeMismatch says how a Redis whose INFO reports redis_mode got does
+// not fit store.mode, or returns nil when it fits.
+func modeMismatch(sc *config.Store, got string) error {
 	want := "standalone" // a sentinel hands out a plain primary
 	if sc.Mode == config.RedisCluster {
 		want = "cluster"
@@ -220,7 +226,7 @@ func checkServerMode(ctx context.Context, c *redisx.Client, sc *config.Store) er
 }
 
 // checkServerModeLater, for a daemon that started while Redis was silent,
-// checks the kind of Redis once it answers INFO (checkServerMode), every
+// checks the kind of Redis once it answers INFO (modeMismatch), every
 // second until then: a mismatch can no longer stop the daemon, so it is
 // logged as an error.
 func (d *Daemon) checkServerModeLater(ctx context.Context) {
@@ -231,13 +237,14 @@ func (d *Daemon) checkServerModeLater(ctx context.Context) {
 			return
 		case <-time.After(time.Second):
 		}
-		if _, err := d.redis.ServerMode(ctx); err != nil {
+		got, err := d.redis.ServerMode(ctx)
+		if err != nil {
 			if redisx.IsReply(err) {
 				return // INFO refused (an ACL): nothing to check, as at a start
 			}
 			continue // not answering yet
 		}
-		if err := checkServerMode(ctx, d.redis, sc); err != nil {
+		if err := modeMismatch(sc, got); err != nil {
 			d.log.Error("cannot use store.redis: checks follow their fail modes or go wrong; fix the configuration and restart", slog.Any("error", err))
 		}
 		return

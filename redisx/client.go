@@ -16,7 +16,6 @@ import (
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/deadline"
-	"github.com/rld/rld/lua"
 )
 
 // Mode says how Redis is deployed.
@@ -649,18 +648,16 @@ func (c *Client) preloadScripts(rc rueidis.Client) {
 // the checks do not queue behind it), and returns the first error.
 func loadAllScripts(ctx context.Context, rc rueidis.Client) error {
 	ctx = withDedicatedDial(ctx) // no check waits for its set-up
+	var all [algo.NumKinds]bool
+	for k := range all {
+		all[k] = true
+	}
 	nodes := rc.Nodes()
 	errs := make(chan error, len(nodes))
 	for _, n := range nodes {
 		go func() {
 			errs <- n.Dedicated(func(dc rueidis.DedicatedClient) error {
-				cmds := make(rueidis.Commands, 0, 2*algo.NumKinds)
-				for k := range algo.NumKinds {
-					src, _ := lua.Source(algo.Kind(k).String())
-					once, _ := lua.OnceSource(algo.Kind(k).String())
-					cmds = append(cmds, dc.B().ScriptLoad().Script(src).Build(), dc.B().ScriptLoad().Script(once).Build())
-				}
-				for _, r := range dc.DoMulti(ctx, cmds...) {
+				for _, r := range dc.DoMulti(ctx, scriptLoads(dc.B(), &all, &all)...) {
 					if err := r.Error(); err != nil {
 						return err
 					}

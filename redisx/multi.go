@@ -564,22 +564,26 @@ func loadScripts(ctx context.Context, rc rueidis.Client, node string, ops []algo
 	}
 	var wg sync.WaitGroup
 	for _, n := range nodes {
-		wg.Go(func() {
-			cmds := make(rueidis.Commands, 0, len(need))
-			for k := range need {
-				if need[k] {
-					src, _ := lua.Source(algo.Kind(k).String())
-					cmds = append(cmds, n.B().ScriptLoad().Script(src).Build())
-				}
-				if needOnce[k] {
-					src, _ := lua.OnceSource(algo.Kind(k).String())
-					cmds = append(cmds, n.B().ScriptLoad().Script(src).Build())
-				}
-			}
-			n.DoMulti(ctx, cmds...)
-		})
+		wg.Go(func() { n.DoMulti(ctx, scriptLoads(n.B(), &need, &needOnce)...) })
 	}
 	wg.Wait()
+}
+
+// scriptLoads returns the SCRIPT LOAD commands of the scripts of the
+// kinds need marks, and of the once variants of those needOnce marks.
+func scriptLoads(b rueidis.Builder, need, needOnce *[algo.NumKinds]bool) rueidis.Commands {
+	cmds := make(rueidis.Commands, 0, 2*algo.NumKinds)
+	for k := range need {
+		if need[k] {
+			src, _ := lua.Source(algo.Kind(k).String())
+			cmds = append(cmds, b.ScriptLoad().Script(src).Build())
+		}
+		if needOnce[k] {
+			src, _ := lua.OnceSource(algo.Kind(k).String())
+			cmds = append(cmds, b.ScriptLoad().Script(src).Build())
+		}
+	}
+	return cmds
 }
 
 // onceDone returns algo.ErrApplied or algo.ErrOnceConflict when err is
