@@ -13,6 +13,8 @@ NEEDS=(
   "redis-cli redis-tools"
   "python3 python3"
   "/usr/lib/python3/dist-packages/wheel python3-venv python3-setuptools python3-wheel"
+  "gunicorn gunicorn"
+  "/usr/lib/python3/dist-packages/uvicorn python3-uvicorn"
   "nginx nginx"
   "/usr/lib/nginx/modules/ngx_http_lua_module.so libnginx-mod-http-lua"
   "php php-cli"

@@ -4,6 +4,7 @@
 package python
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,16 +18,18 @@ import (
 // with RLD_TEST_SOCKET set to a daemon started on tests/rld-test.toml and
 // RLD_TEST_BINARY to the rld binary (for the tests that kill and restart a
 // daemon of their own), and fails with Python's output when Python fails.
+// The middleware tests start real servers (wsgiref, and Debian's gunicorn
+// and uvicorn under /usr/bin/python3) through tests/serve.py.
 func TestPython(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
 		t.Fatalf("python3 is not installed (make deps installs it): %v", err)
 	}
-	cfg, err := os.ReadFile(filepath.Join("tests", "rld-test.toml"))
+	cfg, err := testConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := daemontest.StartProcess(string(cfg))
+	p, err := daemontest.StartProcess(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,6 +50,20 @@ func TestPython(t *testing.T) {
 		t.Fatalf("python3 -m unittest: %v\n%s\nrld's log:\n%s", err, out, p.Logs())
 	}
 	t.Logf("%s", out)
+}
+
+// testConfig returns tests/rld-test.toml with @TESTS@ replaced by the
+// tests folder's absolute path.
+func testConfig() (string, error) {
+	b, err := os.ReadFile(filepath.Join("tests", "rld-test.toml"))
+	if err != nil {
+		return "", fmt.Errorf("reading the test config: %w", err)
+	}
+	dir, err := filepath.Abs("tests")
+	if err != nil {
+		return "", fmt.Errorf("locating tests: %w", err)
+	}
+	return strings.ReplaceAll(string(b), "@TESTS@", dir), nil
 }
 
 // TestPipInstall installs clients/python with pip, offline, into a new

@@ -24,13 +24,18 @@ unreachable or slow, a call fails open by default: it answers allowed, marked
 failed_open, counts the failure and logs it at most once per interval; with
 fail_open=False it answers an error, which is not allowed. A daemon outage
 never raises unless raise_errors=True. WSGIMiddleware and ASGIMiddleware put
-a check in front of a web application.
+a check in front of a web application: they send the request's attributes as
+the server saw them (peer address, method, Host, raw target, chosen headers)
+and rld derives the descriptors (docs/clients.md).
+
+A value longer than its limit is never refused and never fails open: it is
+sent as "sha256:" and the 64 hex digits of its SHA-256 (see fit).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
+import hashlib
 import json
 import logging
 import os
@@ -39,11 +44,13 @@ import socket
 import struct
 import threading
 import time
+import urllib.parse
 from typing import Any, Callable, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "ASGIMiddleware", "Acquisition", "AsyncClient", "Client", "DecodeError", "EncodeError", "FrameBuffer", "Response",
-    "Result", "RldError", "Unavailable", "WSGIMiddleware", "decode_response", "encode_request",
+    "Result", "RldError", "Unavailable", "WSGIMiddleware", "decode_response", "encode_request", "fit",
+    "fit_descriptors", "value_limit", "wsgi_target", "asgi_target", "DEFAULT_HEADERS",
 ]
 __version__ = "1.0.0"
 
@@ -53,10 +60,22 @@ DEFAULT_SOCKET = "/run/rld/rld.sock"
 # Protocol constants (docs/protocol.md).
 VERSION = 1
 HEADER_SIZE = 12
-MAX_FRAME = 16384
+MAX_FRAME = 65536
 MAX_DESCRIPTORS = 32
 MAX_NAME = 64
 MAX_VALUE = 1024
+#: The longest value of an attribute (a descriptor whose name starts with ":") on the wire.
+MAX_ATTR_VALUE = 16384
+ATTR_PREFIX = b":"
+#: What a value longer than its limit is sent as: this, then 64 hex digits.
+DIGEST_PREFIX = b"sha256:"
+#: The limits of the long-value rule (value_limit): longer values are digested.
+TARGET_LIMIT, HEADER_LIMIT = 16384, 4096
+_ATTR_LIMITS = {b":target": TARGET_LIMIT, b":peer": MAX_VALUE, b":method": MAX_VALUE, b":host": MAX_VALUE}
+#: The headers the middleware sends by default (as ":h:NAME" attributes).
+DEFAULT_HEADERS = ("x-api-key", "authorization", "x-forwarded-for", "x-real-ip", "forwarded", "cookie")
+#: The most headers the middleware sends.
+MAX_HEADERS = 8
 MAX_COST = 0xFFFFFFFF
 MAX_ID = 0xFFFFFFFF
 MAX_RULE = 255
@@ -122,25 +141,64 @@ def _raw(v: Any, what: str) -> bytes:
     raise EncodeError(f"{what} must be str or bytes, not {type(v).__name__}")
 
 
-def _check_body(cost: int, descriptors: Descriptors) -> bytes:
-    """Returns the body of a CHECK or PEEK, or raises EncodeError."""
-    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
-        raise EncodeError(f"cost {cost!r} is not a whole number from 0 to {MAX_COST}")
+def value_limit(name: bytes) -> int:
+    """Returns the length above which the value of descriptor name is sent
+    as its digest: 16384 bytes for ":target", 4096 for a header (":h:NAME"),
+    1024 for ":peer", ":method", ":host" and every descriptor given by hand."""
+    if name.startswith(b":h:"):
+        return HEADER_LIMIT
+    return _ATTR_LIMITS.get(name, MAX_VALUE)
+
+
+def fit(name: Any, value: Any) -> bytes:
+    """Returns value as sent for descriptor name: itself (as bytes) when it
+    is within value_limit(name), else b"sha256:" and the 64 lowercase hex
+    digits of the SHA-256 of the whole value. Raises EncodeError when name
+    or value is not str or bytes."""
+    v = _raw(value, "descriptor value")
+    if len(v) <= value_limit(_raw(name, "descriptor name")):
+        return v
+    return DIGEST_PREFIX + hashlib.sha256(v).hexdigest().encode("ascii")
+
+
+def _pairs(descriptors: Descriptors) -> Iterable[Tuple[bytes, bytes]]:
     pairs = () if descriptors is None else descriptors.items() if isinstance(descriptors, Mapping) else descriptors
-    parts = []
-    size = HEADER_SIZE + _CHECK_BODY.size
     for pair in pairs:
         try:
             name, value = pair
         except (TypeError, ValueError):
             raise EncodeError(f"descriptor {pair!r} is not a (name, value) pair") from None
+        yield _raw(name, "descriptor name"), _raw(value, "descriptor value")
+
+
+def fit_descriptors(descriptors: Descriptors) -> List[Tuple[bytes, bytes]]:
+    """Returns descriptors (a dict or (name, value) pairs) as the client
+    sends them: (name, value) bytes pairs with every value passed through
+    fit, so that no value is too long for the protocol."""
+    out = []
+    for n, v in _pairs(descriptors):
+        if len(v) > value_limit(n):
+            v = fit(n, v)
+        out.append((n, v))
+    return out
+
+
+def _check_body(cost: int, descriptors: Descriptors) -> bytes:
+    """Returns the body of a CHECK or PEEK, or raises EncodeError. Values
+    are checked against the protocol's limits, not digested (the Client's
+    calls digest them first: fit_descriptors)."""
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
+        raise EncodeError(f"cost {cost!r} is not a whole number from 0 to {MAX_COST}")
+    parts = []
+    size = HEADER_SIZE + _CHECK_BODY.size
+    for n, v in _pairs(descriptors):
         if len(parts) == MAX_DESCRIPTORS:
             raise EncodeError(f"more than {MAX_DESCRIPTORS} descriptors")
-        n, v = _raw(name, "descriptor name"), _raw(value, "descriptor value")
         if not 1 <= len(n) <= MAX_NAME:
             raise EncodeError(f"descriptor name {n[:20]!r} is empty or longer than {MAX_NAME} bytes")
-        if len(v) > MAX_VALUE:
-            raise EncodeError(f"descriptor {n!r}: value of {len(v)} bytes, longer than {MAX_VALUE}")
+        limit = MAX_ATTR_VALUE if n[:1] == ATTR_PREFIX else MAX_VALUE
+        if len(v) > limit:
+            raise EncodeError(f"descriptor {n!r}: value of {len(v)} bytes, longer than {limit}")
         parts.append(b"%c%b%b%b" % (len(n), n, _U16.pack(len(v)), v))
         size += 3 + len(n) + len(v)
     if size > MAX_FRAME:
@@ -171,7 +229,9 @@ def encode_request(op: int, req_id: int, cost: int = 1, descriptors: Descriptors
     the protocol's limits. op is OP_CHECK, OP_PEEK, OP_ACQUIRE, OP_PING (a
     PING has no body: cost and descriptors are ignored), OP_RELEASE or
     OP_SETTLE (which send lease, and a SETTLE its cost). Names and values
-    are str (sent as UTF-8) or bytes."""
+    are str (sent as UTF-8) or bytes. This is the protocol's encoder: a
+    value over its limit raises (1024 bytes; 16384 for an attribute, whose
+    name starts with ":"); the Client's calls digest long values first."""
     if isinstance(req_id, bool) or not isinstance(req_id, int) or not 0 <= req_id <= MAX_ID:
         raise EncodeError(f"id {req_id!r} is not a whole number from 0 to {MAX_ID}")
     if op == OP_PING:
@@ -259,7 +319,7 @@ def decode_response(frame: Union[bytes, bytearray, memoryview]) -> Response:
 class FrameBuffer:
     """Splits a byte stream into frames. feed() returns the complete frames
     received so far and raises DecodeError when framing is lost (a length
-    field outside 8..16380). Not safe for concurrent use."""
+    field outside 8..65532). Not safe for concurrent use."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -502,7 +562,9 @@ class _Base:
     def _bodies(self, op: int, batch: Batch, cost: int) -> List[bytes]:
         if op in (OP_RELEASE, OP_SETTLE):
             return [_lease_body(op, cost, lease) for lease in batch]  # the batch holds leases
-        return [_check_body(cost, d) for d in batch] if op != OP_PING else [b"" for _ in batch]
+        if op == OP_PING:
+            return [b"" for _ in batch]
+        return [_check_body(cost, fit_descriptors(d)) for d in batch]
 
     def _connect_allowed(self) -> None:
         if time.monotonic() < self._retry_at:
@@ -631,8 +693,11 @@ class Client(_Base):
     is unreachable, too slow, or answers internal/overloaded/unavailable, a
     call answers by the fail mode: allowed and marked failed_open
     (fail_open=True, the default), or status ERROR (fail_open=False); it
-    raises Unavailable instead with raise_errors=True. Requests that break
-    the protocol's limits raise EncodeError and send nothing.
+    raises Unavailable instead with raise_errors=True. A long value is sent
+    as its digest (fit), never refused; requests that break the protocol's
+    other limits (more than 32 descriptors, a name empty or over 64 bytes, a
+    value not str or bytes, a frame over 65536 bytes) raise EncodeError and
+    send nothing.
     """
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 0.1, fail_open: bool = True, *,
@@ -645,7 +710,9 @@ class Client(_Base):
     def check(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
         """Asks whether a request with these descriptors (a dict, or a list
         of (name, value) pairs) may go through, taking cost units when it
-        may. Cost 0 is read as 1."""
+        may. Cost 0 is read as 1. A value longer than its limit is sent as
+        its digest (fit); names starting with ":" are request attributes
+        (docs/clients.md)."""
         return self._call(OP_CHECK, [descriptors], cost, timeout)[0]
 
     def peek(self, descriptors: Descriptors = None, cost: int = 1, timeout: Optional[float] = None) -> Result:
@@ -972,62 +1039,77 @@ class AsyncClient(_Base):
 
 # ---------------------------------------------------------------- middleware
 
-_SLASHES = re.compile(r"/{2,}")
+#: What WSGI's fallback re-quoting of SCRIPT_NAME + PATH_INFO leaves as is.
+TARGET_SAFE = "/;=,~!$&'()*+:@"
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9a-z-]+$")
 
 
-def normalize_path(path: str) -> str:
-    """Returns path without its query, with runs of slashes collapsed and a
-    leading slash: "//v1//search/?q=1" is "/v1/search/"."""
-    path = path.split("?", 1)[0]
-    path = _SLASHES.sub("/", path)
-    return path if path.startswith("/") else "/" + path
+def _latin1(s: str) -> bytes:
+    """Returns the bytes a WSGI string stands for (PEP 3333: the request's
+    bytes decoded as latin-1)."""
+    try:
+        return s.encode("latin-1")
+    except UnicodeEncodeError:  # a server that broke the rule: keep every character
+        return s.encode("utf-8", "surrogatepass")
 
 
-def _clip(v: bytes) -> bytes:
-    return v[:MAX_VALUE]
+def wsgi_target(environ: Mapping[str, Any]) -> bytes:
+    """Returns the raw request target (path and query) of a WSGI request:
+    RAW_URI or REQUEST_URI when the server gives one (gunicorn, uWSGI),
+    else SCRIPT_NAME + PATH_INFO percent-encoded again (all but TARGET_SAFE
+    and unreserved characters) + "?" + QUERY_STRING when there is one. The
+    re-quoting cannot tell an encoded character from a plain one: "%2F" and
+    "/" (or "%41" and "A") both come back as the plain one."""
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if raw:
+        return _latin1(raw)
+    path = _latin1(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
+    target = urllib.parse.quote_from_bytes(path, safe=TARGET_SAFE).encode("ascii") or b"/"
+    query = environ.get("QUERY_STRING")
+    return target + b"?" + _latin1(query) if query else target
+
+
+def asgi_target(scope: Mapping[str, Any]) -> bytes:
+    """Returns the raw request target of an ASGI HTTP scope: raw_path (+ "?"
+    + query_string when not empty); a server that gives no raw_path gets the
+    re-quoting of root_path + path, as wsgi_target does."""
+    raw = scope.get("raw_path")
+    if not raw:
+        path = (scope.get("root_path", "") + scope.get("path", "")).encode("utf-8", "surrogateescape")
+        raw = urllib.parse.quote_from_bytes(path, safe=TARGET_SAFE).encode("ascii") or b"/"
+    query = scope.get("query_string")
+    return bytes(raw) + b"?" + bytes(query) if query else bytes(raw)
+
+
+def _header_names(headers: Iterable[str]) -> Tuple[bytes, ...]:
+    """Returns the header names to send, lower case, or raises ValueError."""
+    if isinstance(headers, (str, bytes)):
+        raise ValueError("headers must be a list of header names, not one string")
+    names = []
+    for h in headers:
+        n = _raw(h, "header name").decode("latin-1").strip().lower()
+        if not _TOKEN.match(n) or len(n) > MAX_NAME - 3:
+            raise ValueError(f"header name {h!r} is not a token of 1 to {MAX_NAME - 3} characters")
+        if n.encode() not in names:
+            names.append(n.encode())
+    if len(names) > MAX_HEADERS:
+        raise ValueError(f"{len(names)} header names, at most {MAX_HEADERS}")
+    return tuple(names)
 
 
 class _Limiter:
-    """What the WSGI and ASGI middleware share: building the descriptors of
-    a request and the answer of a denied one."""
+    """What the WSGI and ASGI middleware share: the headers sent, the cost,
+    the by-hand descriptors, and the answer of a denied request."""
 
-    def __init__(self, api_key_header: str, cost: int, trusted_proxies: Iterable[str],
-                 extra: Optional[Callable[[Any], Iterable[Tuple[Any, Any]]]]):
-        self.api_key_header = api_key_header
+    def __init__(self, headers: Iterable[str], cost: int, extra: Optional[Callable[[Any], Iterable[Tuple[Any, Any]]]]):
+        self.headers = _header_names(headers)
+        self.attr_names = tuple(b":h:" + h for h in self.headers)
         self.cost = cost
-        self.trusted = [ipaddress.ip_network(p, strict=False) for p in trusted_proxies]
         self.extra = extra
 
-    def _trusted(self, ip: str) -> bool:
-        try:
-            a = ipaddress.ip_address(ip)
-        except ValueError:
-            return False
-        return any(a in n for n in self.trusted)
-
-    def client_ip(self, peer: str, forwarded_for: Optional[str], real_ip: Optional[str]) -> str:
-        """Returns the client's address: the peer's, or, when the peer is a
-        trusted proxy, the last X-Forwarded-For hop that is not one
-        (else X-Real-IP)."""
-        if not self.trusted or not self._trusted(peer):
-            return peer
-        if forwarded_for:
-            for hop in reversed([h.strip() for h in forwarded_for.split(",") if h.strip()]):
-                if not self._trusted(hop):
-                    return hop
-        if real_ip:
-            return real_ip.strip()
-        return peer
-
-    def descriptors(self, ip: str, api_key: Optional[bytes], path: bytes, method: str, request: Any) -> list:
-        d = [("ip", _clip(ip.encode("latin-1", "replace")))]
-        if api_key:
-            d.append(("api_key", _clip(api_key)))
-        d.append(("endpoint", _clip(path)))
-        d.append(("method", method.encode("latin-1", "replace")[:MAX_VALUE]))
+    def finish(self, d: list, request: Any) -> list:
         if self.extra is not None:
-            # Cut to the protocol's limit, as the built-in values are.
-            d.extend((name, _clip(_raw(value, f"descriptor {name!r}"))) for name, value in self.extra(request))
+            d.extend(self.extra(request))
         return d
 
     @staticmethod
@@ -1059,35 +1141,47 @@ def _json(v: Any) -> bytes:
 class WSGIMiddleware:
     """Checks every request of a WSGI application with rld.
 
-    The descriptors are ip (REMOTE_ADDR, or from X-Forwarded-For / X-Real-IP
-    when REMOTE_ADDR is in trusted_proxies), api_key (the api_key_header,
-    when present), endpoint (the path without query, slashes collapsed),
-    method, then whatever extra(environ) returns. Values are cut to 1024
-    bytes. Every answer gets the rate-limit headers; a limited request is
-    answered 429 with Retry-After and a JSON body, a blocked one 403, and,
-    when the client fails closed, 503.
+    It sends the request's attributes as the server saw them: :peer
+    (REMOTE_ADDR), :method, :host (HTTP_HOST), :target (see wsgi_target),
+    and :h:NAME for each header of headers the request carries (as the
+    server joined repeated ones), then whatever extra(environ) returns;
+    rld derives the descriptors its rules match on ([request] in
+    rld.toml). Long values are sent as their digest. Every answer gets the
+    rate-limit headers; a limited request is answered 429 with Retry-After
+    and a JSON body, a blocked one 403, and, when the client fails
+    closed, 503.
     """
 
-    def __init__(self, app: Callable, client: Client, *, api_key_header: str = "X-API-Key", cost: int = 1,
-                 trusted_proxies: Iterable[str] = (), extra: Optional[Callable[[dict], Iterable]] = None):
+    def __init__(self, app: Callable, client: Client, *, headers: Iterable[str] = DEFAULT_HEADERS, cost: int = 1,
+                 extra: Optional[Callable[[dict], Iterable]] = None):
         self.app = app
         self.client = client
-        self._limiter = _Limiter(api_key_header, cost, trusted_proxies, extra)
-        self._key_env = "HTTP_" + api_key_header.upper().replace("-", "_")
+        self._limiter = _Limiter(headers, cost, extra)
+        self._env = tuple(
+            (a, "CONTENT_TYPE" if h == b"content-type" else "CONTENT_LENGTH" if h == b"content-length"
+             else "HTTP_" + h.decode().upper().replace("-", "_"))
+            for a, h in zip(self._limiter.attr_names, self._limiter.headers))
 
-    def descriptors(self, environ: dict) -> list:
-        """Returns the descriptors of a request."""
-        lim = self._limiter
-        ip = lim.client_ip(environ.get("REMOTE_ADDR", ""), environ.get("HTTP_X_FORWARDED_FOR"),
-                           environ.get("HTTP_X_REAL_IP"))
-        key = environ.get(self._key_env)
-        # WSGI strings are the request's bytes decoded as latin-1.
-        path = normalize_path(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""))
-        return lim.descriptors(ip, key.encode("latin-1", "replace") if key else None,
-                               path.encode("latin-1", "replace"), environ.get("REQUEST_METHOD", "GET"), environ)
+    def attributes(self, environ: dict) -> list:
+        """Returns what a request's check sends (before long values are
+        digested): its attributes, then extra's descriptors."""
+        d = []
+        peer = environ.get("REMOTE_ADDR")
+        if peer:
+            d.append((b":peer", _latin1(peer)))
+        d.append((b":method", _latin1(environ.get("REQUEST_METHOD", "GET"))))
+        host = environ.get("HTTP_HOST")
+        if host is not None:
+            d.append((b":host", _latin1(host)))
+        d.append((b":target", wsgi_target(environ)))
+        for attr, key in self._env:
+            v = environ.get(key)
+            if v is not None:
+                d.append((attr, _latin1(v)))
+        return self._limiter.finish(d, environ)
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        r = self.client.check(self.descriptors(environ), self._limiter.cost)
+        r = self.client.check(self.attributes(environ), self._limiter.cost)
         extra = r.headers()
         denied = _Limiter.denial(r)
         if denied is not None:
@@ -1104,32 +1198,49 @@ class WSGIMiddleware:
 
 class ASGIMiddleware:
     """Checks every HTTP request of an ASGI application with rld, as
-    WSGIMiddleware does (the peer is scope["client"]); extra(scope) may add
-    descriptors. Other scopes (lifespan, websocket) pass through."""
+    WSGIMiddleware does: :peer is scope["client"][0], :method
+    scope["method"], :host the host header, :target raw_path (+ "?" +
+    query_string), :h:NAME the headers (repeated ones joined with ", " in
+    the order received); extra(scope) may add descriptors. Other scopes
+    (lifespan, websocket) pass through."""
 
-    def __init__(self, app: Callable, client: AsyncClient, *, api_key_header: str = "X-API-Key", cost: int = 1,
-                 trusted_proxies: Iterable[str] = (), extra: Optional[Callable[[dict], Iterable]] = None):
+    def __init__(self, app: Callable, client: AsyncClient, *, headers: Iterable[str] = DEFAULT_HEADERS, cost: int = 1,
+                 extra: Optional[Callable[[dict], Iterable]] = None):
         self.app = app
         self.client = client
-        self._limiter = _Limiter(api_key_header, cost, trusted_proxies, extra)
-        self._key = api_key_header.lower().encode("latin-1")
+        self._limiter = _Limiter(headers, cost, extra)
+        self._attr = dict(zip(self._limiter.headers, self._limiter.attr_names))
 
-    def descriptors(self, scope: dict) -> list:
-        """Returns the descriptors of a request."""
-        headers = {}
+    def attributes(self, scope: dict) -> list:
+        """Returns what a request's check sends (before long values are
+        digested): its attributes, then extra's descriptors."""
+        d = []
+        client = scope.get("client")
+        if client and client[0]:
+            d.append((b":peer", str(client[0]).encode("utf-8", "surrogateescape")))
+        d.append((b":method", scope.get("method", "GET").encode("utf-8", "surrogateescape")))
+        host = None
+        found: dict = {}
         for k, v in scope.get("headers") or ():
-            headers.setdefault(k.lower(), v)
-        peer = (scope.get("client") or ("",))[0] or ""
-        xff, xri = headers.get(b"x-forwarded-for"), headers.get(b"x-real-ip")
-        ip = self._limiter.client_ip(peer, xff.decode("latin-1") if xff else None, xri.decode("latin-1") if xri else None)
-        path = normalize_path(scope.get("root_path", "") + scope.get("path", "/")).encode("utf-8", "surrogateescape")
-        return self._limiter.descriptors(ip, headers.get(self._key), path, scope.get("method", "GET"), scope)
+            k = bytes(k).lower()
+            if k == b"host" and host is None:
+                host = bytes(v)
+            if k in self._attr:
+                found.setdefault(k, []).append(bytes(v))
+        if host is not None:
+            d.append((b":host", host))
+        d.append((b":target", asgi_target(scope)))
+        for h in self._limiter.headers:
+            vs = found.get(h)
+            if vs is not None:
+                d.append((self._attr[h], b", ".join(vs)))
+        return self._limiter.finish(d, scope)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        r = await self.client.check(self.descriptors(scope), self._limiter.cost)
+        r = await self.client.check(self.attributes(scope), self._limiter.cost)
         extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in r.headers()]
         denied = _Limiter.denial(r)
         if denied is not None:

@@ -1,6 +1,7 @@
 """Client and AsyncClient against a real rld daemon."""
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
@@ -76,9 +77,20 @@ class ClientTest(unittest.TestCase):
         r = self.client.check({"endpoint": "/limited", "api_key": unique()}, cost=6)
         self.assertEqual((r.decision, r.allowed, r.error, r.failed), ("error", False, "cost_too_large", False))
 
+    def test_long_value_is_digested(self):
+        # A value over its limit is sent as its digest, never refused: the
+        # daemon answers, and the same long value is the same key.
+        key = "k" * 5000 + unique()
+        r = self.client.check({"group": "a", "k": key})
+        self.assertEqual((r.decision, r.rule, r.remaining, r.failed), ("allowed", "match-a", 999, False))
+        r = self.client.check([("group", "a"), ("k", key.encode())])
+        self.assertEqual(r.remaining, 998, "the same digest")
+        r = self.client.check({"group": "a", "k": "sha256:" + hashlib.sha256(key.encode()).hexdigest()})
+        self.assertEqual(r.remaining, 997, "the digest the rule names")
+
     def test_encode_error_raises(self):
         with self.assertRaises(rld.EncodeError):
-            self.client.check({"k": "v" * 1025})
+            self.client.check([("k%d" % i, "v") for i in range(33)])
         with self.assertRaises(rld.EncodeError):
             self.client.check({"": "v"})
         with self.assertRaises(rld.EncodeError):

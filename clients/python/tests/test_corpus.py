@@ -1,5 +1,6 @@
 """Replays the golden corpus (clients/testdata/golden.tsv) through rld.py."""
 
+import logging
 import os
 import sys
 import unittest
@@ -97,16 +98,33 @@ class CorpusTest(unittest.TestCase):
                 with self.assertRaises(rld.EncodeError):
                     rld.encode_request(int(op), int(rid), int(cost), descs(ds))
 
-    def test_encode_error_sends_nothing(self):
-        # A refused request never reaches the socket: the client does not
-        # even connect (no failure is counted).
-        c = rld.Client("/nonexistent/rld.sock")
+    def test_encode_error_through_the_client(self):
+        # The client's calls send a value over its limit as its digest
+        # (rld.fit): such a line goes out (here to a missing socket, so it
+        # fails open). Every other refused request never reaches the
+        # socket: the client does not even connect.
+        c = rld.Client("/nonexistent/rld.sock", log_interval=3600)
+        logging.getLogger("rld").disabled = True
+        self.addCleanup(setattr, logging.getLogger("rld"), "disabled", False)
+        sent = 0
         for no, f in self.of_kind("encode_error"):
-            op, cost, ds = int(f[3]), int(f[4]), descs(f[5])
-            call = c.check if op == rld.OP_CHECK else c.peek
-            with self.subTest(line=no, name=f[1]), self.assertRaises(rld.EncodeError):
-                call(ds, cost)
-        self.assertEqual(c.failures, 0)
+            rid, op, cost, ds = int(f[2]), int(f[3]), int(f[4]), descs(f[5])
+            call = {rld.OP_CHECK: c.check, rld.OP_PEEK: c.peek, rld.OP_ACQUIRE: c.acquire}[op]
+            try:
+                rld.encode_request(op, rid, cost, rld.fit_descriptors(ds))
+                digested = True
+            except rld.EncodeError:
+                digested = False
+            with self.subTest(line=no, name=f[1]):
+                if digested:
+                    self.assertTrue(any(len(v) > rld.value_limit(n) for n, v in ds), "only a long value is digested")
+                    self.assertTrue(call(ds, cost).failed_open)
+                    sent += 1
+                else:
+                    with self.assertRaises(rld.EncodeError):
+                        call(ds, cost)
+        self.assertGreaterEqual(sent, 1, "the corpus has a value over its limit")
+        self.assertEqual(c.failures, sent)
 
     def decode_lines(self):
         for kind, n in (("decode", 18), ("decode_acquire", 19)):
