@@ -83,11 +83,11 @@ type frameState struct {
 	dv       *derive.Deriver
 	ds       derive.Scratch
 	res      wire.Response
-	dec policy.Decision
-	sc  policy.Scratch
-	obs *observer
-	os  obsScratch
-	out []byte // a handed-off frame's answer
+	dec      policy.Decision
+	sc       policy.Scratch
+	obs      *observer
+	os       obsScratch
+	out      []byte // a handed-off frame's answer
 
 	// A frame handed to a worker: a copy of it (its request's fields
 	// point into it, never into the read buffer), and what deciding it

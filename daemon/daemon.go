@@ -21,8 +21,8 @@ import (
 
 	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/derive"
+	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
 )

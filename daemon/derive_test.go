@@ -142,7 +142,9 @@ period = "1h"
 	}
 }
 
-func hdr(name, value string) []reqcorpus.Header { return []reqcorpus.Header{{Name: name, Value: value}} }
+func hdr(name, value string) []reqcorpus.Header {
+	return []reqcorpus.Header{{Name: name, Value: value}}
+}
 
 // TestJWTKeysRotateOnReload: a token signed by a key the JWKS file does
 // not hold yet gives no claim; once the file holds it, a reload (SIGHUP,

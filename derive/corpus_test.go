@@ -6,9 +6,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/rld/rld/internal/reqcorpus"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/derive"
+	"github.com/rld/rld/internal/reqcorpus"
 )
 
 // corpusDeriver compiles requests.toml's [request] table.
