@@ -559,17 +559,23 @@ func appendFormDecoded(dst, v []byte) []byte {
 }
 
 // cookie returns the value of the first cookie named name in a Cookie
-// header, without surrounding double quotes.
+// header, without surrounding double quotes. Cookies are separated by ';'
+// and, where a client joined several Cookie fields by ", ", by ',' (no
+// cookie value holds one).
 func cookie(h []byte, name string) []byte {
 	for len(h) > 0 {
 		var c []byte
-		if i := indexByte(h, ';'); i >= 0 {
+		i := 0
+		for i < len(h) && h[i] != ';' && h[i] != ',' {
+			i++
+		}
+		if i < len(h) {
 			c, h = h[:i], h[i+1:]
 		} else {
 			c, h = h, nil
 		}
 		c = trimOWS(c)
-		i := indexByte(c, '=')
+		i = indexByte(c, '=')
 		if i < 0 || string(trimOWS(c[:i])) != name {
 			continue
 		}
