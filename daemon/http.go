@@ -37,17 +37,17 @@ var httpScratchPool = sync.Pool{New: func() any {
 
 func (d *Daemon) newHTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:               d.serveHTTP,
-		Name:                  "rld",
-		ReadTimeout:           10 * time.Second,
-		WriteTimeout:          10 * time.Second,
-		IdleTimeout:           time.Minute,
-		MaxRequestBodySize:    1 << 10,
+		Handler:            d.serveHTTP,
+		Name:               "rld",
+		ReadTimeout:        10 * time.Second,
+		WriteTimeout:       10 * time.Second,
+		IdleTimeout:        time.Minute,
+		MaxRequestBodySize: 1 << 10,
 		// Room for every header field nginx passes on by default (four
 		// buffers of 8 KiB) twice over: a request's own large headers
 		// must not turn a check into an error, which auth_request
 		// would serve as rld being down.
-		ReadBufferSize: maxHTTPHeaders,
+		ReadBufferSize:        maxHTTPHeaders,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		// Keep the canonical spelling X-RateLimit-*, which operators grep for.

@@ -304,7 +304,9 @@ func isRldAttr(k []byte) bool {
 		bytes.EqualFold(k, hdrRldHost) || bytes.EqualFold(k, hdrRldTarget)
 }
 
-func equalFoldString(b []byte, s string) bool { return len(b) == len(s) && strings.EqualFold(string(b), s) }
+func equalFoldString(b []byte, s string) bool {
+	return len(b) == len(s) && strings.EqualFold(string(b), s)
+}
 
 // trustedPeer reports whether the HTTP request's peer is in
 // server.trusted_proxies.
