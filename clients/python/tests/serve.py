@@ -92,6 +92,7 @@ def serve_gunicorn(app):
             self.cfg.set("worker_class", "gthread")
             self.cfg.set("loglevel", "warning")
             self.cfg.set("graceful_timeout", 2)
+            self.cfg.set("limit_request_line", 8190)  # gunicorn's largest (default 4094)
             self.cfg.set("when_ready", lambda server: print(line, flush=True))
 
         def load(self):
