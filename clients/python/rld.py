@@ -52,7 +52,7 @@ __all__ = [
     "Result", "RldError", "Unavailable", "WSGIMiddleware", "decode_response", "encode_request", "fit",
     "fit_descriptors", "value_limit", "wsgi_target", "asgi_target", "DEFAULT_HEADERS",
 ]
-__version__ = "1.0.0"
+__version__ = "2.0.0"
 
 #: The daemon's default socket path.
 DEFAULT_SOCKET = "/run/rld/rld.sock"
@@ -158,6 +158,10 @@ def fit(name: Any, value: Any) -> bytes:
     v = _raw(value, "descriptor value")
     if len(v) <= value_limit(_raw(name, "descriptor name")):
         return v
+    return _digest(v)
+
+
+def _digest(v: bytes) -> bytes:
     return DIGEST_PREFIX + hashlib.sha256(v).hexdigest().encode("ascii")
 
 
@@ -177,16 +181,16 @@ def fit_descriptors(descriptors: Descriptors) -> List[Tuple[bytes, bytes]]:
     fit, so that no value is too long for the protocol."""
     out = []
     for n, v in _pairs(descriptors):
-        if len(v) > value_limit(n):
-            v = fit(n, v)
+        if len(v) > MAX_VALUE and len(v) > value_limit(n):  # every limit is at least MAX_VALUE
+            v = _digest(v)
         out.append((n, v))
     return out
 
 
-def _check_body(cost: int, descriptors: Descriptors) -> bytes:
-    """Returns the body of a CHECK or PEEK, or raises EncodeError. Values
-    are checked against the protocol's limits, not digested (the Client's
-    calls digest them first: fit_descriptors)."""
+def _check_body(cost: int, descriptors: Descriptors, digest: bool = False) -> bytes:
+    """Returns the body of a CHECK or PEEK, or raises EncodeError. With
+    digest, a value over its limit is sent as its digest (as
+    fit_descriptors does: the Client's calls); without, it raises."""
     if isinstance(cost, bool) or not isinstance(cost, int) or not 0 <= cost <= MAX_COST:
         raise EncodeError(f"cost {cost!r} is not a whole number from 0 to {MAX_COST}")
     parts = []
@@ -196,9 +200,12 @@ def _check_body(cost: int, descriptors: Descriptors) -> bytes:
             raise EncodeError(f"more than {MAX_DESCRIPTORS} descriptors")
         if not 1 <= len(n) <= MAX_NAME:
             raise EncodeError(f"descriptor name {n[:20]!r} is empty or longer than {MAX_NAME} bytes")
-        limit = MAX_ATTR_VALUE if n[:1] == ATTR_PREFIX else MAX_VALUE
-        if len(v) > limit:
-            raise EncodeError(f"descriptor {n!r}: value of {len(v)} bytes, longer than {limit}")
+        if len(v) > MAX_VALUE:  # every limit is at least MAX_VALUE
+            if digest and len(v) > value_limit(n):
+                v = _digest(v)
+            limit = MAX_ATTR_VALUE if n[:1] == ATTR_PREFIX else MAX_VALUE
+            if len(v) > limit:
+                raise EncodeError(f"descriptor {n!r}: value of {len(v)} bytes, longer than {limit}")
         parts.append(b"%c%b%b%b" % (len(n), n, _U16.pack(len(v)), v))
         size += 3 + len(n) + len(v)
     if size > MAX_FRAME:
@@ -564,7 +571,7 @@ class _Base:
             return [_lease_body(op, cost, lease) for lease in batch]  # the batch holds leases
         if op == OP_PING:
             return [b"" for _ in batch]
-        return [_check_body(cost, fit_descriptors(d)) for d in batch]
+        return [_check_body(cost, d, True) for d in batch]
 
     def _connect_allowed(self) -> None:
         if time.monotonic() < self._retry_at:
