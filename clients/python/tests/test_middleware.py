@@ -374,14 +374,29 @@ class AttributesTest(unittest.TestCase):
                 self.assertEqual(rld.fit(name, over), digest(over))
                 self.assertEqual(rld.fit_descriptors([(name, at), (name, over.decode())]),
                                  [(name, at), (name, digest(over))])
-        # Every long value of one request at once still fits in one frame.
-        m = rld.WSGIMiddleware(hello_wsgi, None, headers=[f"x-h{i}" for i in range(8)],
-                               extra=lambda e: [(f"d{i}", "v" * 5000) for i in range(11)])
-        env_ = {"REMOTE_ADDR": "p" * 5000, "REQUEST_METHOD": "M" * 5000, "HTTP_HOST": "h" * 5000,
-                "PATH_INFO": "/" + "a" * 70000}
-        env_.update({f"HTTP_X_H{i}": "x" * 70000 for i in range(8)})
+        # The largest request: 8 headers of the longest names, every value
+        # at its limit, and 11 by-hand descriptors of 64-byte names and
+        # 1024-byte values still fit in one frame; a 12th does not.
+        names = [f"x-{i}-" + "h" * 57 for i in range(8)]  # 61 characters: ":h:" + 61 is 64
+        extras = [((f"d{i}-" + "n" * 64)[:64], "v" * 1024) for i in range(12)]
+        env_ = {"REMOTE_ADDR": "p" * 1024, "REQUEST_METHOD": "M" * 1024, "HTTP_HOST": "h" * 1024,
+                "RAW_URI": "/" + "a" * 16383}
+        env_.update({"HTTP_" + n.upper().replace("-", "_"): "x" * 4096 for n in names})
+        for n, fits in ((11, True), (12, False)):
+            m = rld.WSGIMiddleware(hello_wsgi, None, headers=names, extra=lambda e: extras[:n])
+            attrs = m.attributes(env_)
+            self.assertEqual(len(attrs), 12 + n)
+            if fits:
+                frame = rld.encode_request(rld.OP_CHECK, 1, 1, rld.fit_descriptors(attrs))
+                self.assertGreater(len(frame), rld.MAX_FRAME - 1100)
+                self.assertLessEqual(len(frame), rld.MAX_FRAME)
+            else:
+                with self.assertRaises(rld.EncodeError):
+                    rld.encode_request(rld.OP_CHECK, 1, 1, rld.fit_descriptors(attrs))
+        # Longer values than that are digested: the frame shrinks.
+        env_["RAW_URI"] = "/" + "a" * 70000
+        m = rld.WSGIMiddleware(hello_wsgi, None, headers=names, extra=lambda e: extras[:11])
         frame = rld.encode_request(rld.OP_CHECK, 1, 1, rld.fit_descriptors(m.attributes(env_)))
-        self.assertLessEqual(len(frame), rld.MAX_FRAME)
         self.assertIn(digest(b"/" + b"a" * 70000), frame)
 
 
