@@ -307,7 +307,11 @@ func compileSelectors(list []string) ([]selector, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, selector{name: sel.Name, glob: compileGlob(sel.Glob)})
+		g, err := compileGlob(sel.Glob)
+		if err != nil {
+			return nil, fmt.Errorf("selector %q: %w", s, err)
+		}
+		out = append(out, selector{name: sel.Name, glob: g})
 	}
 	return out, nil
 }
@@ -343,7 +347,11 @@ func compileRule(r *rule, cr *config.Rule) error {
 		if err := config.CheckGlob(g); err != nil {
 			return fmt.Errorf("match.%s: %w", name, err)
 		}
-		r.match = append(r.match, selector{name: name, glob: compileGlob(g)})
+		cg, err := compileGlob(g)
+		if err != nil {
+			return fmt.Errorf("match.%s: %w", name, err)
+		}
+		r.match = append(r.match, selector{name: name, glob: cg})
 	}
 	// Map order is random: fix one so that every Policy of a file behaves
 	// (and costs) the same.
