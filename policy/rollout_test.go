@@ -222,3 +222,20 @@ func TestRolloutCheckDoesNotAllocate(t *testing.T) {
 	assert.LessOrEqual(t, measure(fmt.Sprintf(rule, "~/v1/orders/[0-9]+")+"enforce = \"25%\"\n"), base)
 	assert.LessOrEqual(t, measure(fmt.Sprintf(rule, "~/v1/orders/[0-9]+")+"enforce = \"0%\"\n"), base)
 }
+
+// TestRegexpInChanges: a glob override and a glob block take "~re" like
+// a rule's match; one that does not compile is refused by validation.
+func TestRegexpInChanges(t *testing.T) {
+	exp := t0.Add(time.Hour)
+	ch := &Changes{
+		Overrides: []Override{{ID: "o", Rule: "api", Match: map[string]string{"api_key": "~team-[0-9]+"}, Limit: 50, Expires: exp}},
+		Blocks:    []Block{{ID: "b", Match: map[string]string{"api_key": "~bad-(a|b)"}, Expires: exp}},
+	}
+	p := compileChanges(t, changesTOML, ch, newFakeStore())
+	assert.Empty(t, p.Orphans())
+	assert.Equal(t, 50, admitted(p, t0, 60, "api_key=team-12"), "the override's regexp matches")
+	assert.Equal(t, 10, admitted(p, t0, 60, "api_key=team-12x"), "anchored: not a match")
+	assert.Equal(t, 0, admitted(p, t0, 5, "api_key=bad-a"), "blocked")
+	assert.Equal(t, 10, admitted(p, t0, 60, "api_key=bad-ab"), "anchored: not blocked")
+	assert.Error(t, p.ValidateBlock(&Block{Match: map[string]string{"api_key": "~bad-("}, Expires: exp}, t0))
+}
