@@ -214,7 +214,9 @@ type Orphan struct {
 	Rule string
 }
 
-// Orphans returns the changes p was compiled with whose rule it lacks.
+// Orphans returns the changes p was compiled with that apply to nothing:
+// their rule is gone, they no longer fit it, or a glob of theirs does not
+// compile.
 func (p *Policy) Orphans() []Orphan { return slices.Clone(p.orphans) }
 
 // ruleNamed returns p's rule called name, or nil.

@@ -185,6 +185,9 @@ func TestGlobRegexp(t *testing.T) {
 // TestGlobRegexpDoesNotAllocate: matching a regexp reuses its machines,
 // so a warm match allocates nothing, on a match and on a miss.
 func TestGlobRegexpDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("under -race, sync.Pool drops the regexps' machines at random")
+	}
 	var globs []glob
 	for _, p := range []string{"~/v1/orders/[0-9]+", "~/v1/(search|find)/[a-z]+\\?q=.*", "~(?i).*ADMIN.*", "~[a-f0-9]{8}-[a-f0-9]{4}"} {
 		g, err := compileGlob(p)

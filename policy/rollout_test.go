@@ -205,6 +205,9 @@ enforce = "50%"
 // TestRolloutCheckDoesNotAllocate: a warm check of a rule with a regexp
 // match and an enforce share allocates no more than one without them.
 func TestRolloutCheckDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("under -race, sync.Pool drops the regexps' machines at random")
+	}
 	ctx := context.Background()
 	measure := func(toml string) float64 {
 		p := newPolicy(t, toml, memstore.New(memstore.Options{}))
