@@ -233,8 +233,8 @@ denied_per_second = 0
 	code, descs := get("/v1/auth", "X-Rld-Peer", "127.0.0.5", "X-Rld-Method", "GET", "X-Rld-Host", "Api.Example.com",
 		"X-Rld-Target", "//v1/./orders/12?page=3", "X-Forwarded-For", "198.51.100.7", "X-API-Key", "k1", "X-API-Key", "k2")
 	require.Equal(t, http.StatusOK, code)
-	assert.Equal(t, reqcorpus.Lines([]reqcorpus.Desc{{"ip", "198.51.100.7"}, {"method", "GET"}, {"host", "api.example.com"},
-		{"endpoint", "/v1/orders/{id}"}, {"api_key", "k1, k2"}, {"page", "3"}}), reqcorpus.Lines(descs))
+	assert.Equal(t, reqcorpus.Lines([]reqcorpus.Desc{{Name: "ip", Value: "198.51.100.7"}, {Name: "method", Value: "GET"}, {Name: "host", Value: "api.example.com"},
+		{Name: "endpoint", Value: "/v1/orders/{id}"}, {Name: "api_key", Value: "k1, k2"}, {Name: "page", Value: "3"}}), reqcorpus.Lines(descs))
 
 	long := strings.Repeat("k", 20000)
 	code, descs = get("/v1/check", "X-Rld-Peer", "127.0.0.9", "X-Rld-Target", "/v1/search", "X-API-Key", long)
