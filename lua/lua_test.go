@@ -98,6 +98,7 @@ func ch(at, n int64) step { return step{at: at, op: charge, costs: []int64{n}} }
 func rl(at, cost, takenAt int64) step {
 	return step{at: at, op: release, costs: []int64{cost}, takenAt: takenAt}
 }
+
 // rls is a release of the slot id of the admission at start+takenAt.
 func rls(at, takenAt int64, id uint64) step {
 	return step{at: at, op: release, costs: []int64{1}, takenAt: takenAt, slot: id}
