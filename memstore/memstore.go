@@ -81,7 +81,7 @@ type shard struct {
 	// whose Slots is slot.
 	op   algo.Op
 	slot [1]uint64
-	_  [64]byte // keeps the next shard's mu off this shard's cache lines
+	_    [64]byte // keeps the next shard's mu off this shard's cache lines
 }
 
 // entry is one key's state, linked into its shard's LRU list.
