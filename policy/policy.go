@@ -181,12 +181,12 @@ func (sc *Scratch) Flush() {
 // taken is one admitted take, to refund or report. It holds no pointers,
 // so that recording it costs no write barrier.
 type taken struct {
-	rule, tier int32 // indexes in Policy.rules and of the rule's limit (see paramsAt)
-	start, end int32 // the key is keys[start:end]
+	rule, tier int32  // indexes in Policy.rules and of the rule's limit (see paramsAt)
+	start, end int32  // the key is keys[start:end]
 	at         int64  // the store's Result.At, passed back by a refund
 	slot       uint64 // a concurrency slot's id (SlotTaker), else 0
 	shadow     bool   // a shadow rule's take: refunded, never reported
-	local      bool  // taken from the Fallback's local state, not the rule's store
+	local      bool   // taken from the Fallback's local state, not the rule's store
 }
 
 // take records a take of rule index i, tier ti, whose key is
