@@ -189,11 +189,12 @@ func (sc *Scratch) Flush() {
 // taken is one admitted take, to refund or report. It holds no pointers,
 // so that recording it costs no write barrier.
 type taken struct {
-	rule, tier int32 // indexes in Policy.rules and of the rule's limit (see paramsAt)
-	start, end int32 // the key is keys[start:end]
-	at         int64 // the store's Result.At, passed back by a refund
-	shadow     bool  // a shadow rule's take: refunded, never reported
-	local      bool  // taken from the Fallback's local state, not the rule's store
+	rule, tier int32  // indexes in Policy.rules and of the rule's limit (see paramsAt)
+	start, end int32  // the key is keys[start:end]
+	at         int64  // the store's Result.At, passed back by a refund
+	slot       uint64 // a concurrency slot's id (SlotTaker), else 0
+	shadow     bool   // a shadow rule's take: refunded, never reported
+	local      bool   // taken from the Fallback's local state, not the rule's store
 }
 
 // take records a take of rule index i, tier ti, whose key is
@@ -209,7 +210,7 @@ func (sc *Scratch) take(i, ti, start, end int, at int64) *taken {
 	}
 	t := &sc.taken[n]
 	t.rule, t.tier, t.start, t.end, t.at = int32(i), int32(ti), int32(start), int32(end), at
-	t.shadow, t.local = false, false
+	t.slot, t.shadow, t.local = 0, false, false
 	return t
 }
 
@@ -590,9 +591,18 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 	}
 	var res algo.Result
 	var err error
+	var slot uint64 // an acquire's slot id, when the store holds slots by id
+	st, slots := r.store.(SlotTaker)
+	if slots && hold && params.Kind == algo.Concurrency && !peek {
+		slot = nextSlot()
+	}
 	switch {
 	case c.slow:
 		err = errSkipped
+	case c.local && slot != 0:
+		// A slot is held at its store, never on the host.
+		p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
+		return wait
 	case c.local:
 		var ok bool
 		if r.local != nil {
@@ -604,6 +614,9 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 			p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
 			return wait
 		}
+	case slot != 0:
+		res, err = st.TakeSlot(c.ctx, key, *params, slot, c.now)
+		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	default:
 		res, err = r.store.Take(c.ctx, key, *params, cost, c.now, peek)
 		c.slow = err != nil && p.fallback != nil && isTimeout(err)
@@ -620,11 +633,12 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		} else if hold {
 			// Refunded with the others when a rule denies, so that
 			// shadow counts show what enforcing the rule would do.
-			sc.take(i, ti, start, len(sc.keys), res.At).shadow = true
+			t := sc.take(i, ti, start, len(sc.keys), res.At)
+			t.shadow, t.slot = true, slot
 		}
 		return pass // never denies or decides
 	case err != nil && p.fallback != nil:
-		res, err = p.fallback.decide(r.fail, params, key, cost, c.now, peek, err)
+		res, err = p.fallback.decide(r.fail, params, key, cost, slot, c.now, peek, err)
 		if err != nil {
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 			*d = p.storeFailed(r, params, err)
@@ -643,7 +657,8 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		}
 		c.degraded = true
 		if hold {
-			sc.take(i, ti, start, len(sc.keys), res.At).local = true
+			t := sc.take(i, ti, start, len(sc.keys), res.At)
+			t.local, t.slot = true, slot
 		}
 	case err != nil:
 		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
@@ -671,7 +686,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		d.set(StatusLimited, false, r.name, &res, params)
 		return decided
 	case hold:
-		sc.take(i, ti, start, len(sc.keys), res.At)
+		sc.take(i, ti, start, len(sc.keys), res.At).slot = slot
 	}
 	if c.best < 0 || res.Remaining < d.Result.Remaining {
 		c.best, c.bestTier = i, ti
@@ -781,6 +796,16 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, sl
 			cost = 1 // the slot of this request, not its cost
 		}
 		switch {
+		case t.slot != 0 && (t.local || !slow):
+			// A slot goes back by its id: exactly this request's.
+			op := algo.Op{Kind: algo.OpRelease, Key: sc.keys[t.start:t.end], Params: *params, N: 1, TakenAt: t.at, Slot: t.slot}
+			if t.local {
+				if p.fallback == nil || !p.fallback.do(&op, now) {
+					refundErrors.Inc()
+				}
+			} else if !releaseSlot(ctx, r.store, &op, now) {
+				refundErrors.Inc()
+			}
 		case t.local:
 			p.fallback.refund(sc.keys[t.start:t.end], params, cost, takenAt, now)
 		case slow:
@@ -805,6 +830,17 @@ func (r *rule) enforces(key []byte) bool {
 // every run.
 func keyShare(key []byte) uint32 {
 	return uint32(xxhash.Sum64(key) % config.FullShare)
+}
+
+// releaseSlot runs the release op at store, and reports whether the
+// store ran it without an error.
+func releaseSlot(ctx context.Context, store Store, op *algo.Op, now time.Time) bool {
+	o, ok := store.(Operator)
+	if !ok {
+		return false
+	}
+	ops := [1]algo.Op{*op}
+	return o.Do(ctx, ops[:], now) == nil && ops[0].Err == nil
 }
 
 // lookup returns the value of the first descriptor called name.

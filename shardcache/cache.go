@@ -382,8 +382,9 @@ func (c *Cache) Refund(ctx context.Context, key []byte, p algo.Params, cost int6
 type missReq struct {
 	p    algo.Params
 	cost int64
-	ns   int64 // the check's time, local unix ns
-	keep int64 // a denial's peek: how long to keep the answer, ns
+	ns   int64  // the check's time, local unix ns
+	keep int64  // a denial's peek: how long to keep the answer, ns
+	slot uint64 // a strict acquire's slot id (Strict.TakeSlot), else 0
 }
 
 type missResp struct {
