@@ -64,6 +64,11 @@ deny = ["ip=203.0.113.66"]
 [server]
 http_socket = "HTTPSOCK"
 
+[request]
+trusted_proxies = ["127.0.0.1"]
+client_ip_header = "x-real-ip"
+descriptors = { api_key = "header:x-api-key" }
+
 [[rule]]
 name = "page"
 match = { endpoint = "/check.php" }
@@ -147,10 +152,9 @@ func (f *fpm) phpLog() string {
 	return string(b)
 }
 
-// nginxPHP is the nginx configuration of docs/clients.md for PHP-FPM.
+// nginxPHP is the nginx configuration of docs/clients.md for PHP-FPM:
+// no realip module, the daemon reads X-Real-IP from a trusted proxy.
 const nginxPHP = `
-  set_real_ip_from 127.0.0.1;
-  real_ip_header X-Real-IP;
   server {
     listen 127.0.0.1:PORT;
     root @WWW@;
