@@ -7,6 +7,7 @@ require (
 	github.com/HdrHistogram/hdrhistogram-go v1.2.0
 	github.com/VictoriaMetrics/metrics v1.44.0
 	github.com/cespare/xxhash/v2 v2.3.0
+	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/redis/rueidis v1.0.79
 	github.com/stretchr/testify v1.12.1
 	github.com/valyala/fasthttp v1.68.0

@@ -134,6 +134,9 @@ type Config struct {
 	Store  Store    `toml:"store"`
 	Admin  Admin    `toml:"admin"`
 	Log    Log      `toml:"log"`
+	// Request says how descriptors are derived from the attributes of a
+	// request that a client sends (package derive).
+	Request Request `toml:"request"`
 	// Rules are evaluated in this order.
 	Rules []Rule `toml:"rule"`
 }
@@ -267,6 +270,42 @@ func (s *Store) RedisPassword() (string, error) {
 		return "", fmt.Errorf("cannot read store.password_file=%q: %w", s.PasswordFile, err)
 	}
 	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// Request is the [request] table: how the daemon derives descriptors
+// (ip, method, host, endpoint and Descriptors) from a request's
+// attributes. Package derive compiles and checks it.
+type Request struct {
+	// TrustedProxies lists the addresses and CIDRs whose forwarding
+	// header (ClientIPHeader) names the client.
+	TrustedProxies []string `toml:"trusted_proxies"`
+	// ClientIPHeader is x-forwarded-for, x-real-ip or forwarded.
+	ClientIPHeader string `toml:"client_ip_header"`
+	// IPv4Prefix and IPv6Prefix aggregate the ip descriptor to a prefix
+	// of this many bits.
+	IPv4Prefix int `toml:"ipv4_prefix"`
+	IPv6Prefix int `toml:"ipv6_prefix"`
+	// Routes are path templates (/v1/orders/{id}); the first that
+	// matches a request's path is its endpoint.
+	Routes []string `toml:"routes"`
+	// Descriptors maps descriptor names to their source: header:NAME,
+	// query:NAME, cookie:NAME or jwt:CLAIM.
+	Descriptors map[string]string `toml:"descriptors"`
+	// JWT verifies the bearer tokens whose claims jwt: sources read.
+	JWT JWT `toml:"jwt"`
+}
+
+// JWT is the [request.jwt] table.
+type JWT struct {
+	// KeysFile holds the keys: a JWKS document or PEM public keys. It is
+	// read again on every reload.
+	KeysFile string `toml:"keys_file"`
+	// Issuer and Audience, when set, must be the token's iss and one of
+	// its aud.
+	Issuer   string `toml:"issuer"`
+	Audience string `toml:"audience"`
+	// Leeway is the clock skew allowed on exp and nbf.
+	Leeway Duration `toml:"leeway"`
 }
 
 // Rule is one [[rule]].

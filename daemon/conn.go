@@ -9,13 +9,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rld/rld/derive"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
 )
 
-// readBufSize is a connection's read buffer: room for the largest frame
-// and then some, so a pipelining client is served in large batches.
-const readBufSize = 2 * wire.MaxFrame
+// readBufSize is a connection's read buffer: room for many typical frames,
+// so a pipelining client is served in large batches. A frame that does not
+// fit (one carrying a request's attributes at their limits) grows it to
+// maxReadBufSize, for the rest of the connection.
+const (
+	readBufSize    = 32 << 10
+	maxReadBufSize = 2 * wire.MaxFrame
+)
 
 // outBufSize is the initial size of a connection's answer buffer; it grows
 // to hold the answers of one batch.
@@ -70,12 +76,18 @@ type conn struct {
 // frameState is what answering one frame needs; it is reused.
 type frameState struct {
 	req wire.Request
-	res wire.Response
-	dec policy.Decision
-	sc  policy.Scratch
-	obs *observer
-	os  obsScratch
-	out []byte // a handed-off frame's answer
+	// descs are the descriptors decided on: req's, or those derived
+	// from its attributes by dv (oversize: the request is refused).
+	descs    []wire.Descriptor
+	oversize bool
+	dv       *derive.Deriver
+	ds       derive.Scratch
+	res      wire.Response
+	dec      policy.Decision
+	sc       policy.Scratch
+	obs      *observer
+	os       obsScratch
+	out      []byte // a handed-off frame's answer
 
 	// A frame handed to a worker: a copy of it (its request's fields
 	// point into it, never into the read buffer), and what deciding it
@@ -178,6 +190,11 @@ func (cn *conn) serve(ctx context.Context) {
 				end = copy(cn.in, cn.in[start:end])
 				start = 0
 			}
+			if end == len(cn.in) && len(cn.in) < maxReadBufSize {
+				// A frame larger than the buffer (its length was
+				// checked against wire.MaxFrame): make room for it.
+				cn.in = append(cn.in, make([]byte, maxReadBufSize-len(cn.in))...)
+			}
 		}
 		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -200,6 +217,7 @@ func (cn *conn) serve(ctx context.Context) {
 // written, and the connection must close.
 func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInflight int) (int, bool) {
 	p := cn.d.policy.Load()
+	cn.fs.dv = cn.d.deriver.Load()
 	served := 0
 	defer func() { framesServed.Add(served) }()
 	for {
@@ -293,6 +311,8 @@ func (cn *conn) handOff(ctx context.Context, p *policy.Policy, now time.Time, fr
 	if err := wire.DecodeRequest(fs.frame, &fs.req); err != nil {
 		panic("BUG: a frame decoded once does not decode again: " + err.Error())
 	}
+	fs.dv = cn.fs.dv
+	fs.deriveDescs(now)
 	fs.ctx, fs.p, fs.now = ctx, p, now
 	if cn.jobs == nil {
 		cn.jobs = make(chan *frameState)
@@ -432,6 +452,7 @@ func (fs *frameState) answer(ctx context.Context, p *policy.Policy, now time.Tim
 		*res = wire.Response{Op: req.Op, ID: req.ID, NextMs: wire.NextUnknown}
 		return wire.AppendResponse(out, res)
 	}
+	fs.deriveDescs(now)
 	fs.decideOn(ctx, p, now)
 	return fs.respond(p, now, out)
 }
@@ -454,19 +475,38 @@ func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now tim
 	switch req.Op {
 	case wire.OpRelease, wire.OpSettle:
 		return out, false // store calls: decided off the read loop
-	case wire.OpAcquire:
-		lease, ok := p.TryAcquireTo(ctx, now, req.Descs, int64(req.Cost), &fs.sc, &fs.dec)
+	}
+	fs.deriveDescs(now)
+	switch {
+	case fs.oversize:
+		fs.decideOn(ctx, p, now)
+	case req.Op == wire.OpAcquire:
+		lease, ok := p.TryAcquireTo(ctx, now, fs.descs, int64(req.Cost), &fs.sc, &fs.dec)
 		if !ok {
 			return out, false
 		}
 		fs.res.Token = lease
 	default:
-		if !p.TryCheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec) {
+		if !p.TryCheckTo(ctx, now, fs.descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec) {
 			return out, false
 		}
 	}
 	return fs.respond(p, now, out), true
 }
+
+// deriveDescs sets fs.descs to the descriptors of fs.req: derived from
+// its attributes when it carries any.
+func (fs *frameState) deriveDescs(now time.Time) {
+	r := fs.dv.Derive(fs.req.Descs, now, &fs.ds)
+	fs.descs, fs.oversize = r.Descs, r.Oversize
+}
+
+// RuleOversize is the rule that refuses a request whose target was too
+// long to be sent whole (derive.Result.Oversize).
+const RuleOversize = "oversize"
+
+// oversizeDecision refuses such a request.
+var oversizeDecision = policy.Decision{Status: policy.StatusBlocked, Rule: RuleOversize}
 
 // decide answers the request handed off in fs, waiting on the stores as
 // needed, to fs.out.
@@ -479,15 +519,18 @@ func (fs *frameState) decide() {
 // (and an ACQUIRE's lease into fs.res.Token).
 func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.Time) {
 	req := &fs.req
-	switch req.Op {
-	case wire.OpAcquire:
-		fs.res.Token = p.AcquireTo(ctx, now, req.Descs, int64(req.Cost), &fs.sc, &fs.dec)
-	case wire.OpRelease:
+	switch {
+	case fs.oversize && req.Op != wire.OpRelease && req.Op != wire.OpSettle:
+		fs.dec = oversizeDecision
+		fs.res.Token = nil
+	case req.Op == wire.OpAcquire:
+		fs.res.Token = p.AcquireTo(ctx, now, fs.descs, int64(req.Cost), &fs.sc, &fs.dec)
+	case req.Op == wire.OpRelease:
 		fs.dec = p.Release(ctx, now, req.Token)
-	case wire.OpSettle:
+	case req.Op == wire.OpSettle:
 		fs.dec = p.Settle(ctx, now, req.Token, int64(req.Cost))
 	default:
-		p.CheckTo(ctx, now, req.Descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+		p.CheckTo(ctx, now, fs.descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
 	}
 }
 
@@ -495,7 +538,7 @@ func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.T
 // out; the decision of a check or an acquire is observed first.
 func (fs *frameState) respond(p *policy.Policy, now time.Time, out []byte) []byte {
 	if fs.req.Op == wire.OpCheck || fs.req.Op == wire.OpAcquire {
-		fs.obs.observe(p, &fs.dec, fs.req.Descs, now, &fs.os)
+		fs.obs.observe(p, &fs.dec, fs.descs, now, &fs.os)
 	}
 	res := &fs.res
 	fillResponse(res, &fs.dec)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/derive"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
@@ -59,6 +60,9 @@ type Daemon struct {
 
 	conf   atomic.Pointer[config.Config]
 	policy atomic.Pointer[policy.Policy]
+	// deriver turns requests' attributes into descriptors ([request]);
+	// a reload swaps it with the policy.
+	deriver atomic.Pointer[derive.Deriver]
 
 	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig and failedConfig
 	lastConfig []byte
@@ -127,8 +131,14 @@ func New(opts Options) (*Daemon, error) {
 		d.closeStore()
 		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
 	}
+	dv, err := derive.New(cfg.Request)
+	if err != nil {
+		d.closeStore()
+		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
+	}
 	d.conf.Store(cfg)
 	d.policy.Store(p)
+	d.deriver.Store(dv)
 	d.openChanges(cfg)
 	if err := d.initOps(cfg, data); err != nil {
 		d.closeStore()
@@ -334,18 +344,29 @@ func (d *Daemon) Reload() error {
 	defer d.reloadMu.Unlock()
 	data, err := os.ReadFile(d.opts.ConfigPath)
 	if err == nil && bytes.Equal(data, d.lastConfig) {
-		d.log.Info("config unchanged; reload skipped", slog.String("path", d.opts.ConfigPath))
+		// The files the configuration names (request.jwt.keys_file) may
+		// have changed: they are read again.
+		if dv, err := derive.New(d.cfg().Request); err != nil {
+			d.log.Error("request.jwt keys reload failed; keeping the keys in force", slog.Any("error", err))
+		} else {
+			d.deriver.Store(dv)
+		}
+		d.log.Info("config unchanged; reload skipped (request keys read again)", slog.String("path", d.opts.ConfigPath))
 		d.inForceAgainLocked()
 		return nil
 	}
 	var cfg *config.Config
 	var p *policy.Policy
+	var dv *derive.Deriver
 	if err == nil {
 		cfg, err = config.Parse(data, d.opts.ConfigPath)
 	}
 	if err == nil {
 		applyOverrides(cfg, d.opts)
 		p, err = policy.Compile(cfg, d.policy.Load().Changes(), d.stores)
+	}
+	if err == nil {
+		dv, err = derive.New(cfg.Request)
 	}
 	if err != nil {
 		reloadsFailed.Inc()
@@ -369,6 +390,7 @@ func (d *Daemon) Reload() error {
 	keepOpsSettings(d.log, old, cfg)
 	d.conf.Store(cfg)
 	d.policy.Store(p)
+	d.deriver.Store(dv)
 	d.reportChanges(p)
 	d.lastConfig = data
 	d.failedConfig = ""

@@ -157,7 +157,7 @@ func (o *observer) observe(p *policy.Policy, dec *policy.Decision, descs []wire.
 	} else if !keyed {
 		sc.key = sc.key[:0]
 	}
-	o.writeDecision(dec, sc.key, start)
+	o.writeDecision(dec, sc.key, descs, start)
 }
 
 // underCap reports whether another denial may be logged in the second of
@@ -183,8 +183,12 @@ func (o *observer) underCap(now time.Time) bool {
 // writeDecision writes one decision line:
 //
 //	{"time":"…","daemon":"…","kind":"decision","rule":"search","key":"api_key=k1",
-//	 "decision":"limited","limit":30,"remaining":0,"retry_after_ms":1200,"latency_us":14}
-func (o *observer) writeDecision(dec *policy.Decision, key []byte, start time.Time) {
+//	 "decision":"limited","limit":30,"remaining":0,"retry_after_ms":1200,"latency_us":14,
+//	 "descriptors":[["api_key","k1"],["endpoint","/v1/search"]]}
+//
+// descriptors are those decided on (derived from the request's attributes
+// when it carried any), in order.
+func (o *observer) writeDecision(dec *policy.Decision, key []byte, descs []wire.Descriptor, start time.Time) {
 	now := time.Now()
 	kind := "allowed"
 	if !dec.Status.Allowed() {
@@ -210,6 +214,18 @@ func (o *observer) writeDecision(dec *policy.Decision, key []byte, start time.Ti
 	if dec.Degraded {
 		b = append(b, `,"degraded":true`...)
 	}
+	b = append(b, `,"descriptors":[`...)
+	for i := range descs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = appendJSONString(b, descs[i].Name)
+		b = append(b, ',')
+		b = appendJSONString(b, descs[i].Value)
+		b = append(b, ']')
+	}
+	b = append(b, ']')
 	o.end(b, kind)
 }
 

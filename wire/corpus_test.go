@@ -105,6 +105,10 @@ func corpusCases() []corpusLine {
 	enc("non-ascii", wire.OpCheck, 15, 1, d("nom", "café ☕"), wire.Descriptor{Name: []byte{0xff, 0x00, 0x80}, Value: []byte{0x00, 0xfe, 0x0a, 0x09}})
 	enc("duplicate-names", wire.OpCheck, 16, 2, d("ip", "192.0.2.1"), d("ip", "192.0.2.2"))
 	enc("max-frame", wire.OpCheck, 17, 1, maxFrameDescs()...)
+	enc("sixteen-descriptors-at-limits", wire.OpPeek, 18, 1, bigDescs(16)...)
+	enc("attributes", wire.OpCheck, 19, 1, d(":peer", "203.0.113.7"), d(":method", "GET"), d(":host", "api.example.com"),
+		d(":target", "/v1/search?q=1"), d(":h:x-api-key", "sk_123"))
+	enc("attr-value-16384-bytes", wire.OpCheck, 40, 1, d(":target", strings.Repeat("t", wire.MaxAttrValueLen)))
 
 	enc("acquire", wire.OpAcquire, 30, 1, d("api_key", "sk_123"), d("endpoint", "/v1/export"))
 	enc("acquire-estimate-500", wire.OpAcquire, 31, 500, d("api_key", "sk_123"), d("endpoint", "/v1/chat"))
@@ -116,9 +120,9 @@ func corpusCases() []corpusLine {
 	encErr("value-1025-bytes", "descriptor value of 1025 bytes", wire.OpCheck, 23, 1, d("k", strings.Repeat("v", wire.MaxValueLen+1)))
 	encErr("cost-2^32", "cost 4294967296 does not fit in 4 bytes", wire.OpCheck, 24, math.MaxUint32+1, d("k", "v"))
 	over := maxFrameDescs()
-	over[len(over)-1].Value = []byte("1")
-	encErr("frame-16385-bytes", "frame of 16385 bytes, above 16384", wire.OpCheck, 25, 1, over...)
-	encErr("frame-17468-bytes", "16 descriptors at the name and value limits: a frame of 17468 bytes", wire.OpPeek, 26, 1, bigDescs(16)...)
+	over[len(over)-1].Value = append(over[len(over)-1].Value, 'x')
+	encErr("frame-65537-bytes", "frame of 65537 bytes, above 65536", wire.OpCheck, 25, 1, over...)
+	encErr("attr-value-16385-bytes", "attribute value of 16385 bytes", wire.OpCheck, 26, 1, d(":target", strings.Repeat("t", wire.MaxAttrValueLen+1)))
 	encErr("peek-33-descriptors", "PEEK with more than 32 descriptors", wire.OpPeek, 27, 1, many(wire.MaxDescriptors+1)...)
 	encErr("acquire-33-descriptors", "ACQUIRE with more than 32 descriptors", wire.OpAcquire, 28, 1, many(wire.MaxDescriptors+1)...)
 

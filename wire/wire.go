@@ -66,14 +66,18 @@ const Version = 1
 const (
 	// HeaderSize is the size of a frame header, length field included.
 	HeaderSize = 12
-	// MaxFrame is the largest frame, length field included.
-	MaxFrame = 16 << 10
+	// MaxFrame is the largest frame, length field included. It holds a
+	// request's attributes at their limits (see MaxAttrValueLen).
+	MaxFrame = 64 << 10
 	// MaxDescriptors is the most descriptors one request may carry.
 	MaxDescriptors = 32
 	// MaxNameLen is the longest descriptor name.
 	MaxNameLen = 64
 	// MaxValueLen is the longest descriptor value.
 	MaxValueLen = 1024
+	// MaxAttrValueLen is the longest value of an attribute: a descriptor
+	// whose name starts with AttrPrefix (see IsAttr).
+	MaxAttrValueLen = 16 << 10
 	// MaxRuleLen is the longest rule name in a response.
 	MaxRuleLen = 255
 	// MaxMessageLen is the longest error message in a response.
@@ -201,7 +205,8 @@ var (
 	ErrTooManyDescriptors = &Error{CodeTooLarge, "too many descriptors"}
 	// ErrNameTooLong: a descriptor name longer than MaxNameLen, or empty.
 	ErrNameTooLong = &Error{CodeTooLarge, "descriptor name empty or too long"}
-	// ErrValueTooLong: a descriptor value longer than MaxValueLen.
+	// ErrValueTooLong: a descriptor value longer than MaxValueLen, or an
+	// attribute's longer than MaxAttrValueLen.
 	ErrValueTooLong = &Error{CodeTooLarge, "descriptor value too long"}
 	// ErrUnknownOp: the op is not defined.
 	ErrUnknownOp = &Error{CodeUnknownOp, "unknown op"}
@@ -242,6 +247,16 @@ type Descriptor struct {
 	Name  []byte
 	Value []byte
 }
+
+// AttrPrefix starts the name of an attribute: a raw fact about an HTTP
+// request (":peer", ":method", ":host", ":target", ":h:<header>") that the
+// daemon turns into descriptors by the [request] rules of its
+// configuration, rather than a descriptor a rule matches on. Attributes
+// may carry values up to MaxAttrValueLen bytes.
+const AttrPrefix = ':'
+
+// IsAttr reports whether name is an attribute's name.
+func IsAttr(name []byte) bool { return len(name) > 0 && name[0] == AttrPrefix }
 
 // Header is the fixed part of every frame.
 type Header struct {
@@ -486,7 +501,7 @@ func DecodeRequest(f []byte, r *Request) error {
 		}
 		name := b[1 : 1+nl : 1+nl]
 		vl := int(binary.BigEndian.Uint16(b[1+nl:]))
-		if vl > MaxValueLen {
+		if vl > MaxValueLen && (vl > MaxAttrValueLen || name[0] != AttrPrefix) {
 			return ErrValueTooLong
 		}
 		b = b[1+nl+2:]

@@ -130,14 +130,14 @@ func equalResponse(t *testing.T, want, got *wire.Response) {
 }
 
 // maxFrameDescs returns descriptors that make a CHECK frame of exactly
-// MaxFrame bytes: 14 descriptors at the name and value limits, one with a
-// 1022-byte value and one of 4 bytes (12 + 5 + 14×1091 + 1089 + 4).
+// MaxFrame bytes: three attributes at the attribute value limit and one
+// of 16343 bytes (12 + 5 + 3×16390 + 16349).
 func maxFrameDescs() []wire.Descriptor {
 	var kv []string
-	for i := range 14 {
-		kv = append(kv, fmt.Sprintf("%02d", i)+repS(wire.MaxNameLen-2), repS(wire.MaxValueLen))
+	for i := range 3 {
+		kv = append(kv, fmt.Sprintf(":t%d", i), repS(wire.MaxAttrValueLen))
 	}
-	kv = append(kv, repS(wire.MaxNameLen), repS(wire.MaxValueLen-2), "z", "")
+	kv = append(kv, ":t3", repS(16343))
 	return descs(kv...)
 }
 
@@ -196,7 +196,7 @@ func TestRequestRoundTrip(t *testing.T) {
 
 func TestRequestAboveMaxFrame(t *testing.T) {
 	r := wire.Request{Op: wire.OpCheck, ID: 8, Cost: 1, Descs: maxFrameDescs()}
-	r.Descs[len(r.Descs)-1].Value = []byte("1") // one byte more than MaxFrame
+	r.Descs[len(r.Descs)-1].Value = append(r.Descs[len(r.Descs)-1].Value, 'x') // one byte more than MaxFrame
 	f := wire.AppendRequest(nil, &r)
 	if len(f) != wire.MaxFrame+1 {
 		t.Fatalf("frame is %d bytes, want %d", len(f), wire.MaxFrame+1)
