@@ -81,10 +81,16 @@ final class Rld
         private bool $failOpen = true,
         private int $failStatus = 503,
         private int $logInterval = 10,
-        private array $headers = self::DEFAULT_HEADERS,
+        array $headers = self::DEFAULT_HEADERS,
     ) {
-        $this->headers = self::headerNames($headers);
+        $this->sources = self::sources($headers);
     }
+
+    /** @var array<string, string> each attribute attributes() sends => the $_SERVER entry it is read from */
+    private array $sources;
+
+    /** The attributes every request has, and where PHP keeps them. */
+    private const FIXED = [':peer' => 'REMOTE_ADDR', ':method' => 'REQUEST_METHOD', ':host' => 'HTTP_HOST', ':target' => 'REQUEST_URI'];
 
     /**
      * attributes returns the current request's attributes, as PHP got
@@ -99,7 +105,7 @@ final class Rld
      */
     public function attributes(array $extra = []): array
     {
-        return self::requestAttributes($this->headers, $extra);
+        return self::collect($this->sources, $extra);
     }
 
     /**
@@ -110,19 +116,19 @@ final class Rld
      */
     public static function requestAttributes(array $headers = self::DEFAULT_HEADERS, array $extra = []): array
     {
+        return self::collect(self::sources($headers), $extra);
+    }
+
+    /**
+     * @param array<string, string> $sources attribute name => $_SERVER entry
+     * @return list<array{0: string, 1: string}>
+     */
+    private static function collect(array $sources, array $extra): array
+    {
         $a = [];
-        foreach ([':peer' => 'REMOTE_ADDR', ':method' => 'REQUEST_METHOD', ':host' => 'HTTP_HOST', ':target' => 'REQUEST_URI'] as $name => $var) {
+        foreach ($sources as $name => $var) {
             if (isset($_SERVER[$var])) {
                 $a[] = [$name, (string) $_SERVER[$var]];
-            }
-        }
-        foreach (self::headerNames($headers) as $h) {
-            $var = strtoupper(strtr($h, '-', '_'));
-            if ($var !== 'CONTENT_TYPE' && $var !== 'CONTENT_LENGTH') {
-                $var = 'HTTP_' . $var;
-            }
-            if (isset($_SERVER[$var])) {
-                $a[] = [':h:' . $h, (string) $_SERVER[$var]];
             }
         }
         foreach (self::pairs($extra) as $p) {
@@ -158,6 +164,9 @@ final class Rld
      */
     public static function fit(string $name, string $value): string
     {
+        if (strlen($value) <= self::MAX_VALUE) {
+            return $value; // within every limit
+        }
         $limit = self::MAX_VALUE;
         if ($name === ':target') {
             $limit = self::MAX_TARGET;
@@ -180,6 +189,23 @@ final class Rld
             $list[] = [(string) $name, self::fit((string) $name, (string) $value)];
         }
         return $list;
+    }
+
+    /**
+     * sources returns where PHP keeps each attribute attributes() sends:
+     * the fixed four, then :h:NAME for each header (HTTP_NAME, upper case,
+     * '-' as '_'; CONTENT_TYPE and CONTENT_LENGTH without HTTP_).
+     *
+     * @return array<string, string>
+     */
+    private static function sources(array $headers): array
+    {
+        $src = self::FIXED;
+        foreach (self::headerNames($headers) as $h) {
+            $var = strtoupper(strtr($h, '-', '_'));
+            $src[':h:' . $h] = $var === 'CONTENT_TYPE' || $var === 'CONTENT_LENGTH' ? $var : 'HTTP_' . $var;
+        }
+        return $src;
     }
 
     /** @return list<string> the names, lower case, checked */
