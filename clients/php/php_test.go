@@ -160,6 +160,8 @@ const nginxPHP = `
     root @WWW@;
     location ~ \.php$ {
       include /etc/nginx/fastcgi_params;
+      fastcgi_param HTTP_HOST $http_host;
+      fastcgi_param HTTP_X_FORWARDED_FOR $http_x_forwarded_for if_not_empty;
       fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;
       fastcgi_param RLD_SOCKET @SOCK@;
       fastcgi_param RLD_CLIENT @CLIENT@;
