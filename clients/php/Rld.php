@@ -341,8 +341,8 @@ final class Rld
         $res = $this->check($descriptors, $cost);
         $refused = false;
         if ($res !== null && $res['status'] === self::ERROR) {
-            $this->failed(sprintf('error answer %d: %s', $res['code'], $res['message']));
             $refused = !in_array($res['code'], self::FAIL_OPEN_CODES, true);
+            $this->failed(sprintf('error answer %d: %s', $res['code'], $res['message']), $refused);
             $res = null;
         }
         if ($res === null) {
@@ -351,7 +351,9 @@ final class Rld
             }
             http_response_code($this->failStatus);
             header('Content-Type: application/json');
-            echo '{"error":{"code":"RATE_LIMIT_UNAVAILABLE","message":"the rate limiter cannot be reached"}}', "\n";
+            echo $refused
+                ? '{"error":{"code":"RATE_LIMIT_ERROR","message":"the rate limiter refused the check"}}'
+                : '{"error":{"code":"RATE_LIMIT_UNAVAILABLE","message":"the rate limiter cannot be reached"}}', "\n";
             return false;
         }
         $now = microtime(true);
@@ -464,18 +466,25 @@ final class Rld
         @fclose($fp);
     }
 
-    private function failed(?string $err): void
+    /**
+     * failed records why a check could not be made and logs it at most
+     * once per interval; $refused: an error answer that refuses the
+     * request (logged apart, with its own interval).
+     */
+    private function failed(?string $err, bool $refused = false): void
     {
         $this->lastError = $err;
         // PHP forgets everything between requests: the last log time is
         // the mtime of a marker file, shared by the host's workers.
-        $marker = sys_get_temp_dir() . '/rld-' . md5($this->socket) . '.logged';
+        $marker = sys_get_temp_dir() . '/rld-' . md5($this->socket) . ($refused ? '.refused' : '.logged');
         $now = time();
         clearstatcache(true, $marker);
         $last = @filemtime($marker);
         if ($last === false || $now - $last >= $this->logInterval) {
             @touch($marker, $now);
-            error_log(sprintf('rld: cannot check (%s); failing %s', $err, $this->failOpen ? 'open' : 'closed'));
+            error_log($refused
+                ? sprintf('rld: check refused (%s); answering %d', $err, $this->failStatus)
+                : sprintf('rld: cannot check (%s); failing %s', $err, $this->failOpen ? 'open' : 'closed'));
         }
     }
 

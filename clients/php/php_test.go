@@ -303,7 +303,14 @@ func TestPHPFPM(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		require.Equal(t, 200, get(t, s.nginx.URL+"/check.php", "X-API-Key", "k"+strconv.Itoa(10+i)).Status)
 	}
-	// 27 checks through 2 FPM workers: each keeps its one connection.
+	// An error answer other than internal, overloaded or unavailable
+	// refuses: a cost above the rule's capacity is never admitted, and
+	// does not fail open.
+	r = get(t, s.nginx.URL+"/check.php?cost=1000", "X-API-Key", "k9")
+	assert.Equal(t, 503, r.Status, r.Body)
+	assert.Contains(t, r.Body, "RATE_LIMIT_ERROR")
+	assert.Contains(t, s.fpm.phpLog(), "rld: check refused (error answer 6")
+	// 28 checks through 2 FPM workers: each keeps its one connection.
 	assert.LessOrEqual(t, s.accepted(t)-before, 2, "persistent connections are reused across requests")
 
 	// rld killed: the page fails open with no error in the body; the
