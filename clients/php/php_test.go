@@ -4,7 +4,9 @@ package php_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/rld/rld/clients/internal/nginxtest"
 	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/derive"
 )
 
 var (
@@ -402,4 +405,72 @@ func TestPHPSlot(t *testing.T) {
 	require.Equal(t, 200, r.Status, r.Body)
 	assert.Equal(t, 61, units("s2"), "no actual cost: released, the estimate stays")
 	assert.True(t, free("s2"))
+}
+
+// unitOut is what testdata/unit.php prints.
+type unitOut struct {
+	Attributes [][2]string `json:"attributes"`
+	Fit        []string    `json:"fit"`
+	Error      *string     `json:"error"`
+}
+
+func unit(t *testing.T, in map[string]any) unitOut {
+	t.Helper()
+	if _, ok := in["fit"]; !ok {
+		in["fit"] = [][2]string{}
+	}
+	b, err := json.Marshal(in)
+	require.NoError(t, err)
+	cmd := exec.Command("php", filepath.Join(phpDir, "testdata", "unit.php"))
+	cmd.Stdin = bytes.NewReader(b)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var u unitOut
+	require.NoError(t, json.Unmarshal(out, &u), "%s", out)
+	return u
+}
+
+// TestPHPUnit: attributes() outside a server (what it reads from
+// $_SERVER, the headers option and its checks, the deprecated
+// requestDescriptors()) and fit() at every limit, against derive's rule.
+func TestPHPUnit(t *testing.T) {
+	server := map[string]string{
+		"REMOTE_ADDR": "2001:db8::1", "REQUEST_METHOD": "PATCH", "HTTP_HOST": "h:8080", "REQUEST_URI": "/a//b?c=%2F",
+		"HTTP_X_API_KEY": "k", "HTTP_COOKIE": "sid=1", "HTTP_X_OTHER": "o", "CONTENT_TYPE": "text/plain", "HTTP_X_EMPTY": "",
+	}
+	u := unit(t, map[string]any{"server": server, "headers": nil, "extra": map[string]string{"tenant": "t", "plan": "p"}})
+	assert.Equal(t, [][2]string{{":peer", "2001:db8::1"}, {":method", "PATCH"}, {":host", "h:8080"}, {":target", "/a//b?c=%2F"},
+		{":h:x-api-key", "k"}, {":h:cookie", "sid=1"}, {"plan", "p"}, {"tenant", "t"}}, u.Attributes)
+
+	u = unit(t, map[string]any{"server": server, "headers": []string{"X-Other", "content-type", "x-empty", "x-absent"}})
+	assert.Equal(t, [][2]string{{":peer", "2001:db8::1"}, {":method", "PATCH"}, {":host", "h:8080"}, {":target", "/a//b?c=%2F"},
+		{":h:x-other", "o"}, {":h:content-type", "text/plain"}, {":h:x-empty", ""}}, u.Attributes, "names lower-cased; absent headers left out")
+
+	u = unit(t, map[string]any{"server": map[string]string{}, "headers": nil})
+	assert.Empty(t, u.Attributes, "outside a request: nothing")
+
+	u = unit(t, map[string]any{"server": server, "headers": nil, "apiKeyHeader": "X-Other"})
+	assert.Contains(t, u.Attributes, [2]string{":h:x-other", "o"}, "requestDescriptors() adds its header")
+	assert.Contains(t, u.Attributes, [2]string{":h:x-api-key", "k"})
+
+	for _, hs := range [][]string{{"a", "b", "c", "d", "e", "f", "g", "h", "i"}, {"x api key"}, {""}, {strings.Repeat("x", 62)}} {
+		u = unit(t, map[string]any{"server": server, "headers": hs})
+		require.NotNil(t, u.Error, "%q", hs)
+	}
+
+	var fit [][2]string
+	var want []string
+	for _, c := range []struct {
+		name  string
+		limit int
+	}{{":target", derive.MaxTarget}, {":h:x-api-key", derive.MaxHeader}, {":peer", derive.MaxValue}, {":method", derive.MaxValue},
+		{":host", derive.MaxValue}, {"api_key", derive.MaxValue}, {"tenant", derive.MaxValue}} {
+		for _, n := range []int{0, c.limit, c.limit + 1, 100 << 10} {
+			v := strings.Repeat("v", n)
+			fit = append(fit, [2]string{c.name, v})
+			want = append(want, string(derive.AppendValue(nil, []byte(v), c.limit)))
+		}
+	}
+	u = unit(t, map[string]any{"server": server, "headers": nil, "fit": fit})
+	assert.Equal(t, want, u.Fit)
 }
