@@ -1,6 +1,7 @@
 package daemon_test
 
 import (
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/rld/rld/derive"
 	"github.com/rld/rld/internal/reqcorpus"
 	"github.com/rld/rld/wire"
 )
@@ -191,5 +191,73 @@ allowed_rate = 1.0
 	require.NoError(t, s.Daemon.Reload())
 	assert.Equal(t, "bob", user(freshTok), "the rotated key, after a reload")
 	assert.Equal(t, "", user(oldTok), "the key rotated out")
-	_ = derive.DigestPrefix
+}
+
+// TestHTTPAttributes: the HTTP check endpoints take a request's
+// attributes from the X-Rld-* fields and the request's own header
+// fields, from a trusted peer only, and a long value never makes a 400.
+func TestHTTPAttributes(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "decisions.log")
+	cfg, err := reqcorpus.Config(`[server]
+trusted_proxies = ["127.0.0.1"]
+[log]
+decisions = "` + logPath + `"
+allowed_rate = 1.0
+denied_rate = 1.0
+denied_per_second = 0
+`)
+	require.NoError(t, err)
+	s := start(t, cfg)
+	dl := reqcorpus.DecisionLog{Path: logPath}
+	get := func(path string, hdrs ...string) (int, []reqcorpus.Desc) {
+		req, err := http.NewRequest("GET", "http://"+s.HTTP+path, nil)
+		require.NoError(t, err)
+		for i := 0; i+1 < len(hdrs); i += 2 {
+			req.Header.Add(hdrs[i], hdrs[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusBadRequest {
+			return resp.StatusCode, nil
+		}
+		var got []reqcorpus.Logged
+		require.Eventually(t, func() bool {
+			l, err := dl.Next()
+			require.NoError(t, err)
+			got = append(got, l...)
+			return len(got) > 0
+		}, 5*time.Second, time.Millisecond)
+		return resp.StatusCode, got[len(got)-1].Descs
+	}
+	code, descs := get("/v1/auth", "X-Rld-Peer", "127.0.0.5", "X-Rld-Method", "GET", "X-Rld-Host", "Api.Example.com",
+		"X-Rld-Target", "//v1/./orders/12?page=3", "X-Forwarded-For", "198.51.100.7", "X-API-Key", "k1", "X-API-Key", "k2")
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, reqcorpus.Lines([]reqcorpus.Desc{{Name: "ip", Value: "198.51.100.7"}, {Name: "method", Value: "GET"}, {Name: "host", Value: "api.example.com"},
+		{Name: "endpoint", Value: "/v1/orders/{id}"}, {Name: "api_key", Value: "k1, k2"}, {Name: "page", Value: "3"}}), reqcorpus.Lines(descs))
+
+	long := strings.Repeat("k", 20000)
+	code, descs = get("/v1/check", "X-Rld-Peer", "127.0.0.9", "X-Rld-Target", "/v1/search", "X-API-Key", long)
+	require.Equal(t, http.StatusOK, code)
+	assert.Contains(t, reqcorpus.Lines(descs), `api_key="sha256:`)
+
+	code, descs = get("/v1/check?tenant=" + strings.Repeat("t", 3000))
+	require.Equal(t, http.StatusOK, code, "a long query value is digested, not refused")
+	assert.Contains(t, reqcorpus.Lines(descs), `tenant="sha256:`)
+
+	code, _ = get("/v1/auth", "X-Rld-Peer", "127.0.0.9", "X-Rld-Target", "/"+strings.Repeat("a", 17000))
+	assert.Equal(t, http.StatusForbidden, code, "a target too long to derive is refused")
+}
+
+// TestHTTPAttributesUntrusted: a peer not in server.trusted_proxies may
+// not send attributes.
+func TestHTTPAttributesUntrusted(t *testing.T) {
+	s := start(t, testConfig)
+	req, err := http.NewRequest("GET", "http://"+s.HTTP+"/v1/check", nil)
+	require.NoError(t, err)
+	req.Header.Set("X-Rld-Peer", "203.0.113.1")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 }

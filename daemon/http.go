@@ -11,6 +11,7 @@ import (
 
 	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/buildinfo"
+	"github.com/rld/rld/derive"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
@@ -19,6 +20,9 @@ import (
 // httpScratch holds one HTTP check's reusable buffers.
 type httpScratch struct {
 	descs  []wire.Descriptor
+	in     []wire.Descriptor // descs and a request's attributes
+	avals  []byte            // the attributes' values
+	ds     derive.Scratch
 	sc     policy.Scratch
 	fields []header.Field
 	vals   []byte
@@ -33,12 +37,17 @@ var httpScratchPool = sync.Pool{New: func() any {
 
 func (d *Daemon) newHTTPServer() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:               d.serveHTTP,
-		Name:                  "rld",
-		ReadTimeout:           10 * time.Second,
-		WriteTimeout:          10 * time.Second,
-		IdleTimeout:           time.Minute,
-		MaxRequestBodySize:    1 << 10,
+		Handler:            d.serveHTTP,
+		Name:               "rld",
+		ReadTimeout:        10 * time.Second,
+		WriteTimeout:       10 * time.Second,
+		IdleTimeout:        time.Minute,
+		MaxRequestBodySize: 1 << 10,
+		// Room for every header field nginx passes on by default (four
+		// buffers of 8 KiB) twice over: a request's own large headers
+		// must not turn a check into an error, which auth_request
+		// would serve as rld being down.
+		ReadBufferSize:        maxHTTPHeaders,
 		NoDefaultServerHeader: true,
 		NoDefaultContentType:  true,
 		// Keep the canonical spelling X-RateLimit-*, which operators grep for.
@@ -161,7 +170,7 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	now := time.Now()
 	s := httpScratchPool.Get().(*httpScratch)
 	defer httpScratchPool.Put(s)
-	s.descs = s.descs[:0]
+	s.descs, s.avals = s.descs[:0], s.avals[:0]
 	cost := int64(1)
 	peek := false
 	var bad string
@@ -203,13 +212,21 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 			case len(key) == 0 || len(key) > wire.MaxNameLen:
 				bad = "descriptor name empty or longer than " + strconv.Itoa(wire.MaxNameLen) + " bytes"
 			case len(value) > wire.MaxValueLen:
-				bad = "descriptor " + strconv.Quote(string(key)) + " longer than " + strconv.Itoa(wire.MaxValueLen) + " bytes"
+				// A long value is replaced by its digest, as the
+				// clients send it: never refused.
+				start := len(s.avals)
+				s.avals = derive.AppendValue(s.avals, value, derive.MaxValue)
+				s.descs = append(s.descs, wire.Descriptor{Name: key, Value: s.avals[start:len(s.avals):len(s.avals)]})
 			default:
 				s.descs = append(s.descs, wire.Descriptor{Name: key, Value: value})
 			}
 		}
 	}
+	attrs := false
 	if bad == "" {
+		attrs, bad = d.addAttributes(ctx, s)
+	}
+	if bad == "" && !attrs {
 		bad = d.addClientIP(ctx, s)
 	}
 	if bad != "" {
@@ -220,25 +237,42 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 	p := d.policy.Load()
 	var dec policy.Decision
 	s.lease = nil
+	descs := s.descs
+	if attrs {
+		r := d.deriver.Load().Derive(s.in, now, &s.ds)
+		descs = r.Descs
+		if r.Oversize {
+			dec = oversizeDecision
+			d.ops.obs.observe(p, &dec, descs, now, &s.os)
+			d.writeAnswer(ctx, s, now, &dec)
+			return
+		}
+	}
 	if string(ctx.Path()) == "/v1/acquire" {
 		if peek {
 			httpRejected.Inc()
 			httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "an acquire cannot peek")
 			return
 		}
-		s.lease = p.AcquireTo(context.Background(), now, s.descs, cost, &s.sc, &dec)
+		s.lease = p.AcquireTo(context.Background(), now, descs, cost, &s.sc, &dec)
 	} else {
-		dec = p.Check(context.Background(), now, s.descs, cost, peek, &s.sc)
+		dec = p.Check(context.Background(), now, descs, cost, peek, &s.sc)
 	}
 	if !peek {
-		d.ops.obs.observe(p, &dec, s.descs, now, &s.os)
+		d.ops.obs.observe(p, &dec, descs, now, &s.os)
 	}
-	if string(ctx.Path()) == "/v1/auth" {
-		d.writeAuth(ctx, s, now, &dec)
-	} else {
-		d.writeDecision(ctx, s, now, &dec)
-	}
+	d.writeAnswer(ctx, s, now, &dec)
 	httpCheckDuration.UpdateDuration(now)
+}
+
+// writeAnswer writes dec as /v1/auth or as /v1/check and /v1/acquire
+// answer it.
+func (d *Daemon) writeAnswer(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Time, dec *policy.Decision) {
+	if string(ctx.Path()) == "/v1/auth" {
+		d.writeAuth(ctx, s, now, dec)
+	} else {
+		d.writeDecision(ctx, s, now, dec)
+	}
 }
 
 // serveRelease answers GET or POST /v1/release?lease=LEASE: it gives

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/derive"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
 )
@@ -215,4 +216,104 @@ func (d *Daemon) writeAuth(ctx *fasthttp.RequestCtx, s *httpScratch, now time.Ti
 		}
 		ctx.SetStatusCode(fasthttp.StatusForbidden)
 	}
+}
+
+// maxHTTPHeaders bounds the header of a request to the HTTP endpoints.
+const maxHTTPHeaders = 128 << 10
+
+// The header fields that carry a request's attributes to the HTTP check
+// endpoints (an nginx auth_request subrequest sets them), and the header
+// fields of the request itself that derivation reads, passed on as they
+// came.
+var (
+	hdrRldPeer   = []byte("X-Rld-Peer")
+	hdrRldMethod = []byte("X-Rld-Method")
+	hdrRldHost   = []byte("X-Rld-Host")
+	hdrRldTarget = []byte("X-Rld-Target")
+)
+
+// addAttributes reads the attributes of the request that an HTTP check
+// is made for, when it carries any (the X-Rld-* fields), into s.in: the
+// query's descriptors, then :peer, :method, :host, :target from the
+// X-Rld-* fields and a :h: attribute for each header field derivation
+// reads (several fields of one name joined by ", "). Only a peer in
+// server.trusted_proxies may send attributes.
+func (d *Daemon) addAttributes(ctx *fasthttp.RequestCtx, s *httpScratch) (bool, string) {
+	h := &ctx.Request.Header
+	found := false
+	for k := range h.AllInOrder() {
+		if isRldAttr(k) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return false, ""
+	}
+	if !d.trustedPeer(ctx) {
+		return false, "X-Rld-* attributes are accepted only from a peer listed in server.trusted_proxies"
+	}
+	s.in = append(s.in[:0], s.descs...)
+	add := func(name string, start int) {
+		s.in = append(s.in, wire.Descriptor{Name: []byte(name), Value: s.avals[start:len(s.avals):len(s.avals)]})
+	}
+	for k, v := range h.AllInOrder() {
+		var name string
+		limit := derive.MaxValue
+		switch {
+		case bytes.EqualFold(k, hdrRldPeer):
+			name = derive.AttrPeer
+		case bytes.EqualFold(k, hdrRldMethod):
+			name = derive.AttrMethod
+		case bytes.EqualFold(k, hdrRldHost):
+			name = derive.AttrHost
+		case bytes.EqualFold(k, hdrRldTarget):
+			name, limit = derive.AttrTarget, derive.MaxTarget
+		default:
+			continue
+		}
+		start := len(s.avals)
+		s.avals = derive.AppendValue(s.avals, v, limit)
+		add(name, start)
+	}
+	for _, name := range d.deriver.Load().Headers() {
+		start, n := len(s.avals), 0
+		var joined []byte
+		for k, v := range h.AllInOrder() {
+			if !equalFoldString(k, name) {
+				continue
+			}
+			if n > 0 {
+				joined = append(joined, ", "...)
+			}
+			joined = append(joined, v...)
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		s.avals = derive.AppendValue(s.avals, joined, derive.MaxHeader)
+		add(derive.AttrHeaderPrefix+name, start)
+	}
+	return true, ""
+}
+
+// isRldAttr reports whether k is one of the X-Rld-* attribute fields.
+func isRldAttr(k []byte) bool {
+	return bytes.EqualFold(k, hdrRldPeer) || bytes.EqualFold(k, hdrRldMethod) ||
+		bytes.EqualFold(k, hdrRldHost) || bytes.EqualFold(k, hdrRldTarget)
+}
+
+func equalFoldString(b []byte, s string) bool {
+	return len(b) == len(s) && strings.EqualFold(string(b), s)
+}
+
+// trustedPeer reports whether the HTTP request's peer is in
+// server.trusted_proxies.
+func (d *Daemon) trustedPeer(ctx *fasthttp.RequestCtx) bool {
+	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
+		peer, _ := netip.AddrFromSlice(ta.IP)
+		return d.trust.contains(peer.Unmap())
+	}
+	return d.trust.unix
 }

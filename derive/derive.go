@@ -303,7 +303,8 @@ func (a *attrs) header(name string) []byte {
 // Result is what Derive found.
 type Result struct {
 	// Descs are the descriptors to decide on: the derived ones, then the
-	// request's own (those that derivation did not produce). They alias
+	// request's own that derivation did not produce and that are not
+	// empty. They alias
 	// the Scratch and the request until the next Derive with the Scratch.
 	Descs []wire.Descriptor
 	// Derived is true when the request carried attributes.
@@ -408,7 +409,7 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 	derived := len(s.out)
 	for i := range in {
 		n := in[i].Name
-		if wire.IsAttr(n) || has(s.out[:derived], n) {
+		if wire.IsAttr(n) || len(in[i].Value) == 0 || has(s.out[:derived], n) {
 			continue
 		}
 		if len(s.out) == wire.MaxDescriptors {
@@ -559,17 +560,23 @@ func appendFormDecoded(dst, v []byte) []byte {
 }
 
 // cookie returns the value of the first cookie named name in a Cookie
-// header, without surrounding double quotes.
+// header, without surrounding double quotes. Cookies are separated by ';'
+// and, where a client joined several Cookie fields by ", ", by ',' (no
+// cookie value holds one).
 func cookie(h []byte, name string) []byte {
 	for len(h) > 0 {
 		var c []byte
-		if i := indexByte(h, ';'); i >= 0 {
+		i := 0
+		for i < len(h) && h[i] != ';' && h[i] != ',' {
+			i++
+		}
+		if i < len(h) {
 			c, h = h[:i], h[i+1:]
 		} else {
 			c, h = h, nil
 		}
 		c = trimOWS(c)
-		i := indexByte(c, '=')
+		i = indexByte(c, '=')
 		if i < 0 || string(trimOWS(c[:i])) != name {
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
@@ -83,6 +84,13 @@ type rule struct {
 	store  Store      // where the rule's counters live: by its mode
 	local  LocalTaker // store, when it can answer on the host; else nil
 	m      *counters
+
+	// share is the enforce share in basis points: a key whose hash
+	// (keyShare) is below it is enforced, the others run as shadow.
+	// config.FullShare enforces every key. rollout counts the denials
+	// the share left unenforced (nil at the full share).
+	share   uint32
+	rollout *metrics.Counter
 
 	// The run-time changes of the rule (see Changes); changed is set
 	// when it has any.
@@ -307,7 +315,11 @@ func compileSelectors(list []string) ([]selector, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, selector{name: sel.Name, glob: compileGlob(sel.Glob)})
+		g, err := compileGlob(sel.Glob)
+		if err != nil {
+			return nil, fmt.Errorf("selector %q: %w", s, err)
+		}
+		out = append(out, selector{name: sel.Name, glob: g})
 	}
 	return out, nil
 }
@@ -339,11 +351,23 @@ func compileRule(r *rule, cr *config.Rule) error {
 		pen:    compilePenalty(cr),
 	}
 	AutoBlocks(cr.Name) // served from the start, as rld_checks_total is
+	share, err := config.ParseShare(cr.Enforce)
+	if err != nil {
+		return fmt.Errorf("enforce: %w", err)
+	}
+	r.share = uint32(share)
+	if share < config.FullShare {
+		r.rollout = RolloutLimited(cr.Name)
+	}
 	for name, g := range cr.Match {
 		if err := config.CheckGlob(g); err != nil {
 			return fmt.Errorf("match.%s: %w", name, err)
 		}
-		r.match = append(r.match, selector{name: name, glob: compileGlob(g)})
+		cg, err := compileGlob(g)
+		if err != nil {
+			return fmt.Errorf("match.%s: %w", name, err)
+		}
+		r.match = append(r.match, selector{name: name, glob: cg})
 	}
 	// Map order is random: fix one so that every Policy of a file behaves
 	// (and costs) the same.
@@ -540,6 +564,9 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		ti = r.limitIndex(ti, key, c.descs, now)
 	}
 	params := r.paramsAt(ti)
+	// A shadow rule, or a key outside the rule's enforce share, is
+	// counted and never refused.
+	shadow := r.shadow || !r.enforces(key)
 	// A concurrency rule holds slots for an acquire only: a check or a
 	// peek looks for a free slot and holds none (nothing to release).
 	// It holds (or looks for) one slot per request, whatever the cost:
@@ -551,7 +578,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 			peek, hold = true, false
 		}
 	}
-	if r.pen != nil && r.pen.penalty {
+	if r.pen != nil && r.pen.penalty && !shadow {
 		if ra, ok := p.pens.cooldown(r, key, c.descs, c.now.UnixNano(), c.peek); ok {
 			// In a cooldown: refused here, until its end.
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
@@ -571,7 +598,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		if r.local != nil {
 			res, ok = r.local.TakeLocal(key, *params, cost, c.now, peek)
 		}
-		if !ok || (r.shadow && !res.Allowed) {
+		if !ok || (shadow && !res.Allowed) {
 			// A shadow denial is counted at once: left to CheckTo, so
 			// that it is counted once.
 			p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
@@ -582,11 +609,14 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	}
 	switch {
-	case r.shadow:
+	case shadow:
 		if err != nil {
 			sc.count(r.m, decError)
 		} else if !res.Allowed {
 			sc.count(r.m, decShadowLimited)
+			if !r.shadow {
+				r.rollout.Inc()
+			}
 		} else if hold {
 			// Refunded with the others when a rule denies, so that
 			// shadow counts show what enforcing the rule would do.
@@ -669,7 +699,7 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 		}
 		start := len(sc.keys)
 		var ok bool
-		if sc.keys, ok = o.appendKey(sc.keys, descs); !ok {
+		if sc.keys, ok = o.appendKey(sc.keys, descs); !ok || !o.enforces(sc.keys[start:]) {
 			sc.keys = sc.keys[:start]
 			continue
 		}
@@ -761,6 +791,20 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, sl
 			}
 		}
 	}
+}
+
+// enforces reports whether r enforces its counter key key: every key at
+// the full share, else those whose keyShare is below the share. The hash
+// is fixed, so raising the share keeps every key it enforced.
+func (r *rule) enforces(key []byte) bool {
+	return r.share >= config.FullShare || keyShare(key) < r.share
+}
+
+// keyShare places a counter key in the enforce shares: its xxhash, 0 to
+// config.FullShare-1 (basis points). It is the same on every daemon and
+// every run.
+func keyShare(key []byte) uint32 {
+	return uint32(xxhash.Sum64(key) % config.FullShare)
 }
 
 // lookup returns the value of the first descriptor called name.

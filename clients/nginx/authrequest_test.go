@@ -3,6 +3,10 @@
 package nginx_test
 
 import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,12 +21,36 @@ import (
 	"github.com/rld/rld/daemon/daemontest"
 )
 
+// rldConfig: nginx's peer, 127.0.0.1, is a trusted proxy naming the
+// client with X-Real-IP; 127.0.0.2 (the abuser) is refused after 3
+// requests an hour; /keyed allows 1 an hour per API key.
 const rldConfig = `
 deny = ["ip=203.0.113.66"]
 
 [server]
 http_socket = "HTTPSOCK"
 trusted_proxies = ["unix"]
+
+[request]
+trusted_proxies = ["127.0.0.1"]
+client_ip_header = "x-real-ip"
+
+[request.descriptors]
+api_key = "header:x-api-key"
+
+[[rule]]
+name = "perip"
+match = { ip = "127.0.0.2" }
+by = ["ip"]
+limit = 3
+period = "1h"
+
+[[rule]]
+name = "keyed"
+match = { endpoint = "/keyed" }
+by = ["api_key"]
+limit = 1
+period = "1h"
 
 [[rule]]
 name = "page"
@@ -48,15 +76,12 @@ func TestAuthRequest(t *testing.T) {
 	t.Cleanup(p.Close)
 
 	www := t.TempDir()
-	for _, f := range []string{"limited", "free", "index.html"} {
+	for _, f := range []string{"limited", "free", "keyed", "index.html"} {
 		require.NoError(t, os.WriteFile(filepath.Join(www, f), []byte("hello from "+f+"\n"), 0o644))
 	}
 	recipe, err := os.ReadFile(filepath.Join(nginxtest.RepoDir(), "clients", "nginx", "auth_request.conf"))
 	require.NoError(t, err)
 	conf := strings.NewReplacer("/run/rld/http.sock", httpSock, "127.0.0.1:8080", "127.0.0.1:PORT", "/var/www/html", www).Replace(string(recipe))
-	// The test's client comes from 127.0.0.1: let it name another
-	// address, as a load balancer in front of nginx would.
-	conf += "\nset_real_ip_from 127.0.0.1;\nreal_ip_header X-Real-IP;\n"
 	// Types by extension, as Debian's nginx.conf sets them: a denial's
 	// body is JSON whatever the path.
 	conf += "include /etc/nginx/mime.types;\n"
@@ -88,10 +113,12 @@ func TestAuthRequest(t *testing.T) {
 	assert.Contains(t, r.Body, "RATE_LIMIT_EXCEEDED")
 	assert.Equal(t, "application/json", r.Header.Get("Content-Type"))
 
-	// Another key, and the same endpoint spelled with doubled slashes.
+	// Another key, and the same endpoint spelled with doubled slashes
+	// (rld normalises the raw target).
 	assert.Equal(t, "4", get(t, n.URL+"//limited", "X-API-Key", "k2").Header.Get("X-RateLimit-Remaining"))
 
-	// Blocked: the deny-listed client address, named by nginx.
+	// Blocked: the deny-listed client address, named by X-Real-IP from
+	// a trusted proxy (the test's client, 127.0.0.1).
 	r = get(t, n.URL+"/free", "X-Real-IP", "203.0.113.66")
 	assert.Equal(t, 403, r.Status)
 	assert.Contains(t, r.Body, "BLOCKED")
@@ -101,8 +128,11 @@ func TestAuthRequest(t *testing.T) {
 	assert.Equal(t, 403, r.Status)
 	assert.Equal(t, "application/json", r.Header.Get("Content-Type"), "a denial is JSON whatever the path's extension")
 
-	// A key that would smuggle a descriptor into the query is refused.
-	assert.Equal(t, 403, get(t, n.URL+"/free", "X-API-Key", "k&ip=1.2.3.4").Status)
+	// A key holding '&' is a key like any other: nothing goes into a
+	// query any more.
+	assert.Equal(t, 200, get(t, n.URL+"/free", "X-API-Key", "k&ip=1.2.3.4").Status)
+
+	abuse(t, n)
 
 	// rld down: the recipe fails open.
 	p.Kill()
@@ -119,4 +149,72 @@ func TestAuthRequest(t *testing.T) {
 		require.Equal(t, 200, get(t, n.URL+"/limited", "X-API-Key", "k3").Status)
 	}
 	assert.Equal(t, 429, get(t, n.URL+"/limited", "X-API-Key", "k3").Status)
+}
+
+// rawFrom sends the raw request req (request line and header fields,
+// without the final empty line) to addr from the loopback address src and
+// returns the answer.
+func rawFrom(t *testing.T, src, addr, req string) nginxtest.Reply {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.WriteString(c, req+"\r\nConnection: close\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err, "answer to %.80q", req)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return nginxtest.Reply{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}
+}
+
+// abuse: an address refused by a per-IP rule (127.0.0.2, an untrusted
+// peer) stays refused whatever it adds to the request: long API keys (the
+// 100 KB one nginx itself refuses, never 2xx), doubled slashes, dot
+// segments, %2F, spoofed X-Forwarded-For, X-Real-IP, Forwarded and
+// X-Rld-* fields, a bearer token rld cannot verify, another Host.
+// Keyless requests share no bucket: the keyed rule does not apply to
+// them, from any address.
+func abuse(t *testing.T, n *nginxtest.Nginx) {
+	const abuser = "127.0.0.2"
+	for i := 1; i <= 3; i++ {
+		r := rawFrom(t, abuser, n.Addr, "GET /free HTTP/1.1\r\nHost: h")
+		require.Equal(t, 200, r.Status, "request %d: %s\n%s", i, r.Body, n.ErrorLog())
+		assert.Equal(t, "3", r.Header.Get("X-RateLimit-Limit"))
+	}
+	for _, c := range []struct{ name, req string }{
+		{"same", "GET /free HTTP/1.1\r\nHost: h"},
+		{"2 KB key", "GET /free HTTP/1.1\r\nHost: h\r\nX-API-Key: " + strings.Repeat("a", 2048)},
+		{"100 KB key", "GET /free HTTP/1.1\r\nHost: h\r\nX-API-Key: " + strings.Repeat("b", 100<<10)},
+		{"doubled slashes", "GET //free HTTP/1.1\r\nHost: h"},
+		{"dot segments", "GET /x/../free/./ HTTP/1.1\r\nHost: h"},
+		{"percent-encoded slash", "GET /%2Ffree%2F HTTP/1.1\r\nHost: h"},
+		{"long path", "GET /" + strings.Repeat("p", 5000) + " HTTP/1.1\r\nHost: h"},
+		{"X-Forwarded-For", "GET /free HTTP/1.1\r\nHost: h\r\nX-Forwarded-For: 198.51.100.7"},
+		{"X-Real-IP", "GET /free HTTP/1.1\r\nHost: h\r\nX-Real-IP: 198.51.100.8"},
+		{"Forwarded", "GET /free HTTP/1.1\r\nHost: h\r\nForwarded: for=198.51.100.9"},
+		{"X-Rld-Peer", "GET /free HTTP/1.1\r\nHost: h\r\nX-Rld-Peer: 198.51.100.10\r\nX-Rld-Target: /other"},
+		{"bearer token", "GET /free HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJ2In0."},
+		{"other host", "GET /free HTTP/1.1\r\nHost: other.test"},
+		{"a key", "GET /free HTTP/1.1\r\nHost: h\r\nX-API-Key: fresh"},
+	} {
+		r := rawFrom(t, abuser, n.Addr, c.req)
+		assert.True(t, r.Status >= 400 && r.Status < 500, "%s: %d %s", c.name, r.Status, r.Body)
+		if r.Status == 429 {
+			assert.Contains(t, r.Header.Get("RateLimit"), `"perip"`, c.name)
+		} else {
+			assert.Contains(t, []int{400, 414, 431, 494}, r.Status, "%s: nginx refused it itself", c.name)
+		}
+	}
+	for _, src := range []string{"127.0.0.3", "127.0.0.4", "127.0.0.3", "127.0.0.4"} {
+		r := rawFrom(t, src, n.Addr, "GET /keyed HTTP/1.1\r\nHost: h")
+		assert.Equal(t, 200, r.Status, "keyless from %s", src)
+		assert.Empty(t, r.Header.Get("RateLimit"), "no rule applies to a keyless request of /keyed")
+	}
+	r := rawFrom(t, "127.0.0.3", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1")
+	assert.Equal(t, 200, r.Status)
+	assert.Contains(t, r.Header.Get("RateLimit"), `"keyed"`)
+	assert.Equal(t, 429, rawFrom(t, "127.0.0.4", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1").Status)
 }

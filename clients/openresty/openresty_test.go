@@ -76,12 +76,26 @@ func TestCorpusGuards(t *testing.T) {
 	assert.Contains(t, out, "FAIL worked-example limit 31 want 30")
 }
 
-// rldConfig limits /limited to 5 per hour per API key and blocks one IP.
+// rldConfig limits /limited to 5 per hour per API key, blocks one IP,
+// refuses 127.0.0.2 (the abuser) after 3 requests an hour, and limits
+// /keyed to 1 per hour per API key. nginx's peer, 127.0.0.1, is a
+// trusted proxy naming the client with X-Real-IP.
 const rldConfig = `
 deny = ["ip=203.0.113.66"]
 
 [server]
 http_socket = "HTTPSOCK"
+
+[request]
+trusted_proxies = ["127.0.0.1"]
+client_ip_header = "x-real-ip"
+
+[request.descriptors]
+api_key = "header:x-api-key"
+user = "jwt:sub"
+
+[request.jwt]
+keys_file = "KEYS"
 
 [[rule]]
 name = "page"
@@ -97,6 +111,20 @@ by = ["api_key"]
 algorithm = "concurrency"
 limit = 2
 timeout = "1m"
+
+[[rule]]
+name = "perip"
+match = { ip = "127.0.0.2" }
+by = ["ip"]
+limit = 3
+period = "1h"
+
+[[rule]]
+name = "keyed"
+match = { endpoint = "/keyed" }
+by = ["api_key"]
+limit = 1
+period = "1h"
 `
 
 // get is nginxtest.Get.
@@ -108,7 +136,7 @@ func get(t *testing.T, url string, hdr ...string) nginxtest.Reply {
 // www makes a document root holding the static files the tests fetch.
 func www(t *testing.T) string {
 	dir := t.TempDir()
-	for _, f := range []string{"limited", "closed", "free"} {
+	for _, f := range []string{"limited", "closed", "free", "keyed"} {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("hello from "+f+"\n"), 0o644))
 	}
 	return dir
@@ -151,7 +179,9 @@ func startLua(t *testing.T, extra string, backend ...string) (*daemontest.Proces
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	httpSock := filepath.Join(sockDir, "http.sock")
-	p, err := daemontest.StartProcess(strings.Replace(rldConfig, "HTTPSOCK", httpSock, 1))
+	keys := filepath.Join(sockDir, "jwt.pem")
+	require.NoError(t, os.WriteFile(keys, jwtPublicPEM(t), 0o644))
+	p, err := daemontest.StartProcess(strings.NewReplacer("HTTPSOCK", httpSock, "KEYS", keys).Replace(rldConfig))
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	recipe, err := os.ReadFile(filepath.Join(repo, "clients", "openresty", "nginx.conf"))
@@ -398,86 +428,4 @@ func TestLuaConcurrency(t *testing.T) {
 	cancel()
 	require.Error(t, <-aborted)
 	waitFree("e2", 2)
-}
-
-// TestRequestFrame: the frame access builds in one concatenation
-// (rld.request_frame) is, byte for byte, the frame encode makes of
-// rld.descriptors, for requests with and without an API key, paths with
-// doubled slashes and a query, other methods, each built-in descriptor
-// left out, extra descriptors, and values too long for the protocol
-// (the same error).
-func TestRequestFrame(t *testing.T) {
-	n := nginxtest.Start(t, true, `
-  server {
-    listen 127.0.0.1:PORT;
-    location / {
-      content_by_lua_block {
-        local rld = require "rld"
-        local opts = ({
-          default = {},
-          nokey = { api_key_header = false },
-          header = { api_key_header = "X-Tenant-Key" },
-          noip = { ip = false },
-          noendpoint = { endpoint = false },
-          nomethod = { method = false },
-          none = { ip = false, endpoint = false, method = false, api_key_header = false },
-          extra = { descriptors = { tier = "free" } },
-          extrafn = { descriptors_fn = function() return { { "user", "u1" } } end },
-        })[ngx.var.arg_opts]
-        local id, op, cost = tonumber(ngx.var.arg_id), tonumber(ngx.var.arg_op), tonumber(ngx.var.arg_cost)
-        local got, gerr = rld.request_frame(opts, id, op, cost)
-        local want, werr = rld.encode(id, op, cost, rld.descriptors(opts))
-        if got == want and gerr == werr then
-          ngx.say("same ", got and #got or gerr)
-        else
-          ngx.say("differ: ", tostring(got and ngx.encode_base64(got) or gerr), " want ", tostring(want and ngx.encode_base64(want) or werr))
-        end
-      }
-    }
-  }`)
-	long := strings.Repeat("k", 1025)
-	for _, c := range []struct {
-		method, path, opts string
-		hdr                []string
-		want               string
-	}{
-		{"GET", "/v1/search", "default", nil, "same 64"},
-		{"GET", "/v1/search", "default", []string{"X-API-Key", "sk_123"}, "same 80"},
-		{"POST", "//v1///search?q=1&x=2", "default", []string{"X-API-Key", "sk_123"}, "same 81"},
-		{"DELETE", "/a", "nokey", []string{"X-API-Key", "sk_123"}, "same 59"},
-		{"GET", "/a", "header", []string{"X-Tenant-Key", "t9", "X-API-Key", "sk_123"}, "same 68"},
-		{"GET", "/a", "noip", []string{"X-API-Key", "sk_123"}, "same 58"},
-		{"GET", "/a", "noendpoint", nil, "same 43"},
-		{"GET", "/a", "nomethod", nil, "same 44"},
-		{"GET", "/a", "none", []string{"X-API-Key", "sk_123"}, "same 17"},
-		{"GET", "/a", "extra", nil, "same 67"},
-		{"GET", "/a", "extrafn", nil, "same 65"},
-		{"GET", "/a", "default", []string{"X-API-Key", long}, "same descriptor api_key: value of 1025 bytes (at most 1024)"},
-		{"GET", "/" + long, "default", nil, "same descriptor endpoint: value of 1026 bytes (at most 1024)"},
-	} {
-		for _, q := range []string{"id=1&op=1&cost=1", "id=4294967295&op=5&cost=4294967295", "id=305419896&op=2&cost=0", "id=7&op=1&cost=1.5"} {
-			req, err := http.NewRequest(c.method, n.URL+c.path+sep(c.path)+"opts="+c.opts+"&"+q, nil)
-			require.NoError(t, err)
-			for i := 0; i+1 < len(c.hdr); i += 2 {
-				req.Header.Set(c.hdr[i], c.hdr[i+1])
-			}
-			resp, err := http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			want := c.want
-			if strings.HasSuffix(q, "cost=1.5") {
-				want = "same cost 1.5 is not a whole number from 0 to 4294967295"
-			}
-			assert.Equal(t, want+"\n", string(b), "%s %s %v %s\n%s", c.method, c.path[:min(len(c.path), 30)], c.opts, q, n.ErrorLog())
-		}
-	}
-}
-
-// sep is the separator before a query added to path.
-func sep(path string) string {
-	if strings.Contains(path, "?") {
-		return "&"
-	}
-	return "?"
 }

@@ -4,7 +4,7 @@
 --
 --   local rld = require "rld"
 --   -- in access_by_lua_block, the one-call helper:
---   rld.access{ socket = "unix:/run/rld/rld.sock", api_key_header = "X-API-Key" }
+--   rld.access{ socket = "unix:/run/rld/rld.sock" }  -- sends the request's attributes
 --   -- or by hand:
 --   local c = rld.new{ timeout = 5 }
 --   local res, err = c:check({ {"api_key", "sk_123"}, {"endpoint", "/v1/search"} }, 1)
@@ -34,7 +34,10 @@ _M.STATUS_NAMES = STATUS_NAMES
 _M.ERROR_NAMES = { [0] = "none", "malformed", "frame_too_large", "unknown_op", "bad_version",
     "too_large", "cost_too_large", "internal", "overloaded", "not_supported", "bad_flags",
     "unavailable", "bad_cost", "forbidden", "not_found" }
-local MAX_FRAME, MAX_DESCS, MAX_NAME, MAX_VALUE, MAX_MESSAGE = 16384, 32, 64, 1024, 1024
+local MAX_FRAME, MAX_DESCS, MAX_NAME, MAX_VALUE, MAX_MESSAGE = 65536, 32, 64, 1024, 1024
+-- An attribute (a name starting with ':') may carry a longer value.
+local MAX_ATTR_VALUE = 16384
+_M.MAX_FRAME, _M.MAX_VALUE, _M.MAX_ATTR_VALUE = MAX_FRAME, MAX_VALUE, MAX_ATTR_VALUE
 local MAX_U32 = 4294967295
 
 local function u16(n)
@@ -96,6 +99,89 @@ local function pairs_of(descs)
     return map_pairs(descs)
 end
 
+-- SHA-256, for values longer than their limit. nginx links OpenSSL's
+-- libcrypto (Debian's nginx dynamically, OpenResty its own build), so
+-- its SHA256() is reached through the FFI; OpenResty's resty.sha256 is
+-- the fallback. Neither Debian's libnginx-mod-http-lua nor ngx.* offers
+-- a SHA-256 of its own.
+local sha256_bin
+do
+    local ok, ffi = pcall(require, "ffi")
+    if ok then
+        pcall(ffi.cdef, "unsigned char *SHA256(const unsigned char *d, size_t n, unsigned char *md);")
+        local found = pcall(function() return ffi.C.SHA256 end)
+        if found then
+            local md = ffi.new("unsigned char[32]")
+            local C, ffi_string = ffi.C, ffi.string
+            sha256_bin = function(s)
+                C.SHA256(s, #s, md)
+                return ffi_string(md, 32)
+            end
+        end
+    end
+    if not sha256_bin then
+        local has, resty_sha256 = pcall(require, "resty.sha256")
+        if has then
+            sha256_bin = function(s)
+                local h = resty_sha256:new()
+                h:update(s)
+                return h:final()
+            end
+        end
+    end
+end
+
+local HEX = {}
+for i = 0, 255 do
+    HEX[i] = string.format("%02x", i)
+end
+
+--- sha256_hex(s) returns the SHA-256 of s in 64 lowercase hex digits, or
+-- nil and an error when neither libcrypto's SHA256 nor resty.sha256 can
+-- be found.
+function _M.sha256_hex(s)
+    if not sha256_bin then
+        return nil, "no SHA-256: neither libcrypto's SHA256 (FFI) nor resty.sha256 is available"
+    end
+    local d = sha256_bin(s)
+    local h = {}
+    for i = 1, 32 do
+        h[i] = HEX[byte(d, i)]
+    end
+    return concat(h)
+end
+
+--- digest(value, limit) returns value when it is at most limit bytes,
+-- else "sha256:" and the 64 hex digits of its SHA-256 (docs/protocol.md:
+-- the one rule for long values), or nil and an error without a SHA-256.
+local function digest(v, limit)
+    if #v <= limit then
+        return v
+    end
+    local h, err = _M.sha256_hex(v)
+    if not h then
+        return nil, err
+    end
+    return "sha256:" .. h
+end
+_M.digest = digest
+
+--- limit_of(name) returns the longest value that a descriptor or an
+-- attribute named name is sent with before it is digested: :target
+-- 16384 bytes, :h:* 4096, every other name 1024.
+local function limit_of(name)
+    if byte(name, 1) == 58 then -- ':'
+        if name == ":target" then
+            return 16384
+        end
+        if sub(name, 1, 3) == ":h:" then
+            return 4096
+        end
+    end
+    return MAX_VALUE
+end
+_M.limit_of = limit_of
+
 -- LuaJIT's string.buffer (LuaJIT 2.1 since 2021) builds a frame in one
 -- buffer; without it, encode concatenates a table of parts.
 local has_buffer, strbuf = pcall(require, "string.buffer")
@@ -103,8 +189,9 @@ local ebuf = has_buffer and strbuf.new(512) or nil
 
 --- encode(id, op, cost, descs, lease) returns the request frame (a
 -- string), or nil and an error for a request the protocol cannot carry
--- (more than 32 descriptors, an empty or 65-byte name, a 1025-byte value,
--- a cost that does not fit in 4 bytes, a frame over 16384 bytes, a lease
+-- (more than 32 descriptors, an empty or 65-byte name, a 1025-byte value
+-- (16385 bytes for an attribute, whose name starts with ':'), a cost that
+-- does not fit in 4 bytes, a frame over 65536 bytes, a lease
 -- that is empty or over 1024 bytes). CHECK (1), PEEK (2) and ACQUIRE (5)
 -- carry cost and descriptors; RELEASE (6) carries lease, and SETTLE (7)
 -- cost and lease; other ops have an empty body.
@@ -151,8 +238,9 @@ function _M.encode(id, op, cost, descs, lease)
         if nl == 0 or nl > MAX_NAME then
             return nil, "descriptor name of " .. nl .. " bytes (1 to 64)"
         end
-        if vl > MAX_VALUE then
-            return nil, "descriptor " .. name .. ": value of " .. vl .. " bytes (at most 1024)"
+        if vl > MAX_VALUE and (vl > MAX_ATTR_VALUE or byte(name, 1) ~= 58) then
+            return nil, "descriptor " .. name .. ": value of " .. vl .. " bytes (at most "
+                .. (byte(name, 1) == 58 and MAX_ATTR_VALUE or MAX_VALUE) .. ")"
         end
         size = size + 3 + nl + vl
     end
@@ -198,7 +286,7 @@ function _M.decode(f)
         return nil, "length field " .. length .. " below 8"
     end
     if length > MAX_FRAME - 4 then
-        return nil, "length field " .. length .. " above 16380"
+        return nil, "length field " .. length .. " above " .. (MAX_FRAME - 4)
     end
     if n < length + 4 then
         return nil, "truncated frame: " .. n .. " bytes, length field says " .. (length + 4)
@@ -278,6 +366,36 @@ function _M.decode(f)
         allowed = status == 0 or status == 3,
         status_name = STATUS_NAMES[status],
     }
+end
+
+--- digested(descs) returns descs (a list of {name, value} or a map) as
+-- a list whose values longer than their limit (limit_of) are digested:
+-- the list itself when no value is long. A long value never makes a
+-- check fail.
+function _M.digested(descs)
+    local list = pairs_of(descs)
+    local out
+    for i = 1, #list do
+        local d = list[i]
+        local name, value = d[1], d[2]
+        if type(value) ~= "string" then
+            value = tostring(value or "")
+        end
+        if type(name) == "string" and #value > limit_of(name) then
+            local v, err = digest(value, limit_of(name))
+            if not v then
+                return nil, err
+            end
+            if not out then
+                out = {}
+                for j = 1, #list do
+                    out[j] = list[j]
+                end
+            end
+            out[i] = { name, v }
+        end
+    end
+    return out or list
 end
 
 local Client = {}
@@ -362,6 +480,13 @@ end
 -- an error.
 function Client:exchange(op, descs, cost, lease)
     local id = new_id()
+    if descs ~= nil then
+        local err
+        descs, err = _M.digested(descs)
+        if not descs then
+            return nil, err
+        end
+    end
     local frame, err = _M.encode(id, op, cost, descs, lease)
     if not frame then
         return nil, err
@@ -865,79 +990,40 @@ function _M.failures(dict_name)
     return dict and dict:get("rld:failures") or 0
 end
 
--- endpoint returns the request path without query and with slashes
--- collapsed.
-local function endpoint()
-    local uri = ngx.var.uri or "/"
-    if find(uri, "//", 1, true) then
-        uri = gsub(uri, "//+", "/")
+-- The request's attributes (docs/protocol.md, "Request attributes"): what
+-- nginx saw of the request, raw. rld derives the descriptors (ip, method,
+-- host, endpoint, api_key, ...) from them by its [request] rules.
+
+--- HEADERS are the request header fields sent by default, as :h:NAME
+-- attributes when the request carries them.
+_M.HEADERS = { "x-api-key", "authorization", "x-forwarded-for", "x-real-ip", "forwarded", "cookie" }
+local MAX_HEADERS = 8
+
+-- The attributes' names as a frame carries them: the name's length byte
+-- and the name.
+local NAME_PEER, NAME_METHOD, NAME_HOST, NAME_TARGET = "\5:peer", "\7:method", "\5:host", "\7:target"
+local header_wire = {} -- header name as configured -> {lower-case name, wire name}
+
+-- header_name returns the lower-case name of a configured header and its
+-- attribute's name as a frame carries it, computed once per name.
+local function header_name(h)
+    local w = header_wire[h]
+    if not w then
+        local lower = string.lower(h)
+        local attr = ":h:" .. lower
+        if #attr > MAX_NAME then
+            return nil, "header name " .. h .. " is longer than " .. (MAX_NAME - 3) .. " bytes"
+        end
+        w = { lower, char(#attr) .. attr }
+        header_wire[h] = w
     end
-    return uri
+    return w[1], w[2]
 end
 
---- descriptors(opts) returns the descriptors of the current request:
--- ip (ngx.var.remote_addr, which honours set_real_ip_from and
--- real_ip_header), api_key (from the header opts.api_key_header, when
--- present), endpoint (the normalised path), method, then the pairs of
--- opts.descriptors (a list of {name, value} or a map) and of
--- opts.descriptors_fn() (per request). Set opts.ip, opts.endpoint or
--- opts.method to false to leave one out.
-local header_vars = {} -- header name -> nginx variable name
-
-local function append(d, list)
-    list = pairs_of(list)
-    local n = #d
-    for i = 1, #list do
-        d[n + i] = list[i]
-    end
-end
-
-function _M.descriptors(opts)
-    local var = ngx.var
-    local d, n = {}, 0
-    if opts.ip ~= false then
-        n = n + 1
-        d[n] = { "ip", var.remote_addr }
-    end
-    local hdr = opts.api_key_header
-    if hdr == nil then
-        hdr = "X-API-Key"
-    end
-    if hdr then
-        local name = header_vars[hdr]
-        if not name then
-            name = "http_" .. gsub(hdr:lower(), "-", "_")
-            header_vars[hdr] = name
-        end
-        local key = var[name]
-        if key and key ~= "" then
-            n = n + 1
-            d[n] = { "api_key", key }
-        end
-    end
-    if opts.endpoint ~= false then
-        n = n + 1
-        d[n] = { "endpoint", endpoint() }
-    end
-    if opts.method ~= false then
-        n = n + 1
-        d[n] = { "method", ngx.req.get_method() }
-    end
-    if opts.descriptors then
-        append(d, opts.descriptors)
-    end
-    if opts.descriptors_fn then
-        local list = opts.descriptors_fn()
-        if list then
-            append(d, list)
-        end
-    end
-    return d
-end
-
--- The request's own descriptors, as a frame carries them: the name's
--- length byte and the name.
-local NAME_IP, NAME_KEY, NAME_ENDPOINT, NAME_METHOD = "\2ip", "\7api_key", "\8endpoint", "\6method"
+-- The values of one request's header attributes, reused by every request
+-- of the worker (a request's check runs without yielding until its frame
+-- is built).
+local hnames, hvals = {}, {}
 
 -- vlen returns a value's length as a frame carries it (u16).
 local function vlen(v)
@@ -945,89 +1031,191 @@ local function vlen(v)
     return char(rshift(n, 8), band(n, 255))
 end
 
--- too_long returns encode's error for a value over 1024 bytes.
-local function too_long(name, v)
-    return nil, "descriptor " .. name .. ": value of " .. #v .. " bytes (at most 1024)"
+-- header_value returns the value of header name (lower case) in the
+-- headers table of ngx.req.get_headers: several occurrences joined with
+-- ", " in the order received, or nil when absent.
+local function header_value(hs, name)
+    local v = rawget(hs, name)
+    if type(v) == "table" then
+        return concat(v, ", ")
+    end
+    return v
+end
+
+local get_headers = ngx.req.get_headers
+
+-- request_attrs reads the current request's attributes (digesting long
+-- values) into its results and hnames/hvals; nh is the number of header
+-- attributes, size their and the four others' bytes in the frame.
+local function request_attrs(opts)
+    local var = ngx.var
+    local peer, method, host, target = var.remote_addr or "", ngx.req.get_method(), var.http_host, var.request_uri or ""
+    if #peer > 1024 or #method > 1024 or #target > 16384 or (host and #host > 1024) then
+        local err
+        peer, err = digest(peer, 1024)
+        method = digest(method, 1024)
+        target = digest(target, 16384)
+        host = host and digest(host, 1024)
+        if not (peer and method and target) then
+            return nil, err or "no SHA-256"
+        end
+    end
+    local size = 3 * 3 + 5 + 7 + 7 + #peer + #method + #target
+    if host then
+        size = size + 3 + 5 + #host
+    end
+    local headers = opts.headers or _M.HEADERS
+    local n = #headers
+    if n > MAX_HEADERS then
+        return nil, "headers: " .. n .. " names, at most " .. MAX_HEADERS
+    end
+    local nh = 0
+    if n > 0 then
+        -- 0: every header, however many the request has (the default
+        -- stops at 100, which would let a request hide one behind 100
+        -- others).
+        local hs = get_headers(0)
+        for i = 1, n do
+            local name, wire = header_name(headers[i])
+            if not name then
+                return nil, wire
+            end
+            local v = header_value(hs, name)
+            if v then
+                if #v > 4096 then
+                    local err
+                    v, err = digest(v, 4096)
+                    if not v then
+                        return nil, err
+                    end
+                end
+                nh = nh + 1
+                hnames[nh], hvals[nh] = wire, v
+                size = size + #wire + 2 + #v
+            end
+        end
+    end
+    return peer, method, host, target, nh, size
+end
+
+--- attributes(opts) returns what request_frame(opts, ...) sends for the
+-- current request, as a list of {name, value}: the attributes :peer
+-- (ngx.var.remote_addr), :method, :host (the Host header, when sent),
+-- :target (ngx.var.request_uri, the raw target), :h:NAME for each header
+-- of opts.headers (default HEADERS, at most 8 names) that the request
+-- carries, then the descriptors of opts.descriptors (a list of {name,
+-- value} or a map) and of opts.descriptors_fn() (per request). Values
+-- longer than their limit are digested (limit_of). It returns nil and an
+-- error for a configuration rld cannot take (more than 8 headers).
+function _M.attributes(opts)
+    local peer, method, host, target, nh = request_attrs(opts)
+    if not peer then
+        return nil, method
+    end
+    local d = { { ":peer", peer }, { ":method", method } }
+    if host then
+        d[#d + 1] = { ":host", host }
+    end
+    d[#d + 1] = { ":target", target }
+    for i = 1, nh do
+        d[#d + 1] = { sub(hnames[i], 2), hvals[i] }
+    end
+    for _, list in ipairs({ opts.descriptors or EMPTY, opts.descriptors_fn and opts.descriptors_fn() or EMPTY }) do
+        local dl, err = _M.digested(list)
+        if not dl then
+            return nil, err
+        end
+        for i = 1, #dl do
+            d[#d + 1] = dl[i]
+        end
+    end
+    return d
 end
 
 --- request_frame(opts, id, op, cost) returns the frame that access(opts)
 -- sends for the current request: the same bytes as encode(id, op, cost,
--- descriptors(opts)), or nil and encode's error. Unless opts adds
--- descriptors of its own, it is built in one concatenation, without the
--- tables of descriptors() or a pass over them: straight-line code that
--- LuaJIT compiles.
+-- attributes(opts)), or nil and an error. Unless opts adds descriptors
+-- of its own it is built without a table of descriptors: the values go
+-- straight into one buffer.
 function _M.request_frame(opts, id, op, cost)
     if opts.descriptors or opts.descriptors_fn then
-        return _M.encode(id, op, cost, _M.descriptors(opts))
+        local d, err = _M.attributes(opts)
+        if not d then
+            return nil, err
+        end
+        return _M.encode(id, op, cost, d)
     end
     cost = cost or 1
     if type(cost) ~= "number" or cost < 0 or cost > MAX_U32 or cost ~= floor(cost) then
         return nil, "cost " .. tostring(cost) .. " is not a whole number from 0 to 4294967295"
     end
-    local var = ngx.var
-    local n, size = 0, 17
-    local nip, ip, nkey, key, nep, ep, nm, m = "", "", "", "", "", "", "", ""
-    if opts.ip ~= false then
-        ip = var.remote_addr or ""
-        if #ip > MAX_VALUE then
-            return too_long("ip", ip)
-        end
-        nip, n, size = NAME_IP, n + 1, size + 5 + #ip
+    local peer, method, host, target, nh, size = request_attrs(opts)
+    if not peer then
+        return nil, method
     end
-    local hdr = opts.api_key_header
-    if hdr == nil then
-        hdr = "X-API-Key"
-    end
-    if hdr then
-        local name = header_vars[hdr]
-        if not name then
-            name = "http_" .. gsub(hdr:lower(), "-", "_")
-            header_vars[hdr] = name
-        end
-        local v = var[name]
-        if v and v ~= "" then
-            if #v > MAX_VALUE then
-                return too_long("api_key", v)
-            end
-            nkey, key, n, size = NAME_KEY, v, n + 1, size + 10 + #v
-        end
-    end
-    if opts.endpoint ~= false then
-        ep = endpoint()
-        if #ep > MAX_VALUE then
-            return too_long("endpoint", ep)
-        end
-        nep, n, size = NAME_ENDPOINT, n + 1, size + 11 + #ep
-    end
-    if opts.method ~= false then
-        m = ngx.req.get_method()
-        if #m > MAX_VALUE then
-            return too_long("method", m)
-        end
-        nm, n, size = NAME_METHOD, n + 1, size + 9 + #m
-    end
+    -- At most 4 + 8 attributes of at most 16384 + 3 × 1024 + 8 × 4096
+    -- bytes: the frame always fits.
+    size = size + 17
     local l = size - 4
-    return char(rshift(l, 24), band(rshift(l, 16), 255), band(rshift(l, 8), 255), band(l, 255), 1, op, 0, 0,
+    local head = char(rshift(l, 24), band(rshift(l, 16), 255), band(rshift(l, 8), 255), band(l, 255), 1, op, 0, 0,
         rshift(id, 24), band(rshift(id, 16), 255), band(rshift(id, 8), 255), band(id, 255),
-        rshift(cost, 24), band(rshift(cost, 16), 255), band(rshift(cost, 8), 255), band(cost, 255), n)
-        .. nip .. (nip ~= "" and vlen(ip) or "") .. ip
-        .. nkey .. (nkey ~= "" and vlen(key) or "") .. key
-        .. nep .. (nep ~= "" and vlen(ep) or "") .. ep
-        .. nm .. (nm ~= "" and vlen(m) or "") .. m
+        rshift(cost, 24), band(rshift(cost, 16), 255), band(rshift(cost, 8), 255), band(cost, 255),
+        nh + (host and 4 or 3))
+    if not ebuf then
+        local parts = { head, NAME_PEER, vlen(peer), peer, NAME_METHOD, vlen(method), method }
+        if host then
+            parts[#parts + 1] = NAME_HOST .. vlen(host) .. host
+        end
+        parts[#parts + 1] = NAME_TARGET .. vlen(target) .. target
+        for i = 1, nh do
+            parts[#parts + 1] = hnames[i] .. vlen(hvals[i]) .. hvals[i]
+        end
+        return concat(parts)
+    end
+    ebuf:reset():put(head, NAME_PEER, vlen(peer), peer, NAME_METHOD, vlen(method), method)
+    if host then
+        ebuf:put(NAME_HOST, vlen(host), host)
+    end
+    ebuf:put(NAME_TARGET, vlen(target), target)
+    for i = 1, nh do
+        local v = hvals[i]
+        ebuf:put(hnames[i], vlen(v), v)
+        hvals[i] = nil
+    end
+    return ebuf:tostring()
+end
+-- The error codes of an answer that mean rld cannot decide now:
+-- internal, overloaded, unavailable. The access helper fails open (or
+-- fail_status) on them as when rld is down; any other error answer is
+-- refused with 500.
+local UNAVAILABLE = { [7] = true, [8] = true, [11] = true }
+
+-- refuse answers 500: rld was asked and could not take the check (an
+-- error answer other than UNAVAILABLE's, or options it cannot carry).
+local function refuse(opts, err)
+    failed(opts, err)
+    ngx.status = 500
+    ngx.header["Content-Type"] = "application/json"
+    ngx.say('{"error":{"code":"RATE_LIMIT_ERROR","message":"the rate limiter refused the check"}}')
+    return ngx.exit(ngx.HTTP_OK)
 end
 
---- access(opts) checks the current request from access_by_lua_block.
--- Allowed: it sets the rate-limit header fields and returns the answer.
--- Limited: it answers 429 with Retry-After and a JSON body. Blocked: 403.
--- When the daemon cannot be asked (down, slow, an error answer) it fails
--- open (returns nil and the error) or, with fail_open = false, answers
--- fail_status (503); either way the failure is counted in the shared
--- dict opts.shared_dict and logged at most once per log_interval seconds.
--- opts: the options of new(), of descriptors(), and cost (a number or a
--- function returning one), fail_open, fail_status, shared_dict,
--- log_interval; and acquire: true to acquire instead of check, holding
--- the concurrency rules' slots until release() in the log phase (the
--- lease is kept in ngx.ctx.rld_lease).
+--- access(opts) checks the current request from access_by_lua_block:
+-- it sends the request's attributes (see attributes()) and applies the
+-- answer. Allowed: it sets the rate-limit header fields and returns the
+-- answer. Limited: it answers 429 with Retry-After and a JSON body.
+-- Blocked: 403. When the daemon cannot be asked (down, slow, a broken
+-- connection, or an error answer internal, overloaded or unavailable) it
+-- fails open (returns nil and the error) or, with fail_open = false,
+-- answers fail_status (503). Any other error answer, and options rld
+-- cannot take, answer 500: nothing a request contains makes a check fail
+-- open. Every failure is counted in the shared dict opts.shared_dict and
+-- logged at most once per log_interval seconds.
+-- opts: the options of new(), of attributes() (headers, descriptors,
+-- descriptors_fn), and cost (a number or a function returning one),
+-- fail_open, fail_status, shared_dict, log_interval; and acquire: true to
+-- acquire instead of check, holding the concurrency rules' slots until
+-- release() in the log phase (the lease is kept in ngx.ctx.rld_lease).
 function _M.access(opts)
     opts = opts or {}
     local c = client_for(opts)
@@ -1036,16 +1224,21 @@ function _M.access(opts)
         cost = cost()
     end
     local id, op = new_id(), opts.acquire and 5 or 1
-    local res
     local frame, err = _M.request_frame(opts, id, op, cost)
-    if frame then
-        res, err = c:roundtrip(id, frame)
+    if not frame then
+        return refuse(opts, err)
     end
+    local res
+    res, err = c:roundtrip(id, frame)
     if res and op == 5 and res.lease ~= "" then
         ngx.ctx.rld_lease = res.lease
     end
     if res and res.status == 4 then
-        res, err = nil, "error answer " .. (_M.ERROR_NAMES[res.code] or tostring(res.code)) .. ": " .. res.message
+        err = "error answer " .. (_M.ERROR_NAMES[res.code] or tostring(res.code)) .. ": " .. res.message
+        if not UNAVAILABLE[res.code] then
+            return refuse(opts, err)
+        end
+        res = nil
     end
     if not res then
         failed(opts, err)
