@@ -105,6 +105,13 @@ func (c *Cache) runPeek(key string, reqs []missReq, out []missResp) error {
 		}
 		sh.mu.Lock()
 		e = c.entry(sh, key, q.p)
+		if sent <= e.staleBefore {
+			// Sent before the key changed (a refund, a reset): given
+			// to the peek it decided, not kept.
+			sh.mu.Unlock()
+			out[k].r = r
+			continue
+		}
 		c.learn(e, r, sent)
 		if r.Allowed {
 			e.remaining += q.cost // a peek's Remaining is after its cost
