@@ -169,7 +169,7 @@ type entry struct {
 
 	spent        int64      // units admitted from the lease not yet reported to the store
 	noLeaseUntil int64      // recalled: lease nothing more until then
-	staleBefore  int64      // an answer to a call sent at or before this time (Options.Clock) installs no denial or view: the key changed since
+	staleBefore  int64      // an answer to a call sent at or before this time (Options.Clock) installs no denial: the key changed since
 	gone         missReason // why the lease is empty, when it is
 }
 
@@ -477,10 +477,11 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		sh.mu.Lock()
 		e = c.entry(sh, key, p)
 		c.applyLease(key, e, leased, r, sent, warm)
+		// An answer from before a change of the key (a refund, a
+		// reset) may know too little quota, never too much: its view
+		// is kept (what a Fallback starts from), its denial is not.
 		stale := sent <= e.staleBefore
-		if !stale {
-			c.learn(e, r, sent)
-		}
+		c.learn(e, r, sent)
 		if leased == 0 && e.lease == 0 {
 			e.gone = missNoLease
 		}

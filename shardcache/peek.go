@@ -105,13 +105,6 @@ func (c *Cache) runPeek(key string, reqs []missReq, out []missResp) error {
 		}
 		sh.mu.Lock()
 		e = c.entry(sh, key, q.p)
-		if sent <= e.staleBefore {
-			// Sent before the key changed (a refund, a reset): given
-			// to the peek it decided, not kept.
-			sh.mu.Unlock()
-			out[k].r = r
-			continue
-		}
 		c.learn(e, r, sent)
 		if r.Allowed {
 			e.remaining += q.cost // a peek's Remaining is after its cost
@@ -119,6 +112,9 @@ func (c *Cache) runPeek(key string, reqs []missReq, out []missResp) error {
 		switch {
 		case r.Allowed && q.keep > 0:
 			e.peekUntil = max(e.peekUntil, sent+q.keep)
+		case !r.Allowed && sent <= e.staleBefore:
+			// Sent before the key changed (a refund, a reset): the
+			// peek's answer, not kept as a denial.
 		case !r.Allowed && r.RetryAfter != algo.Never:
 			e.denials++
 			r.RetryAfter = c.denialFor(e, r.RetryAfter)

@@ -106,9 +106,7 @@ func (c *Cache) noteStrict(key string, p algo.Params, r algo.Result, sent, ns in
 	sh := c.shard([]byte(key))
 	sh.mu.Lock()
 	e := c.entry(sh, key, p)
-	if sent > e.staleBefore {
-		c.learn(e, r, sent)
-	}
+	c.learn(e, r, sent)
 	c.touch(sh, e, ns, false) // kept while checked, dropped when idle
 	sh.mu.Unlock()
 }

@@ -706,9 +706,10 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 // under algorithm kind, went back to the store (Options.Refunded: a
 // settle's refund): the entry drops its denial and its view of the
 // key's remaining quota, which are from before the refund, so that the
-// key's next check asks the store, and keeps no denial or view from a
-// call sent before now, or at the same time (its answer may be from
-// before the refund too).
+// key's next check asks the store, and keeps no denial from a call
+// sent before now, or at the same time (its answer may be from before
+// the refund too; its view, which may know too little quota but never
+// too much, is kept).
 // Its lease, counted at the store already, stays. Keys it does not hold
 // cost nothing. Safe to call from any goroutine.
 func (c *Cache) Corrected(key []byte, kind algo.Kind) {
@@ -732,8 +733,8 @@ func (c *Cache) dropView(key []byte, kind algo.Kind) {
 
 // forgetView drops what e knows of the store's state of its key (its
 // denial, its view of the remaining quota), which a change of the key
-// at the store (a reset, a refund) made wrong, as of calls sent at or
-// before at (Options.Clock), and the denials counted before it: a key
+// at the store (a reset, a refund) made wrong, and the denials of calls
+// sent at or before at (Options.Clock), and the denials counted before it: a key
 // hammered before the change is not refused on that account after it,
 // nor takes its whole share of the room the change made (see leaseWant)
 // without recalling what other daemons lease of it. The caller holds
