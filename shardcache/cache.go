@@ -336,7 +336,8 @@ func (c *Cache) local(e *entry, ns, cost int64, peek bool) (algo.Result, bool) {
 // units of the cache's own lease are not included: the cache admits them
 // locally while the lease holds, store or no store. A Fallback starts a
 // key's local state from it (policy.FallbackOptions.Seed), so that an
-// outage does not hand out quota the fleet had already spent.
+// outage does not hand out quota the fleet had already spent. It knows
+// the keys of strict rules (Strict) as well as cached ones.
 func (c *Cache) Known(key []byte, p algo.Params, now time.Time) (remaining int64, ok bool) {
 	ns := now.UnixNano()
 	sh := c.shard(key)
