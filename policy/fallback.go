@@ -69,7 +69,8 @@ type FallbackOptions struct {
 	Forget time.Duration
 	// Seed, when set, returns what this daemon last knew at now of a
 	// key's remaining quota in the store under limit p (ok false when
-	// it knows nothing): the hot-key cache's view (shardcache's Known).
+	// it knows nothing): the hot-key cache's view (shardcache's Known),
+	// which holds the last answers to cached and strict rules alike.
 	// A key's local state then starts from its share of that, not from a
 	// full share, so that an outage does not hand out quota the fleet
 	// had already spent. It must be safe for concurrent use.

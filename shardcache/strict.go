@@ -11,7 +11,12 @@ import (
 
 // Strict is the Store of strict rules: every decision is made by the
 // store, and the checks of one key that arrive while its call is in
-// flight go together in the next call. Nothing is leased or cached.
+// flight go together in the next call. Nothing is leased, and nothing
+// decides a check locally; the store's last answer for the key is kept
+// (an entry with no lease, dropped after two idle syncs like any), so
+// that Cache.Known tells a Fallback what the key had left when the
+// store fails: a strict rule fails open from what was known before the
+// outage, as a cached one does.
 type Strict struct{ c *Cache }
 
 // Strict returns the Store of strict rules, which shares c's store,
@@ -114,6 +119,7 @@ func (c *Cache) runCosts(ctx context.Context, key string, reqs []missReq, out []
 	for k := range costs {
 		costs[k] = reqs[k].cost
 	}
+	sent := c.o.Clock().UnixNano()
 	admitted, _, r, err := c.b.TakeLease(ctx, []byte(key), p, costs, 0)
 	storeCalls.Inc()
 	batchSize.Update(float64(len(costs)))
@@ -121,6 +127,7 @@ func (c *Cache) runCosts(ctx context.Context, key string, reqs []missReq, out []
 		return err
 	}
 	storeDecided.Add(len(costs))
+	c.noteStrict(key, p, r, sent, reqs[len(reqs)-1].ns)
 	fillBatch(out, admitted, r)
 	return nil
 }
@@ -157,4 +164,17 @@ func fillBatch(out []missResp, admitted int, r algo.Result) {
 			out[k].r = r
 		}
 	}
+}
+
+// noteStrict keeps r, the store's answer at the call sent at sent to a
+// batch of strict checks of key whose last came at ns, as the view of
+// key's entry (see Strict): what Known tells a Fallback. One shard lock,
+// and for a key new to the cache an entry.
+func (c *Cache) noteStrict(key string, p algo.Params, r algo.Result, sent, ns int64) {
+	sh := c.shard([]byte(key))
+	sh.mu.Lock()
+	e := c.entry(sh, key, p)
+	c.learn(e, r, sent)
+	c.touch(sh, e, ns, false) // kept while checked, dropped when idle
+	sh.mu.Unlock()
 }
