@@ -31,8 +31,8 @@ import (
 	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/client"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/derive"
 	"github.com/rld/rld/daemon"
+	"github.com/rld/rld/derive"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/wire"
 )
