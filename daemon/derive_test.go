@@ -261,3 +261,51 @@ func TestHTTPAttributesUntrusted(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 }
+
+// TestRuleOnVerifiedClaim: a rule keyed on a JWT claim counts each
+// verified subject in a bucket of its own and never counts a token that
+// does not verify (per-IP rules still do).
+func TestRuleOnVerifiedClaim(t *testing.T) {
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "jwks.json")
+	doc, alice := newJWKS(t, "k1", "alice")
+	require.NoError(t, os.WriteFile(keys, doc, 0o644))
+	_, forged := newJWKS(t, "k1", "alice") // same kid and subject, another key
+	s := start(t, `
+[request.descriptors]
+user = "jwt:sub"
+[request.jwt]
+keys_file = "`+keys+`"
+
+[[rule]]
+name = "per-user"
+by = ["user"]
+limit = 2
+period = "1h"
+
+[[rule]]
+name = "per-ip"
+by = ["ip"]
+limit = 100
+period = "1h"
+`)
+	rc := dialRaw(t, s.Socket)
+	check := func(tok string) wire.Response {
+		c := reqcorpus.Case{Peer: "127.0.0.9", Method: "GET", Target: "/", Headers: hdr("Authorization", "Bearer "+tok)}
+		rc.write(attrFrame(1, &c))
+		return rc.mustRead()
+	}
+	for i := range 2 {
+		res := check(alice)
+		require.True(t, res.Status.Allowed(), "alice's check %d", i+1)
+		assert.Equal(t, "per-user", string(res.Rule))
+	}
+	res := check(alice)
+	assert.Equal(t, wire.StatusLimited, res.Status)
+	assert.Equal(t, "per-user", string(res.Rule))
+	for range 5 {
+		res := check(forged)
+		require.Equal(t, wire.StatusAllowed, res.Status, "a forged token is not alice's")
+		assert.Equal(t, "per-ip", string(res.Rule), "per-user does not count a token that does not verify")
+	}
+}
