@@ -64,12 +64,14 @@ bench: deps build
 # BenchmarkCluster, which starts Redis Clusters: docs/performance.md).
 bench-go:
 	$(GO) test -run='^$$' -bench=. -benchmem -benchtime=$(BENCHTIME) ./wire ./algo ./memstore ./policy ./daemon \
-		./redisx ./deadline ./shardcache ./breaker ./coalesce ./header ./topk
+		./redisx ./deadline ./shardcache ./breaker ./coalesce ./header ./topk ./derive
 
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./wire
 	$(GO) test -run='^$$' -fuzz='^FuzzParseLease$$' -fuzztime=$(FUZZTIME) ./policy
 	$(GO) test -run='^$$' -fuzz='^FuzzParseRecall$$' -fuzztime=$(FUZZTIME) ./redisx
+	$(GO) test -run='^$$' -fuzz='^FuzzPath$$' -fuzztime=$(FUZZTIME) ./derive
+	$(GO) test -run='^$$' -fuzz='^FuzzDerive$$' -fuzztime=$(FUZZTIME) ./derive
 
 # soak is a chaos run, not part of test: minutes of mixed load while Redis
 # is killed, paused and restarted at random (RLD_SOAK=10m for longer).

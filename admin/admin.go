@@ -83,6 +83,12 @@ type RuleMatch struct {
 	Mode   string `json:"mode"`
 	Fail   string `json:"fail"`
 	Shadow bool   `json:"shadow,omitempty"`
+	// Enforce is the share of the rule's keys that it enforces, such as
+	// "25%" or "100%"; Enforced reports whether it enforces this key
+	// (false for a shadow rule, a key outside the share, or a missing
+	// by descriptor): a key it does not enforce is counted, never refused.
+	Enforce  string `json:"enforce"`
+	Enforced bool   `json:"enforced"`
 	// Overridden is set when an override sets Limit; Blocked when a
 	// block of the key is in force.
 	Overridden bool  `json:"overridden,omitempty"`

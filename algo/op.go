@@ -61,11 +61,16 @@ const (
 	// (its RetryAfter says when a unit fits again).
 	OpCharge
 	// OpRelease gives back N units (at least 1) of the Concurrency
-	// admission made at TakenAt, its lease id: see Release. Admitted is
-	// 1 when the admission held units at the op's time, else 0 and
-	// nothing changed. Its Result is that of a peek of cost 1 after it,
-	// with Allowed false and RetryAfter 0.
+	// admission named TakenAt and Slot: see Release. Admitted is 1 when
+	// the admission held units at the op's time, else 0 and nothing
+	// changed. Its Result is what the key holds after it (the slots free
+	// and when the newest expires), with Allowed false and RetryAfter 0.
 	OpRelease
+	// OpAcquire holds one slot of a Concurrency limit per id of Slots,
+	// in order, the longest prefix that fits: see AcquireBatch. Admitted
+	// is how many were held; Result.At is their time, which with each id
+	// names the slot for its release.
+	OpAcquire
 	// NumOpKinds is the number of kinds: tables indexed by OpKind are
 	// this long.
 	NumOpKinds
@@ -74,6 +79,7 @@ const (
 var opKindNames = [NumOpKinds]string{
 	OpTake: "take", OpPeek: "peek", OpLease: "lease", OpTakeLease: "takelease", OpRefund: "refund",
 	OpReset: "reset", OpGrant: "grant", OpCharge: "charge", OpRelease: "release",
+	OpAcquire: "acquire",
 }
 
 // String returns the op's name, as the scripts' ARGV[1] spells it.
@@ -102,8 +108,14 @@ type Op struct {
 	Costs []int64
 	// TakenAt is, for OpRefund, when the units were taken: unix µs on
 	// the store's clock (the Result.At of the take or lease); for
-	// OpRelease, the admission's time, its lease id.
+	// OpRelease, the admission's time (its Result.At).
 	TakenAt int64
+	// Slot is, for OpRelease, the id of the slot to release (see
+	// Acquire); 0 for an admission that Decide made.
+	Slot uint64
+	// Slots are the ids of the slots an OpAcquire holds, one each: not
+	// 0, and unique among the key's admissions.
+	Slots []uint64
 	// Once, when not 0, names the op so that it is applied to its key
 	// at most once: a store that keeps a record of ids (the Redis store,
 	// fleet-wide, for OnceFor µs) records OnceMark under it, and runs a
@@ -144,7 +156,8 @@ type Op struct {
 	LeaseLife time.Duration
 
 	// Admitted is, for OpTakeLease, how many of Costs were admitted;
-	// for OpRelease, 1 when an admission was released, else 0.
+	// for OpAcquire, how many of Slots were held; for OpRelease, 1 when
+	// an admission was released, else 0.
 	Admitted int
 	// Granted is the units an OpLease or OpTakeLease leased.
 	Granted int64
@@ -162,8 +175,8 @@ type Op struct {
 
 // Apply runs op on the state s of its key at now (unix µs, the store's
 // clock), setting its outcomes; Key and Err are left alone. It is the
-// executable specification of every OpKind. op.Params must be valid, and
-// an OpTakeLease must have Costs.
+// executable specification of every OpKind. op.Params must be valid, an
+// OpTakeLease must have Costs, and an OpAcquire Slots.
 func Apply(op *Op, s *State, now int64) {
 	p := op.Params
 	op.Parked = 0
@@ -209,10 +222,12 @@ func Apply(op *Op, s *State, now int64) {
 		op.Result.Allowed = false
 	case OpRelease:
 		op.Admitted = 0
-		if Release(p, s, now, op.TakenAt, op.N) {
+		if Release(p, s, now, op.TakenAt, op.Slot, op.N) {
 			op.Admitted = 1
 		}
 		freed(op, s, now)
+	case OpAcquire:
+		op.Admitted, op.Result = AcquireBatch(p, s, now, op.Slots)
 	default:
 		panic("BUG: algo.Apply: unknown " + op.Kind.String())
 	}

@@ -47,17 +47,31 @@ func slidingLog(p Params, s *State, now, cost int64, peek bool, r *Result) {
 	}
 }
 
-// appendLog records cost units at now. Admissions at the newest entry's
-// microsecond (or before it, if the clock stepped back) join that entry,
-// which keeps the log sorted and short.
+// appendLog records cost units at now. Admissions at the newest
+// entry's microsecond (or before it, if the clock stepped back) join that
+// microsecond's entry with no slot id (a Concurrency limit's acquired
+// slots have entries of their own), which keeps the log sorted and short.
 func appendLog(log []Entry, now, cost int64) []Entry {
-	if n := len(log); n > 0 && log[n-1].At >= now {
-		log[n-1].Cost += cost
+	n := len(log)
+	if n == 0 || log[n-1].At < now {
+		return append(log, Entry{At: now, Cost: cost})
+	}
+	at, i := log[n-1].At, n-1
+	for i > 0 && log[i-1].At == at {
+		i--
+	}
+	if log[i].Slot == 0 {
+		log[i].Cost += cost
 		return log
 	}
-	return append(log, Entry{At: now, Cost: cost})
+	log = append(log, Entry{})
+	copy(log[i+1:], log[i:])
+	log[i] = Entry{At: at, Cost: cost}
+	return log
 }
 
+// refundSlidingLog takes cost units off the last entry at takenAt: the
+// log's only one there, or the last slot of a Concurrency limit's.
 func refundSlidingLog(s *State, takenAt, cost int64) {
 	for i := len(s.Log) - 1; i >= 0 && s.Log[i].At >= takenAt; i-- {
 		if s.Log[i].At != takenAt {

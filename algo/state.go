@@ -17,8 +17,8 @@ import "time"
 type State struct {
 	A, B, C int64
 	// Log holds a SlidingLog's or a Concurrency limit's admissions,
-	// oldest first. Admissions at
-	// the same microsecond share one Entry.
+	// in (At, Slot) order. Admissions at the same microsecond share one
+	// Entry, but for a Concurrency limit's acquired slots (see Acquire).
 	Log []Entry
 	// Out is the units each holder has out on lease of the key, kept by
 	// the ops that carry a Holder (see Op); a store without leases never
@@ -27,9 +27,13 @@ type State struct {
 	Out []Out
 }
 
-// Entry is one admission of a SlidingLog: Cost units at At (unix µs).
+// Entry is one admission of a SlidingLog or a Concurrency limit: Cost
+// units at At (unix µs).
 type Entry struct {
 	At, Cost int64
+	// Slot is the id of a Concurrency limit's acquired slot (Acquire),
+	// which names it for its release; 0 for the other admissions.
+	Slot uint64
 }
 
 // micros converts a count of microseconds to a Duration.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,8 +33,10 @@ var ErrConnLost = errors.New("rld client: connection lost")
 
 // ErrTooLarge is returned, without sending anything, for a request that
 // breaks the protocol's limits: too many descriptors, an empty or too long
-// name, a too long value, a frame over wire.MaxFrame, or a lease (of
-// Release or Settle) that is empty or longer than wire.MaxTokenLen.
+// name, a frame over wire.MaxFrame, or a lease (of Release or Settle) that
+// is empty or longer than wire.MaxTokenLen. A value longer than its limit
+// is no error: it is sent as its digest (wire.AppendValue), as every
+// client sends it.
 var ErrTooLarge = errors.New("rld client: request breaks the protocol limits")
 
 // Descriptor is one (name, value) pair of a check, such as
@@ -240,6 +243,18 @@ func (c *Client) call(ctx context.Context, op wire.Op, descs []Descriptor, cost 
 	}
 }
 
+// valueLimit returns the limit of a descriptor's value by its name: an
+// attribute's (":target", ":h:…", the others), or a descriptor's.
+func valueLimit(name string) int {
+	switch {
+	case name == ":target":
+		return wire.MaxTargetLen
+	case strings.HasPrefix(name, ":h:"):
+		return wire.MaxHeaderLen
+	}
+	return wire.MaxValueLen
+}
+
 // checkLimits rejects a request the daemon would refuse, so that one bad
 // call does not cost the other calls sharing the connection.
 func checkLimits(descs []Descriptor) error {
@@ -251,10 +266,7 @@ func checkLimits(descs []Descriptor) error {
 		if len(d.Name) == 0 || len(d.Name) > wire.MaxNameLen {
 			return fmt.Errorf("%w: descriptor name %.20q is empty or longer than %d bytes", ErrTooLarge, d.Name, wire.MaxNameLen)
 		}
-		if len(d.Value) > wire.MaxValueLen {
-			return fmt.Errorf("%w: descriptor %q value longer than %d bytes", ErrTooLarge, d.Name, wire.MaxValueLen)
-		}
-		size += 3 + len(d.Name) + len(d.Value)
+		size += 3 + len(d.Name) + min(len(d.Value), valueLimit(d.Name), wire.DigestLen)
 	}
 	if size > wire.MaxFrame {
 		return fmt.Errorf("%w: %d-byte frame, at most %d", ErrTooLarge, size, wire.MaxFrame)
@@ -308,7 +320,11 @@ func (cn *conn) send(ctx context.Context, id uint32, ch chan answer, op wire.Op,
 	cn.wmu.Lock()
 	cn.reqDescs = cn.reqDescs[:0]
 	for _, d := range descs {
-		cn.reqDescs = append(cn.reqDescs, wire.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)})
+		v := []byte(d.Value)
+		if limit := valueLimit(d.Name); len(v) > limit {
+			v = wire.AppendValue(nil, v, limit) // a long value is sent as its digest
+		}
+		cn.reqDescs = append(cn.reqDescs, wire.Descriptor{Name: []byte(d.Name), Value: v})
 	}
 	req := wire.Request{Op: op, ID: id, Cost: cost, Descs: cn.reqDescs, Token: []byte(token)}
 	cn.wbuf = wire.AppendRequest(cn.wbuf, &req)

@@ -182,13 +182,45 @@ func TestLimitsCheckedBeforeSending(t *testing.T) {
 	for _, descs := range [][]client.Descriptor{
 		{{Name: long, Value: "v"}},
 		{{Name: "", Value: "v"}},
-		{{Name: "k", Value: string(make([]byte, wire.MaxValueLen+1))}},
 		make([]client.Descriptor, wire.MaxDescriptors+1),
 	} {
 		_, err := c.Check(ctx, descs, 1)
 		assert.ErrorIs(t, err, client.ErrTooLarge)
 	}
 	require.NoError(t, c.Ping(ctx), "the connection was not broken")
+}
+
+// TestLongValuesSentAsDigests: a value over its limit is no error: it is
+// sent as its digest, so distinct long keys keep distinct buckets and a
+// long key is limited like any other.
+func TestLongValuesSentAsDigests(t *testing.T) {
+	s := start(t)
+	c := client.New(s.Socket)
+	defer c.Close()
+	ctx := context.Background()
+	for _, n := range []int{wire.MaxValueLen + 1, 100 << 10} {
+		a := strings.Repeat("a", n)
+		b := strings.Repeat("a", n-1) + "b"
+		key := func(k string) []client.Descriptor {
+			return []client.Descriptor{{Name: "api_key", Value: k}, {Name: "endpoint", Value: "/v1/burst"}}
+		}
+		res, err := c.Check(ctx, key(a), 50)
+		require.NoError(t, err)
+		require.True(t, res.Allowed(), "key a (%d bytes) takes the burst of 50", n)
+		res, err = c.Check(ctx, key(a), 1)
+		require.NoError(t, err)
+		assert.False(t, res.Allowed(), "key a is over its limit")
+		res, err = c.Check(ctx, key(b), 1)
+		require.NoError(t, err)
+		assert.True(t, res.Allowed(), "key b has a bucket of its own")
+	}
+	for _, attrs := range [][]client.Descriptor{
+		{{Name: ":target", Value: strings.Repeat("/t", 9000)}},
+		{{Name: ":h:x-api-key", Value: strings.Repeat("k", 5000)}},
+	} {
+		_, err := c.Check(ctx, attrs, 1)
+		require.NoError(t, err, "an attribute over its limit is sent as its digest")
+	}
 }
 
 // TestResultRendersTheHTTPFields checks that a Result carries what the

@@ -339,6 +339,11 @@ type Rule struct {
 	Fail Fail `toml:"fail"`
 	// Shadow rules decide and count but never deny.
 	Shadow bool `toml:"shadow"`
+	// Enforce is the share of the rule's counter keys that it enforces,
+	// "0%" to "100%" in steps of 0.01% ("" means "100%"): a fixed hash of
+	// each key says whether the key is in the share; the other keys run
+	// as in a shadow rule. See EnforceShare.
+	Enforce string `toml:"enforce"`
 	// Tiers maps values of the tier descriptor to limits.
 	Tiers map[string]int64 `toml:"tiers"`
 	// Penalty, when set, lengthens the Retry-After of a key that keeps
@@ -603,8 +608,9 @@ func ParseSelector(s string) (Selector, error) {
 func (s Selector) String() string { return s.Name + "=" + s.Glob }
 
 // CheckGlob reports whether glob is usable: `*` matches any run of bytes,
-// `?` one byte, everything else itself. A glob must not be empty (use "*"
-// for any value) and is at most MaxGlob bytes long.
+// `?` one byte, everything else itself; or, when it starts with '~', the
+// rest is a regular expression (see CompileRegexp). A glob must not be
+// empty (use "*" for any value) and is at most MaxGlob bytes long.
 func CheckGlob(glob string) error {
 	if glob == "" {
 		return errors.New(`empty glob (use "*" to match any value)`)
@@ -612,7 +618,8 @@ func CheckGlob(glob string) error {
 	if len(glob) > MaxGlob {
 		return fmt.Errorf("glob of %d bytes is longer than %d", len(glob), MaxGlob)
 	}
-	return nil
+	_, _, err := CompileRegexp(glob)
+	return err
 }
 
 func checkDescriptorName(name string) error {

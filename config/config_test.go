@@ -184,6 +184,22 @@ func TestInvalid(t *testing.T) {
 		{"mode", rule + "mode = \"lazy\"\n", []string{`mode = "lazy": want cached or strict`}},
 		{"fail", rule + "fail = \"maybe\"\n", []string{`fail = "maybe": want open or closed`}},
 		{"match glob", rule + "match = { endpoint = \"\" }\n", []string{`rule[0] "r": match.endpoint = "": empty glob`}},
+		{"match regexp", rule + "match = { endpoint = \"~/v1/orders/([0-9]+\", method = \"~\", path = \"~a)|(b\" }\n",
+			[]string{`x.toml: rule[0] "r": match.endpoint = "~/v1/orders/([0-9]+": regular expression: error parsing regexp: missing closing ): ` + "`/v1/orders/([0-9]+`",
+				`x.toml: rule[0] "r": match.method = "~": empty regular expression after "~"`,
+				`x.toml: rule[0] "r": match.path = "~a)|(b": regular expression: error parsing regexp: unexpected )`}},
+		{"selector regexp", "allow = [\"api_key=~sk_[\"]\ndeny = [\"ip=~10\\\\.0\\\\.0\\\\.(1|2\"]\n",
+			[]string{`allow[0] = "api_key=~sk_[": selector "api_key=~sk_[": regular expression: error parsing regexp: missing closing ]`,
+				`deny[0] = "ip=~10\\.0\\.0\\.(1|2": selector "ip=~10\\.0\\.0\\.(1|2": regular expression: error parsing regexp: missing closing )`}},
+		{"enforce", rule + "enforce = \"25\"\n" + strings.Replace(rule, `"r"`, `"s"`, 1) + "enforce = \"100.5%\"\n" +
+			strings.Replace(rule, `"r"`, `"t"`, 1) + "enforce = \"12.345%\"\n" + strings.Replace(rule, `"r"`, `"u"`, 1) + "enforce = \"-1%\"\n" +
+			strings.Replace(rule, `"r"`, `"v"`, 1) + "enforce = \"25%\"\nshadow = true\n" + strings.Replace(rule, `"r"`, `"w"`, 1) + "enforce = \" 5%\"\n",
+			[]string{`x.toml: rule[0] "r": enforce = "25": want a percentage such as "25%" or "12.5%"`,
+				`x.toml: rule[1] "s": enforce = "100.5%": more than 100%`,
+				`x.toml: rule[2] "t": enforce = "12.345%": at most two decimals`,
+				`x.toml: rule[3] "u": enforce = "-1%": want a percentage`,
+				`x.toml: rule[4] "v": enforce = "25%": a shadow rule enforces no key; set shadow = false to roll it out`,
+				`x.toml: rule[5] "w": enforce = " 5%": want a percentage`}},
 		{"selectors", "allow = [\"api_key\"]\ndeny = [\"=x\", \"ip=\"]\n",
 			[]string{`allow[0] = "api_key": selector "api_key" must have the form name=glob`,
 				`deny[0] = "=x": selector "=x": empty descriptor name`, `deny[1] = "ip=": selector "ip=": empty glob`}},
@@ -358,4 +374,40 @@ func TestDurationString(t *testing.T) {
 	} {
 		assert.Equal(t, want, Duration(d).String())
 	}
+}
+
+// TestParseShare: the enforce shares rld accepts, in basis points, and
+// their canonical form.
+func TestParseShare(t *testing.T) {
+	for in, want := range map[string]int{"": 10000, "100%": 10000, "0%": 0, "25%": 2500, "12.5%": 1250, "0.01%": 1, "99.99%": 9999, "007%": 700, "50.0%": 5000} {
+		bp, err := ParseShare(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, bp, in)
+	}
+	for bp, want := range map[int]string{10000: "100%", 0: "0%", 2500: "25%", 1250: "12.5%", 1: "0.01%", 10: "0.1%", 9999: "99.99%"} {
+		assert.Equal(t, want, FormatShare(bp))
+	}
+	for _, bad := range []string{"25", "%", "1e1%", "+5%", "5 %", "25.%", ".5%", "1000%", "101%", "100.01%", "0x10%", "½%"} {
+		_, err := ParseShare(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+// TestRegexpGlobsAccepted: valid regular expressions in match and in the
+// allow and deny lists load, and the summary shows them as written.
+func TestRegexpGlobsAccepted(t *testing.T) {
+	c, err := Parse([]byte(`
+allow = ["api_key=~sk_internal_[0-9a-f]{8}"]
+deny = ["ip=~10\\.66\\..*"]
+[[rule]]
+name = "orders"
+match = { endpoint = "~/v1/orders/[0-9]+" }
+by = ["api_key"]
+limit = 5
+period = "1m"
+enforce = "12.5%"
+`), "x.toml")
+	require.NoError(t, err)
+	assert.Equal(t, "orders: token_bucket 5/1m by api_key match endpoint=~/v1/orders/[0-9]+ cached fail=open enforce=12.5%", c.Rules[0].Summary())
+	assert.Equal(t, 1250, c.Rules[0].EnforceShare())
 }

@@ -20,7 +20,8 @@ const defaultTierLabel = "default"
 //
 // Tiers are listed by limit, then `default`: the limit of a missing or
 // unlisted tier (a tier that is itself called "default" is written
-// quoted, `"default"=50`). Shadow rules end with " shadow".
+// quoted, `"default"=50`). Shadow rules end with " shadow"; a rule that
+// enforces only a share of its keys says so, as " enforce=25%".
 func (r *Rule) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: %s ", r.Name, r.Algorithm)
@@ -60,6 +61,9 @@ func (r *Rule) Summary() string {
 	fmt.Fprintf(&b, " %s fail=%s", r.Mode, r.Fail)
 	if r.Shadow {
 		b.WriteString(" shadow")
+	}
+	if bp := r.EnforceShare(); bp != FullShare {
+		fmt.Fprintf(&b, " enforce=%s", FormatShare(bp))
 	}
 	if pen := r.Penalty; pen != nil {
 		fmt.Fprintf(&b, " penalty after=%d factor=%v max=%s", pen.After, pen.Factor, pen.Max)

@@ -203,6 +203,7 @@ func (r *Rule) validate(p *problems, i int) {
 	}
 
 	r.validatePenalties(p, at)
+	r.validateEnforce(p, at)
 
 	kind, err := algo.ParseKind(r.Algorithm)
 	if err != nil {

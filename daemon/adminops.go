@@ -82,6 +82,7 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 			Rule: m.Rule, Key: m.Key, Missing: m.Missing, Tier: m.Tier,
 			Algorithm: m.Params.Kind.String(), Limit: m.Params.Limit, Period: config.Duration(m.Params.Period).String(),
 			Burst: m.Params.Burst, Mode: string(m.Mode), Fail: string(m.Fail), Shadow: m.Shadow,
+			Enforce: config.FormatShare(m.Enforce), Enforced: m.Enforced,
 			Overridden: m.Overridden, Blocked: m.Blocked,
 		}
 		switch {

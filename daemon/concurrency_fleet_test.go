@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,13 +35,16 @@ const (
 	slotsHolds = 5
 )
 
-func slotsConfig(store string) string {
+// slotsConfig is the fleet's configuration on store, its leases signed
+// with the key in keyFile, shared by the fleet.
+func slotsConfig(store, keyFile string) string {
 	return fmt.Sprintf(`[server]
 max_connections = 1000
 
 [store]
 %s
 timeout = %q
+lease_key_file = %q
 
 [[rule]]
 name = "slots"
@@ -48,7 +52,16 @@ by = ["api_key"]
 algorithm = "concurrency"
 limit = %d
 timeout = %q
-`, store, fleetTimeout, slotsLimit, slotsTimeout)
+`, store, fleetTimeout, keyFile, slotsLimit, slotsTimeout)
+}
+
+// leaseKeyFile writes a fleet's lease key to a file of t's and returns
+// its path.
+func leaseKeyFile(t *testing.T) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "lease.key")
+	require.NoError(t, os.WriteFile(f, []byte("the concurrency fleet's lease key\n"), 0o600))
+	return f
 }
 
 // TestConcurrencyFleetStandalone: three daemons on one Redis.
@@ -79,7 +92,7 @@ func TestConcurrencyFleetCluster(t *testing.T) {
 //     comes back within the timeout, not before it;
 //   - a daemon SIGKILLed while its callers hold every slot: the same.
 func runConcurrencyFleet(t *testing.T, store string) {
-	cfg := slotsConfig(store)
+	cfg := slotsConfig(store, leaseKeyFile(t))
 	var fleet []*daemontest.Process
 	for range 3 {
 		p, err := daemontest.StartProcess(cfg)

@@ -233,8 +233,8 @@ denied_per_second = 0
 	code, descs := get("/v1/auth", "X-Rld-Peer", "127.0.0.5", "X-Rld-Method", "GET", "X-Rld-Host", "Api.Example.com",
 		"X-Rld-Target", "//v1/./orders/12?page=3", "X-Forwarded-For", "198.51.100.7", "X-API-Key", "k1", "X-API-Key", "k2")
 	require.Equal(t, http.StatusOK, code)
-	assert.Equal(t, reqcorpus.Lines([]reqcorpus.Desc{{"ip", "198.51.100.7"}, {"method", "GET"}, {"host", "api.example.com"},
-		{"endpoint", "/v1/orders/{id}"}, {"api_key", "k1, k2"}, {"page", "3"}}), reqcorpus.Lines(descs))
+	assert.Equal(t, reqcorpus.Lines([]reqcorpus.Desc{{Name: "ip", Value: "198.51.100.7"}, {Name: "method", Value: "GET"}, {Name: "host", Value: "api.example.com"},
+		{Name: "endpoint", Value: "/v1/orders/{id}"}, {Name: "api_key", Value: "k1, k2"}, {Name: "page", Value: "3"}}), reqcorpus.Lines(descs))
 
 	long := strings.Repeat("k", 20000)
 	code, descs = get("/v1/check", "X-Rld-Peer", "127.0.0.9", "X-Rld-Target", "/v1/search", "X-API-Key", long)
@@ -260,4 +260,52 @@ func TestHTTPAttributesUntrusted(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+}
+
+// TestRuleOnVerifiedClaim: a rule keyed on a JWT claim counts each
+// verified subject in a bucket of its own and never counts a token that
+// does not verify (per-IP rules still do).
+func TestRuleOnVerifiedClaim(t *testing.T) {
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "jwks.json")
+	doc, alice := newJWKS(t, "k1", "alice")
+	require.NoError(t, os.WriteFile(keys, doc, 0o644))
+	_, forged := newJWKS(t, "k1", "alice") // same kid and subject, another key
+	s := start(t, `
+[request.descriptors]
+user = "jwt:sub"
+[request.jwt]
+keys_file = "`+keys+`"
+
+[[rule]]
+name = "per-user"
+by = ["user"]
+limit = 2
+period = "1h"
+
+[[rule]]
+name = "per-ip"
+by = ["ip"]
+limit = 100
+period = "1h"
+`)
+	rc := dialRaw(t, s.Socket)
+	check := func(tok string) wire.Response {
+		c := reqcorpus.Case{Peer: "127.0.0.9", Method: "GET", Target: "/", Headers: hdr("Authorization", "Bearer "+tok)}
+		rc.write(attrFrame(1, &c))
+		return rc.mustRead()
+	}
+	for i := range 2 {
+		res := check(alice)
+		require.True(t, res.Status.Allowed(), "alice's check %d", i+1)
+		assert.Equal(t, "per-user", string(res.Rule))
+	}
+	res := check(alice)
+	assert.Equal(t, wire.StatusLimited, res.Status)
+	assert.Equal(t, "per-user", string(res.Rule))
+	for range 5 {
+		res := check(forged)
+		require.Equal(t, wire.StatusAllowed, res.Status, "a forged token is not alice's")
+		assert.Equal(t, "per-ip", string(res.Rule), "per-user does not count a token that does not verify")
+	}
 }

@@ -39,7 +39,7 @@ var metricHelp = map[string]string{
 	"rld_cache_decisions_total":              "Checks of cached rules by where they were decided: local (a lease), denied_locally, redis.",
 	"rld_cache_store_calls_total":            "Redis calls made for checks of cached rules (one per coalesced batch).",
 	"rld_cache_misses_total":                 "Checks of cached rules that waited on Redis, by why the host could not answer: new, spent, lapsed, window, returned, recalled, denied, no_lease.",
-	"rld_cache_recalls_total":                "Recalls of other daemons' lease units for a refused check (sent), and those after which the check was admitted.",
+	"rld_cache_recalls_total":                "Recalls of other daemons' lease units for a refused check (sent), those after which the check was admitted, other daemons' recalls received (and returned a lease for); settles' refunds announced to the other daemons (refund_sent) and their announcements received (refund_received).",
 	"rld_changes_compiles_total":             "Rule sets compiled for a change of the overrides and blocks (a burst of automatic blocks counts once).",
 	"rld_changes_loads_total":                "With Redis: loads of the fleet's overrides and blocks, via announce or poll.",
 	"rld_changes_load_errors_total":          "With Redis: loads of the fleet's overrides and blocks that failed, and entries that could not be read.",

@@ -82,6 +82,10 @@ func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 			_, err := f.recalls.Publish(ctx, redisx.Recall{Kind: kind, Key: key, From: f.id})
 			return err
 		},
+		Refunded: func(ctx context.Context, key []byte, kind algo.Kind) error {
+			_, err := f.recalls.Publish(ctx, redisx.Recall{Kind: kind, Key: key, From: f.id, Refunded: true})
+			return err
+		},
 	})
 	f.fallback = policy.NewFallback(policy.FallbackOptions{
 		Health: f,
@@ -174,14 +178,21 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 	}
 }
 
-// watchRecalls hands the other daemons' lease recalls to the cache until
-// ctx is done, subscribing again (with a backoff) when the subscription
-// fails or is lost. A recall missed meanwhile costs at most a refusal:
-// the holder's sync returns an idle lease within one interval.
+// watchRecalls hands the other daemons' lease recalls, and their
+// refunds' announcements, to the cache until ctx is done, subscribing
+// again (with a backoff) when the subscription fails or is lost. A
+// recall missed meanwhile costs at most a refusal: the holder's sync
+// returns an idle lease within one interval; a refund's announcement
+// missed, the key's denial here (a sync interval, or a hammered key's
+// retry-after).
 func (f *fleet) watchRecalls(ctx context.Context, log *slog.Logger) {
 	redisx.Resubscribe(ctx, func(subscribed func()) error {
 		return f.recalls.Subscribe(ctx, subscribed, func(r redisx.Recall) {
-			if r.From != f.id {
+			switch {
+			case r.From == f.id:
+			case r.Refunded:
+				f.cache.Corrected(r.Key, r.Kind)
+			default:
 				f.cache.Recalled(r.Key, r.Kind, time.Now())
 			}
 		})

@@ -448,3 +448,138 @@ func runSettleOnceFleet(t *testing.T, store string) {
 		}
 	}
 }
+
+// refundConfig: one cached token bucket of 100 an hour by api_key (a
+// unit refills every 36 s), in mode.
+func refundConfig(store, keyFile, mode string) string {
+	return fmt.Sprintf(`[store]
+%s
+timeout = %q
+lease_key_file = %q
+
+[[rule]]
+name = "refund"
+by = ["api_key"]
+limit = 100
+period = "1h"
+mode = %q
+`, store, fleetTimeout, keyFile, mode)
+}
+
+// refundUsableBound is how soon after a settle's answer its refund must
+// be usable on every daemon: generous (a daemon takes it as the
+// announcement comes in, within milliseconds), and far below what a
+// hammered key's denial from before the refund lasts (36 s and more).
+const refundUsableBound = 2 * time.Second
+
+// TestSettleRefundUsableEverywhere: four daemons on one Redis. Daemon 0
+// acquires a key's whole limit (100 of 100 an hour); daemon 1 answers a
+// denial of it; daemons 2 and 3 peek it every 2 ms (so that they deny it
+// locally for the store's retry-after). A settle at 1 through daemon 0
+// refunds 99: a check of 99 is then admitted promptly on each daemon in
+// turn (a key per round), and no denial any daemon gives meanwhile
+// carries a Retry-After above what the store said for the cost.
+func TestSettleRefundUsableEverywhere(t *testing.T) {
+	srv := redistest.Standalone(t)
+	store := fmt.Sprintf("redis = [%q]", srv.Addr)
+	keyFile := filepath.Join(t.TempDir(), "lease.key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("a lease key shared by the fleet\n"), 0o600))
+	cfg := refundConfig(store, keyFile, "cached")
+	const daemons = 4
+	clients := make([]*client.Client, daemons)
+	for i := range clients {
+		p, err := daemontest.StartProcess(cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		clients[i] = client.New(p.Socket)
+		t.Cleanup(func() { clients[i].Close() })
+	}
+	// Every daemon listens to the recalls' channel (refunds go there).
+	redistest.WaitFor(t, "the daemons to subscribe to the recalls", func() bool {
+		out, err := redistest.Do(srv.Addr, "PUBSUB", "NUMSUB", "rld:recall")
+		return err == nil && out == fmt.Sprintf("rld:recall\n%d", daemons)
+	})
+	// A strict daemon on the same rule reads the store's own answer.
+	checker := start1(t, refundConfig(store, keyFile, "strict"))
+	storeClient := client.New(checker.Socket)
+	t.Cleanup(func() { storeClient.Close() })
+	ctx := context.Background()
+
+	for target := range daemons {
+		descs := []client.Descriptor{{Name: "api_key", Value: fmt.Sprintf("sk_refund_%d", target)}}
+		a, err := clients[0].Acquire(ctx, descs, 100)
+		require.NoError(t, err)
+		require.True(t, a.Allowed(), "%+v", a)
+		r, err := clients[1].Check(ctx, descs, 1)
+		require.NoError(t, err)
+		require.Equal(t, wire.StatusLimited, r.Status, "daemon 1 answers a denial")
+
+		// Daemons 2 and 3 peek the key every 2 ms until the round ends.
+		var peekDenials [daemons]atomic.Int64
+		var peekErr atomic.Pointer[error]
+		pctx, stopPeeks := context.WithCancel(ctx)
+		var peekers sync.WaitGroup
+		for i := 2; i < daemons; i++ {
+			peekers.Go(func() {
+				tick := time.NewTicker(2 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					r, err := clients[i].Peek(pctx, descs, 1)
+					switch {
+					case pctx.Err() != nil:
+						return
+					case err != nil:
+						peekErr.Store(&err)
+						return
+					case r.Status == wire.StatusLimited:
+						peekDenials[i].Add(1)
+					}
+					select {
+					case <-pctx.Done():
+						return
+					case <-tick.C:
+					}
+				}
+			})
+		}
+		redistest.WaitFor(t, "the peekers to be denied", func() bool {
+			return peekDenials[2].Load() >= 20 && peekDenials[3].Load() >= 20
+		})
+
+		// What the store says of a check of 99 before the refund.
+		sr, err := storeClient.Peek(ctx, descs, 99)
+		require.NoError(t, err)
+		require.Equal(t, wire.StatusLimited, sr.Status)
+		storeRetry := sr.RetryAfter
+
+		_, err = clients[0].Settle(ctx, a.Lease, 1)
+		require.NoError(t, err)
+		settled := time.Now()
+		var denials int
+		var maxRetry time.Duration
+		for {
+			r, err := clients[target].Check(ctx, descs, 99)
+			require.NoError(t, err)
+			if r.Allowed() {
+				break
+			}
+			denials++
+			maxRetry = max(maxRetry, r.RetryAfter)
+			assert.LessOrEqual(t, r.RetryAfter, storeRetry, "daemon %d: a Retry-After above the store's", target)
+			require.Less(t, time.Since(settled), refundUsableBound, "daemon %d: the refund not usable (last: %+v)", target, r)
+			time.Sleep(time.Millisecond) // polling for the refund to reach it
+		}
+		took := time.Since(settled)
+		stopPeeks()
+		peekers.Wait()
+		if p := peekErr.Load(); p != nil {
+			t.Fatalf("peek: %v", *p)
+		}
+		// The 99 are taken: the store has nothing left.
+		sr, err = storeClient.Peek(ctx, descs, 1)
+		require.NoError(t, err)
+		assert.Equal(t, wire.StatusLimited, sr.Status, "daemon %d: 99 taken once", target)
+		t.Logf("daemon %d: a check of 99 admitted %v after the settle's answer (%d denials meanwhile, longest Retry-After %v; the store's before the refund %v)",
+			target, took.Round(10*time.Microsecond), denials, maxRetry, storeRetry.Round(time.Second))
+	}
+}

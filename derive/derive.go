@@ -13,8 +13,6 @@
 package derive
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -35,43 +33,25 @@ const (
 	AttrHeaderPrefix = ":h:"
 )
 
-// Value limits: a value longer than its limit is sent, and derived, as
-// its digest (AppendValue).
+// Value limits, by the rule for long values (wire.AppendValue).
 const (
 	// MaxValue is the longest derived descriptor value, and the limit of
 	// every attribute without one of its own.
 	MaxValue = wire.MaxValueLen
 	// MaxTarget is the longest :target a client sends.
-	MaxTarget = wire.MaxAttrValueLen
+	MaxTarget = wire.MaxTargetLen
 	// MaxHeader is the longest :h: value a client sends.
-	MaxHeader = 4096
-	// MaxHeaders is the most headers a client sends: with every value at
-	// its limit, the frame still fits in wire.MaxFrame.
-	MaxHeaders = 8
+	MaxHeader = wire.MaxHeaderLen
+	// MaxHeaders is the most headers a client sends.
+	MaxHeaders = wire.MaxHeaders
 )
 
-// DigestPrefix starts the digest that replaces a long value.
-const DigestPrefix = "sha256:"
-
-// digestLen is the length of a digest: the prefix and 64 hex digits.
-const digestLen = len(DigestPrefix) + 2*sha256.Size
-
-// AppendValue appends v to dst by the rule for long values: v itself
-// when it is at most limit bytes, else "sha256:" and the lower-case hex
-// of SHA-256(v).
-func AppendValue(dst, v []byte, limit int) []byte {
-	if len(v) <= limit {
-		return append(dst, v...)
-	}
-	sum := sha256.Sum256(v)
-	dst = append(dst, DigestPrefix...)
-	return hex.AppendEncode(dst, sum[:])
-}
+// AppendValue appends v to dst by the rule for long values: see
+// wire.AppendValue.
+func AppendValue(dst, v []byte, limit int) []byte { return wire.AppendValue(dst, v, limit) }
 
 // isDigest reports whether v is a digest that replaced a long value.
-func isDigest(v []byte) bool {
-	return len(v) == digestLen && string(v[:len(DigestPrefix)]) == DigestPrefix
-}
+func isDigest(v []byte) bool { return wire.IsDigest(v) }
 
 // Names of the descriptors derived from the fixed attributes.
 const (
@@ -303,7 +283,8 @@ func (a *attrs) header(name string) []byte {
 // Result is what Derive found.
 type Result struct {
 	// Descs are the descriptors to decide on: the derived ones, then the
-	// request's own (those that derivation did not produce). They alias
+	// request's own that derivation did not produce and that are not
+	// empty. They alias
 	// the Scratch and the request until the next Derive with the Scratch.
 	Descs []wire.Descriptor
 	// Derived is true when the request carried attributes.
@@ -408,7 +389,7 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 	derived := len(s.out)
 	for i := range in {
 		n := in[i].Name
-		if wire.IsAttr(n) || has(s.out[:derived], n) {
+		if wire.IsAttr(n) || len(in[i].Value) == 0 || has(s.out[:derived], n) {
 			continue
 		}
 		if len(s.out) == wire.MaxDescriptors {

@@ -2,27 +2,32 @@ package derive
 
 import (
 	"net/netip"
-	"strings"
+	"unsafe"
 )
 
 // parseAddr reads an address as a peer or a forwarding header gives it:
 // with or without brackets, with or without a port, IPv4-mapped IPv6
 // unmapped, zone dropped. ok is false when s is not an address.
 func parseAddr(s []byte) (netip.Addr, bool) {
-	t := strings.TrimSpace(string(s))
-	if len(t) > 0 && t[0] == '"' && t[len(t)-1] == '"' && len(t) > 1 {
+	t := trimOWS(s)
+	if len(t) > 1 && t[0] == '"' && t[len(t)-1] == '"' {
 		t = t[1 : len(t)-1]
 	}
-	if strings.HasPrefix(t, "[") {
-		end := strings.IndexByte(t, ']')
+	if len(t) > 0 && t[0] == '[' {
+		end := indexByte(t, ']')
 		if end < 0 {
 			return netip.Addr{}, false
 		}
 		t = t[1:end]
-	} else if strings.Count(t, ":") == 1 {
-		t = t[:strings.IndexByte(t, ':')] // IPv4 with a port
+	} else if i := indexByte(t, ':'); i >= 0 && indexByte(t[i+1:], ':') < 0 {
+		t = t[:i] // IPv4 with a port
 	}
-	a, err := netip.ParseAddr(t)
+	if len(t) == 0 {
+		return netip.Addr{}, false
+	}
+	// ParseAddr keeps nothing of its argument but a zone, which is
+	// dropped: the bytes need no copy.
+	a, err := netip.ParseAddr(unsafe.String(&t[0], len(t)))
 	if err != nil {
 		return netip.Addr{}, false
 	}
@@ -62,7 +67,7 @@ func (d *Deriver) walk(peer netip.Addr, hdr []byte, hop func([]byte) []byte) net
 		}
 		item := hdr[i+1 : end]
 		end = i
-		if len(strings.TrimSpace(string(item))) == 0 {
+		if len(trimOWS(item)) == 0 {
 			continue
 		}
 		a, ok := parseAddr(hop(item))
@@ -83,10 +88,15 @@ func (d *Deriver) walk(peer netip.Addr, hdr []byte, hop func([]byte) []byte) net
 // forwardedFor returns the for= parameter of one element of a Forwarded
 // header (RFC 7239), or nil.
 func forwardedFor(elem []byte) []byte {
-	for _, pair := range strings.Split(string(elem), ";") {
-		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
-		if ok && strings.EqualFold(strings.TrimSpace(k), "for") {
-			return []byte(strings.TrimSpace(v))
+	for len(elem) > 0 {
+		pair := elem
+		if i := indexByte(elem, ';'); i >= 0 {
+			pair, elem = elem[:i], elem[i+1:]
+		} else {
+			elem = nil
+		}
+		if i := indexByte(pair, '='); i >= 0 && equalFold(trimOWS(pair[:i]), "for") {
+			return trimOWS(pair[i+1:])
 		}
 	}
 	return nil

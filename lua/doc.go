@@ -17,7 +17,8 @@
 //	         from ARGV[6] on, move four places up (ARGV[10] on). The
 //	         script touches no other key, so it is Cluster-safe.
 //	ARGV[1]  op: "take", "takelease", "peek", "lease", "refund", "reset",
-//	         "grant", "charge", or for concurrency.lua "release"
+//	         "grant", "charge", or for concurrency.lua "acquire" and
+//	         "release"
 //	ARGV[2]  limit L (>= 1)
 //	ARGV[3]  period P in µs (>= 1)
 //	ARGV[4]  burst: the capacity of token_bucket and gcra; "0" means L.
@@ -50,8 +51,15 @@
 //	         for sliding_log the oldest live admissions go first).
 //	charge   ARGV[6] = n: n units (capped at the capacity) taken whether
 //	         they fit or not, up to a debt of one capacity (algo.Charge).
-//	release  ARGV[6] = cost, ARGV[7] = lease id: the now_us of the take
-//	         that admitted the slots (concurrency.lua only): algo.Release.
+//	release  ARGV[6] = cost, ARGV[7] = the slot's time (the now_us of the
+//	         acquire that held it), ARGV[8] = its slot id, optional
+//	         (none: an admission of a take): algo.Release, of that
+//	         admission alone (concurrency.lua only).
+//	acquire  ARGV[6..] = slot ids, 16 lowercase hex digits each, not all
+//	         0, unique among the key's admissions (the caller's to
+//	         make so): one slot held per id, in order, the longest
+//	         prefix that fits, each its own member of the sorted set
+//	         (algo.AcquireBatch; concurrency.lua only).
 //
 // A cost, or the want of lease, below 1 counts as 1; the want of
 // takelease must be >= 0, and 0 asks for no lease. Every op but takelease
@@ -77,7 +85,11 @@
 //	         grant; retry_after_us 0 if any unit was granted, else the
 //	         retry-after of a take of cost 1.
 //	release  admitted 1 if the admission was in flight and gave its slots
-//	         back, else 0 (nothing changed); the rest as refund.
+//	         back, else 0 (nothing changed); remaining the slots free
+//	         after it, reset_us when the newest held expires.
+//	acquire  as take, but now_us is the slots' time (the later of now
+//	         and the newest admission's, if the clock stepped back),
+//	         which with its id names each slot for its release.
 //	charge   admitted 0; remaining, reset_us and retry_after_us of a peek
 //	         of cost 1 after the op.
 //	refund, reset, grant

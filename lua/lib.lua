@@ -60,6 +60,17 @@ local function refund_window(p, st, now, taken_at, cost, count_field)
   return true
 end
 
+-- ZERO is the slot id of the concurrency admissions that name no slot.
+local ZERO = '0000000000000000'
+
+-- slot_arg returns ARGV[i] when it is a slot id (16 lowercase hex
+-- digits, not ZERO), else nil.
+local function slot_arg(i)
+  local s = ARGV[i]
+  if type(s) ~= 'string' or #s ~= 16 or s == ZERO or not string.match(s, '^[0-9a-f]+$') then return nil end
+  return s
+end
+
 -- num returns an integer from a reply or a stored field; nil is 0.
 local function num(s)
   if not s then return 0 end
@@ -175,8 +186,11 @@ end
 --                                      optional: algo.Grant, when it is not
 --                                      alg.refund of n units taken at now
 --   alg.charge(p, st, now, n) -> wrote  algo.Charge, written and applied to st
---   alg.release(p, st, now, at, cost) -> released
+--   alg.release(p, st, now, at, cost, slot) -> released
 --                                      optional (concurrency): algo.Release
+--   alg.acquire(p, st, now, slot) -> allowed, remaining, reset, retry, at
+--                                      optional (concurrency): algo.Acquire;
+--                                      updates st (in memory) when allowed
 --   alg.idle(p, st, now) -> µs         an upper bound of the time until st
 --                                      is idle, for the TTL
 local function run(alg)
@@ -266,6 +280,35 @@ local function run(alg)
     return {admitted, remaining, reset, retry, now}
   end
 
+  if op == 'acquire' and alg.acquire then
+    -- algo.AcquireBatch: ARGV[o + 1..] are the slot ids, one slot each.
+    if #ARGV < o + 1 then
+      return redis.error_reply('ERR rld: acquire wants at least one slot id')
+    end
+    for i = o + 1, #ARGV do
+      if not slot_arg(i) then
+        return redis.error_reply('ERR rld: bad slot id ' .. tostring(ARGV[i]) .. ' (want 16 lowercase hex digits, not all 0)')
+      end
+    end
+    local st = alg.load(p, now)
+    local admitted, remaining, reset, retry, at = 0, 0, 0, 0, now
+    for i = o + 1, #ARGV do
+      local ok, rem, rst, ret, a = alg.acquire(p, st, now, ARGV[i])
+      if ok or admitted == 0 then remaining, reset = rem, rst end
+      if not ok then
+        retry = ret
+        break
+      end
+      admitted, at = admitted + 1, a
+    end
+    if admitted > 0 then
+      alg.save(p, st, now)
+      expire(p, alg.idle(p, st, now))
+    end
+    held_save(now)
+    return {admitted, remaining, reset, retry, at}
+  end
+
   if op == 'reset' then
     -- A fresh key is a missing one, less what is out on lease.
     redis.call('DEL', key)
@@ -346,12 +389,19 @@ local function run(alg)
     return {0, rem, rst, ret, now}
   elseif op == 'release' and alg.release then
     -- algo.Release: the op's second argument is the admission's time,
-    -- its lease id.
+    -- the optional third its slot id (none: ZERO).
     local at = arg(o + 2)
     if not at then
       return redis.error_reply('ERR rld: bad or missing lease id')
     end
-    local released = alg.release(p, st, now, at, x)
+    local slot = ZERO
+    if ARGV[o + 3] then
+      slot = slot_arg(o + 3)
+      if not slot then
+        return redis.error_reply('ERR rld: bad slot id ' .. tostring(ARGV[o + 3]) .. ' (want 16 lowercase hex digits, not all 0)')
+      end
+    end
+    local released = alg.release(p, st, now, at, x, slot)
     if released then
       expire(p, alg.idle(p, st, now))
     end
@@ -359,5 +409,5 @@ local function run(alg)
     local rem, rst = alg.free(p, st, now)
     return {released and 1 or 0, rem, rst, 0, now}
   end
-  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset, grant, charge or release)')
+  return redis.error_reply('ERR rld: unknown op ' .. tostring(op) .. ' (want take, takelease, peek, lease, refund, reset, grant, charge, or for concurrency acquire or release)')
 end

@@ -1,27 +1,62 @@
 -- log.lua: the sorted-set log of sliding_log.lua and concurrency.lua.
 -- Source puts it between lib.lua and their file.
 --
--- KEYS[1] is a sorted set, one member per admission time (algo State.Log):
---   member  "<At>:<Cost>", the units admitted at that µs
+-- KEYS[1] is a sorted set, one member per entry of algo State.Log:
+--   member  "<At>:<Cost>", the units admitted at that µs (sliding log);
+--           "<At>:<Slot>:<Cost>" for concurrency (new_log's slotted):
+--           Slot is the 16 hex digits of an acquired slot's id, whose
+--           entry is its own, or ZERO for the entry of the admissions
+--           with none at that µs (a take, a charge). A concurrency
+--           member "<At>:<Cost>" reads as Slot ZERO.
 --   score   At + shift(p): the admission time (sliding log) or the time
 --           it expires (concurrency: At + P)
--- An entry is live while At > now − P. As in Go, admissions at the newest
--- entry's µs (or before it, if the clock stepped back) join that entry.
+-- An entry is live while At > now − P. As in Go, admissions with no slot
+-- at the newest entry's µs (or before it, if the clock stepped back) join
+-- that µs's entry with no slot; the members of one score sort by Slot,
+-- the entries' order in Go.
 
-local function member(at, cost)
+-- slotted: the members name their slot (concurrency.lua).
+local slotted = false
+
+local function member(at, cost, slot)
+  if slotted then
+    return int(at) .. ':' .. (slot or ZERO) .. ':' .. int(cost)
+  end
   return int(at) .. ':' .. int(cost)
 end
 
+-- parse returns a member's At, Cost and Slot (ZERO for none).
 local function parse(m)
-  local at, cost = string.match(m, '^(%-?%d+):(%d+)$')
-  return tonumber(at), tonumber(cost)
+  local at, slot, cost = string.match(m, '^(%-?%d+):(%x+):(%d+)$')
+  if at then return tonumber(at), tonumber(cost), slot end
+  at, cost = string.match(m, '^(%-?%d+):(%d+)$')
+  return tonumber(at), tonumber(cost), ZERO
+end
+
+-- join records cost units with no slot at now in log (algo's appendLog):
+-- at the newest entry's µs when it is not before now, in that µs's entry
+-- with no slot, the first of the µs.
+local function join(log, now, cost)
+  local n = #log
+  if n == 0 or log[n].at < now then
+    log[n + 1] = {at = now, cost = cost, slot = ZERO}
+    return
+  end
+  local at, i = log[n].at, n
+  while i > 1 and log[i - 1].at == at do i = i - 1 end
+  if log[i].slot == ZERO then
+    log[i].cost, log[i].dirty = log[i].cost + cost, true
+  else
+    table.insert(log, i, {at = at, cost = cost, slot = ZERO})
+  end
 end
 
 -- new_log returns the table alg of a log scored At + shift(p), with
--- everything but refund (and release). alg.score(p, at) is an entry's
--- score.
-local function new_log(shift)
+-- everything but refund (and release, acquire); its members name their
+-- slots when slots is true. alg.score(p, at) is an entry's score.
+local function new_log(shift, slots)
   local alg = {}
+  slotted = slots or false
 
   function alg.score(p, at) return at + shift(p) end
 
@@ -34,8 +69,8 @@ local function new_log(shift)
     local ms = redis.call('ZRANGEBYSCORE', key, '(' .. int(dead(p, now)), '+inf')
     local log = {}
     for i, m in ipairs(ms) do
-      local at, cost = parse(m)
-      log[i] = {at = at, cost = cost, m = m}
+      local at, cost, slot = parse(m)
+      log[i] = {at = at, cost = cost, slot = slot, m = m}
     end
     return {log = log}
   end
@@ -53,13 +88,7 @@ local function new_log(shift)
       sum = sum + cost
       allowed = true
       if n == 0 or newest < now then newest = now end
-      if not peek then
-        if n > 0 and log[n].at >= now then
-          log[n].cost = log[n].cost + cost
-        else
-          log[n + 1] = {at = now, cost = cost}
-        end
-      end
+      if not peek then join(log, now, cost) end
     else
       -- Wait until the oldest entries whose costs free enough room have
       -- left the window (or, in flight, expired).
@@ -78,13 +107,22 @@ local function new_log(shift)
   end
 
   -- save drops the dead entries, as Go does on an admission, and writes
-  -- the newest entry, the only one admissions change.
+  -- the entries of the newest µs that are new or changed: the only ones
+  -- admissions change.
   function alg.save(p, st, now)
     redis.call('ZREMRANGEBYSCORE', key, '-inf', int(dead(p, now)))
-    local last = st.log[#st.log]
-    if last.m then redis.call('ZREM', key, last.m) end
-    last.m = member(last.at, last.cost)
-    redis.call('ZADD', key, int(alg.score(p, last.at)), last.m)
+    local log = st.log
+    local n = #log
+    local i = n
+    while i >= 1 and log[i].at == log[n].at do
+      local en = log[i]
+      if not en.m or en.dirty then
+        if en.m then redis.call('ZREM', key, en.m) end
+        en.m, en.dirty = member(en.at, en.cost, en.slot), nil
+        redis.call('ZADD', key, int(alg.score(p, en.at)), en.m)
+      end
+      i = i - 1
+    end
   end
 
   -- grant removes n units from the live entries, oldest first
@@ -99,7 +137,7 @@ local function new_log(shift)
       redis.call('ZREM', key, en.m)
       if en.cost > k then
         en.cost = en.cost - k
-        en.m = member(en.at, en.cost)
+        en.m = member(en.at, en.cost, en.slot)
         redis.call('ZADD', key, int(alg.score(p, en.at)), en.m)
         break
       end
@@ -120,11 +158,7 @@ local function new_log(shift)
     for i = 1, #log do sum = sum + log[i].cost end
     local add = math.min(n, 2 * p.limit - sum)
     if add <= 0 then return false end
-    if #log > 0 and log[#log].at >= now then
-      log[#log].cost = log[#log].cost + add
-    else
-      log[#log + 1] = {at = now, cost = add}
-    end
+    join(log, now, add)
     alg.save(p, st, now)
     return true
   end

@@ -65,6 +65,7 @@ const (
 	grant     = algo.OpGrant
 	release   = algo.OpRelease
 	charge    = algo.OpCharge
+	acquire   = algo.OpAcquire
 )
 
 // step is one call of a timeline, at start+at µs: a take of the batch
@@ -76,7 +77,9 @@ type step struct {
 	op      op
 	costs   []int64
 	takenAt int64
-	want    []int64 // if set: the reply without now_us
+	slot    uint64   // a release's slot id (0: none)
+	slots   []uint64 // an acquire's slot ids
+	want    []int64  // if set: the reply without now_us
 }
 
 func tk(at int64, costs ...int64) step { return step{at: at, op: take, costs: costs} }
@@ -95,6 +98,15 @@ func ch(at, n int64) step { return step{at: at, op: charge, costs: []int64{n}} }
 func rl(at, cost, takenAt int64) step {
 	return step{at: at, op: release, costs: []int64{cost}, takenAt: takenAt}
 }
+
+// rls is a release of the slot id of the admission at start+takenAt.
+func rls(at, takenAt int64, id uint64) step {
+	return step{at: at, op: release, costs: []int64{1}, takenAt: takenAt, slot: id}
+}
+
+// aq is an acquire of one slot per id.
+func aq(at int64, ids ...uint64) step { return step{at: at, op: acquire, slots: ids} }
+
 func tl(at, want int64, costs ...int64) step {
 	return step{at: at, op: takelease, costs: append([]int64{want}, costs...)}
 }
@@ -150,6 +162,12 @@ func (e *env) runner(t *testing.T, p algo.Params, key string) *runner {
 
 // apply runs one call at now in Go and in Redis and returns the reply.
 func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
+	r.t.Helper()
+	return r.applySlots(o, now, costs, takenAt, 0, nil)
+}
+
+// applySlots is apply with a release's slot id, or an acquire's ids.
+func (r *runner) applySlots(o op, now int64, costs []int64, takenAt int64, slot uint64, slots []uint64) []int64 {
 	t, p := r.t, r.p
 	t.Helper()
 	if r.pick != nil {
@@ -157,7 +175,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	}
 	before := clone(r.s)
 	// The Go side: algo.Apply, the specification of every op.
-	ao := algo.Op{Kind: o, Params: p, TakenAt: takenAt}
+	ao := algo.Op{Kind: o, Params: p, TakenAt: takenAt, Slot: slot, Slots: slots}
 	if r.lkey != "" {
 		ao.Holder, ao.Spent, ao.SpentAt, ao.LeaseLife = r.holder, r.spent, r.spentAt, r.life
 	}
@@ -166,6 +184,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		ao.Kind, ao.Costs = algo.OpTakeLease, costs // a batch: takes, no lease
 	case takelease:
 		ao.N, ao.Costs = costs[0], costs[1:]
+	case acquire:
 	default:
 		ao.N = costs[0]
 	}
@@ -184,6 +203,9 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 		want = reply(0, ao.Result, now)
 	case release:
 		want = reply(int64(ao.Admitted), ao.Result, now)
+	case acquire:
+		// now_us: the slots' time, which names them.
+		want = reply(int64(ao.Admitted), ao.Result, ao.Result.At)
 	case charge:
 		want = reply(0, ao.Result, now)
 	}
@@ -203,6 +225,12 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	}
 	if o == refund || o == release {
 		args = append(args, itoa(takenAt))
+	}
+	if slot != 0 {
+		args = append(args, fmt.Sprintf("%016x", slot))
+	}
+	for _, id := range slots {
+		args = append(args, fmt.Sprintf("%016x", id))
 	}
 	c := r.e.c
 	c.send("MULTI")
@@ -249,7 +277,7 @@ func (r *runner) apply(o op, now int64, costs []int64, takenAt int64) []int64 {
 	switch {
 	case o == peek && wrote:
 		t.Errorf("%s: a peek wrote (PTTL %d)", what, pttl)
-	case (o == take || o == lease || o == takelease) && wrote != (got[0] > 0):
+	case (o == take || o == lease || o == takelease || o == acquire) && wrote != (got[0] > 0):
 		t.Errorf("%s: admitted %d, yet wrote=%v (PTTL %d)", what, got[0], wrote, pttl)
 	case (o == refund || o == grant || o == release || o == charge) && !equal(before, r.s) && pttl == -1:
 		t.Errorf("%s: a %s changed the state but set no TTL", what, o)
@@ -350,6 +378,10 @@ func goState(kind algo.Kind, s algo.State, per int64) string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
+		if kind == algo.Concurrency {
+			fmt.Fprintf(&b, "%d:%016x:%d@%d", en.At, en.Slot, en.Cost, en.At+score)
+			continue
+		}
 		fmt.Fprintf(&b, "%d:%d@%d", en.At, en.Cost, en.At+score)
 	}
 	return b.String()
@@ -392,7 +424,7 @@ func redisState(kind algo.Kind, v any) string {
 func (r *runner) run(start int64, steps []step) {
 	r.t.Helper()
 	for i, st := range steps {
-		got := r.apply(st.op, start+st.at, st.costs, start+st.takenAt)
+		got := r.applySlots(st.op, start+st.at, st.costs, start+st.takenAt, st.slot, st.slots)
 		noNow := append(got[:4:4], got[5:]...)
 		if st.want != nil && !slices.Equal(noNow, st.want) {
 			r.t.Errorf("step %d (%s %v at +%dµs): reply %v, want %v", i, st.op, st.costs, st.at, noNow, st.want)
@@ -578,6 +610,23 @@ func TestTimelines(t *testing.T) {
 			rl(1300*m1, 1, 1100*m1).is(1, 2, 0, 0),     // none held: nothing to reset
 			tk(1300*m1, 3).is(0, 2, 0, -1),
 		},
+	}, {
+		// Slots acquired with ids: two in one call share a time, and
+		// each release frees its own slot, once.
+		name: "concurrency: slots of one call, released twice",
+		p:    algo.Params{Kind: algo.Concurrency, Limit: 3, Period: s1},
+		steps: []step{
+			aq(0, 0xa, 0xb).is(2, 1, s1, 0),
+			rls(100*m1, 0, 0xa).is(1, 2, 900*ms, 0),
+			rls(200*m1, 0, 0xa).is(0, 2, 800*ms, 0), // A again: B stays held
+			rl(200*m1, 1, 0).is(0, 2, 800*ms, 0),    // by time alone: no slot
+			aq(300*m1, 0xc, 0xd, 0xe).is(2, 0, s1, 700*ms),
+			tk(300*m1, 1).is(0, 0, s1, 700*ms),
+			rls(400*m1, 0, 0xb).is(1, 1, 900*ms, 0),
+			tk(400*m1, 1).is(1, 0, s1, 0),
+			aq(350*m1, 0xf).is(0, 0, 1050*ms, 950*ms), // the clock stepped back
+			ch(400*m1, 1),
+		},
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -755,6 +804,12 @@ func randomTimeline(r *runner, rng *rand.Rand, ops int) {
 		return 1
 	}
 	var takes []int64 // the times of admissions, for refunds
+	type slot struct {
+		at int64
+		id uint64
+	}
+	var slots []slot // the slots acquired, some released (again)
+	var nextID uint64
 	for range ops {
 		switch rng.IntN(14) {
 		case 0, 1, 2, 3:
@@ -769,6 +824,26 @@ func randomTimeline(r *runner, rng *rand.Rand, ops int) {
 			now += rng.Int64N(per/p.Limit + 1)
 		case 13:
 			now = max(now-rng.Int64N(per/2+1), 1) // the clock steps back
+		}
+		if p.Kind == algo.Concurrency && rng.IntN(2) == 0 {
+			if len(slots) == 0 || rng.IntN(2) == 0 {
+				ids := make([]uint64, 1+rng.IntN(3))
+				for i := range ids {
+					nextID++
+					ids[i] = nextID * 0x9e3779b97f4a7c15 // unique, not in order
+				}
+				got := r.applySlots(acquire, now, nil, 0, 0, ids)
+				for _, id := range ids[:got[0]] {
+					slots = append(slots, slot{got[4], id})
+				}
+			} else {
+				sl := slots[rng.IntN(len(slots))]
+				r.applySlots(release, now, []int64{1}, sl.at, sl.id, nil)
+			}
+			if r.t.Failed() {
+				return
+			}
+			continue
 		}
 		switch rng.IntN(15) {
 		case 12:
@@ -1100,6 +1175,13 @@ func TestErrors(t *testing.T) {
 		{algo.TokenBucket, []string{"release", "10", "1000000", "0", "0", "1", "5"}},
 		{algo.Concurrency, []string{"release", "10", "1000000", "0", "0", "1"}},
 		{algo.Concurrency, []string{"release", "10", "1000000", "0", "0", "1", "x"}},
+		{algo.Concurrency, []string{"release", "10", "1000000", "0", "0", "1", "5", "00000000000000zz"}},
+		{algo.Concurrency, []string{"release", "10", "1000000", "0", "0", "1", "5", "0000000000000000"}},
+		{algo.Concurrency, []string{"release", "10", "1000000", "0", "0", "1", "5", "00000000000000A1"}},
+		{algo.Concurrency, []string{"acquire", "10", "1000000", "0", "0"}},
+		{algo.Concurrency, []string{"acquire", "10", "1000000", "0", "0", "00000000000000a1", "1"}},
+		{algo.Concurrency, []string{"acquire", "10", "1000000", "0", "0", "0000000000000000"}},
+		{algo.TokenBucket, []string{"acquire", "10", "1000000", "0", "0", "00000000000000a1"}},
 	} {
 		all := append([]string{"EVALSHA", e.shas[c.kind], "1", "{err}k"}, c.args...)
 		if v, ok := e.c.do(all...).(redisError); !ok || !strings.Contains(string(v), "rld") {

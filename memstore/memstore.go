@@ -77,9 +77,11 @@ type shard struct {
 	n   int // entries held
 	lru list
 	// op is the Op of Take, which sets its Kind, Params and N (the only
-	// fields algo.Apply reads for a take or a peek).
-	op algo.Op
-	_  [64]byte // keeps the next shard's mu off this shard's cache lines
+	// fields algo.Apply reads for a take or a peek), and of TakeSlot,
+	// whose Slots is slot.
+	op   algo.Op
+	slot [1]uint64
+	_    [64]byte // keeps the next shard's mu off this shard's cache lines
 }
 
 // entry is one key's state, linked into its shard's LRU list.
@@ -165,10 +167,36 @@ func (s *Store) Take(_ context.Context, key []byte, p algo.Params, cost int64, n
 	return op.Result, nil
 }
 
+// TakeSlot acquires one slot of the Concurrency limit p for key at now,
+// named slot (non-zero, unique: the caller's to make so), as an
+// algo.OpAcquire of that one id; see algo.Acquire. The Result's At is the
+// slot's time, which with slot names it for its release (an OpRelease
+// through Do). It fails only when p is invalid or not a Concurrency
+// limit; it does not block, and does not allocate for a key it holds.
+func (s *Store) TakeSlot(_ context.Context, key []byte, p algo.Params, slot uint64, now time.Time) (algo.Result, error) {
+	if err := checkParams(p); err != nil {
+		return algo.Result{}, err
+	}
+	if p.Kind != algo.Concurrency {
+		return algo.Result{}, fmt.Errorf("memstore: acquire %q: a slot of a %s limit: want concurrency", key, p.Kind)
+	}
+	us := now.UnixMicro()
+	sh, h := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	op := &sh.op
+	sh.slot[0] = slot
+	op.Kind, op.Params, op.Slots = algo.OpAcquire, p, sh.slot[:]
+	s.applyLocked(sh, key, h, op, us)
+	op.Slots = nil
+	return op.Result, nil
+}
+
 // Do runs each op on its key at now with algo.Apply, as Take and Refund
 // do, setting each op's outcomes: Admitted, Granted, Result, and Err for
-// an op whose Params are invalid or whose kind is unknown (it changes
-// nothing). An OpReset drops the key, an OpGrant of a key the Store does
+// an op whose Params are invalid or whose kind is unknown, or an
+// OpAcquire with no Slots or of a limit other than Concurrency (it
+// changes nothing). An OpReset drops the key, an OpGrant of a key the Store does
 // not hold (or holds for another algorithm) finds a fresh key's quota
 // and changes nothing. Do does not block; ctx is not consulted. It
 // returns nil: the errors are the ops'.
@@ -181,7 +209,8 @@ func (s *Store) Do(_ context.Context, ops []algo.Op, now time.Time) error {
 			op.Err = fmt.Errorf("memstore: %s %q: %w", op.Kind, op.Key, err)
 			continue
 		}
-		if op.Kind >= algo.NumOpKinds || op.Kind == algo.OpTakeLease && len(op.Costs) == 0 {
+		if op.Kind >= algo.NumOpKinds || op.Kind == algo.OpTakeLease && len(op.Costs) == 0 ||
+			op.Kind == algo.OpAcquire && (len(op.Slots) == 0 || op.Params.Kind != algo.Concurrency) {
 			op.Err = fmt.Errorf("memstore: %s %q: invalid op", op.Kind, op.Key)
 			continue
 		}
@@ -244,7 +273,7 @@ func (s *Store) applyLocked(sh *shard, key []byte, h uint64, op *algo.Op, us int
 // consumes reports whether ops of kind k may admit units, and so write a
 // key's state.
 func consumes(k algo.OpKind) bool {
-	return k == algo.OpTake || k == algo.OpLease || k == algo.OpTakeLease || k == algo.OpCharge
+	return k == algo.OpTake || k == algo.OpLease || k == algo.OpTakeLease || k == algo.OpCharge || k == algo.OpAcquire
 }
 
 // consumed reports whether op, which Apply ran, admitted any unit.
@@ -254,6 +283,8 @@ func consumed(op *algo.Op) bool {
 		return op.Result.Allowed
 	case algo.OpLease, algo.OpTakeLease:
 		return op.Admitted > 0 || op.Granted > 0
+	case algo.OpAcquire:
+		return op.Admitted > 0
 	case algo.OpCharge:
 		return true
 	}

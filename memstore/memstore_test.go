@@ -649,3 +649,64 @@ func TestLogClockNeverStepsBack(t *testing.T) {
 		})
 	}
 }
+
+// TestSlotsOfOneMicrosecond: two slots acquired at one microsecond (as a
+// coalesced pair would be) share a time; releasing the first twice frees
+// it once, the second stays held, and the limit is never exceeded.
+func TestSlotsOfOneMicrosecond(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.Concurrency, Limit: 3, Period: time.Minute}
+	key := []byte("cc")
+	a, err := s.TakeSlot(ctx, key, p, 0xa, t0)
+	require.NoError(t, err)
+	b, err := s.TakeSlot(ctx, key, p, 0xb, t0)
+	require.NoError(t, err)
+	require.True(t, a.Allowed && b.Allowed)
+	require.Equal(t, a.At, b.At, "one microsecond")
+	release := func(at int64, slot uint64) int {
+		ops := []algo.Op{{Kind: algo.OpRelease, Key: key, Params: p, N: 1, TakenAt: at, Slot: slot}}
+		require.NoError(t, s.Do(ctx, ops, t0.Add(time.Second)))
+		require.NoError(t, ops[0].Err)
+		return ops[0].Admitted
+	}
+	assert.Equal(t, 1, release(a.At, 0xa))
+	assert.Equal(t, 0, release(a.At, 0xa), "A released twice")
+	assert.Equal(t, 0, release(a.At, 0), "by time alone")
+	held := 1 // B
+	for id := uint64(0x10); id < 0x20; id++ {
+		r, err := s.TakeSlot(ctx, key, p, id, t0.Add(2*time.Second))
+		require.NoError(t, err)
+		if r.Allowed {
+			held++
+		}
+	}
+	assert.Equal(t, 3, held, "B's slot stays held: 2 more fit, not 3")
+	assert.Equal(t, 1, release(b.At, 0xb))
+	_, err = s.TakeSlot(ctx, key, algo.Params{Kind: algo.SlidingLog, Limit: 3, Period: time.Minute}, 1, t0)
+	assert.Error(t, err, "a slot of a sliding log")
+	ops := []algo.Op{{Kind: algo.OpAcquire, Key: key, Params: p}}
+	require.NoError(t, s.Do(ctx, ops, t0))
+	assert.Error(t, ops[0].Err, "an acquire with no slots")
+}
+
+// TestTakeSlotHotAllocs: acquiring and releasing a slot of a held key
+// does not allocate.
+func TestTakeSlotHotAllocs(t *testing.T) {
+	s := New(Options{})
+	p := algo.Params{Kind: algo.Concurrency, Limit: 1000, Period: time.Second}
+	key := []byte("cc")
+	now := t0
+	_, err := s.TakeSlot(ctx, key, p, 1, now)
+	require.NoError(t, err)
+	id := uint64(1)
+	allocs := testing.AllocsPerRun(1000, func() {
+		now = now.Add(time.Millisecond)
+		id++
+		if _, err := s.TakeSlot(ctx, key, p, id, now); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocs per TakeSlot of a held key, want 0", allocs)
+	}
+}

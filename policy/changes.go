@@ -214,7 +214,9 @@ type Orphan struct {
 	Rule string
 }
 
-// Orphans returns the changes p was compiled with whose rule it lacks.
+// Orphans returns the changes p was compiled with that apply to nothing:
+// their rule is gone, they no longer fit it, or a glob of theirs does not
+// compile.
 func (p *Policy) Orphans() []Orphan { return slices.Clone(p.orphans) }
 
 // ruleNamed returns p's rule called name, or nil.
@@ -283,13 +285,22 @@ func (p *Policy) compileChanges(ch *Changes) {
 			r.keyOv[key] = slices.Insert(r.keyOv[key], 0, e)
 			continue
 		}
-		r.globOv = append(r.globOv, globOverride{match: selectors(o.Match), ovEntry: e})
+		match, ok := selectors(o.Match)
+		if !ok {
+			p.orphans = append(p.orphans, Orphan{ID: o.ID, Rule: o.Rule})
+			continue
+		}
+		r.globOv = append(r.globOv, globOverride{match: match, ovEntry: e})
 	}
 	for i := range ch.Blocks {
 		b := &ch.Blocks[i]
 		exp := b.Expires.UnixNano() - int64(ch.Skew)
 		if b.Rule == "" {
-			p.blocks = append(p.blocks, globBlock{match: selectors(b.Match), exp: exp})
+			if match, ok := selectors(b.Match); ok {
+				p.blocks = append(p.blocks, globBlock{match: match, exp: exp})
+			} else {
+				p.orphans = append(p.orphans, Orphan{ID: b.ID})
+			}
 			continue
 		}
 		r := p.ruleNamed(b.Rule)
@@ -320,8 +331,10 @@ func (r *rule) keyOf(key map[string]string) (string, bool) {
 	return string(k), ok
 }
 
-// selectors compiles name → glob, sorted by name.
-func selectors(m map[string]string) []selector {
+// selectors compiles name → glob, sorted by name. It reports false when
+// a glob does not compile (a regular expression that a change validated
+// against another version of rld): the change then applies to nothing.
+func selectors(m map[string]string) ([]selector, bool) {
 	names := make([]string, 0, len(m))
 	for name := range m {
 		names = append(names, name)
@@ -329,9 +342,13 @@ func selectors(m map[string]string) []selector {
 	sort.Strings(names)
 	out := make([]selector, len(names))
 	for i, name := range names {
-		out[i] = selector{name: name, glob: compileGlob(m[name])}
+		g, err := compileGlob(m[name])
+		if err != nil {
+			return nil, false
+		}
+		out[i] = selector{name: name, glob: g}
 	}
-	return out
+	return out, true
 }
 
 // blocked reports whether a glob block in force at now (Unix nanoseconds)

@@ -34,6 +34,12 @@ type Match struct {
 	Mode   config.Mode
 	Fail   config.Fail
 	Shadow bool
+	// Enforce is the rule's enforce share in basis points (see
+	// config.Rule.Enforce); Enforced reports whether the rule enforces
+	// this key: not a shadow rule, and the key inside the share. A key
+	// outside it is counted and never refused.
+	Enforce  int
+	Enforced bool
 	// Result is what a check of the request's cost would get now, read
 	// without consuming anything (a peek). Zero when Missing is set or
 	// Err is not nil.
@@ -77,7 +83,7 @@ func (p *Policy) Explain(ctx context.Context, now time.Time, descs []wire.Descri
 		if !r.applies(descs) {
 			continue
 		}
-		m := Match{Rule: r.name, Mode: r.mode, Fail: r.fail, Shadow: r.shadow}
+		m := Match{Rule: r.name, Mode: r.mode, Fail: r.fail, Shadow: r.shadow, Enforce: int(r.share)}
 		ti := r.tier(descs)
 		if ti >= 0 {
 			m.Tier = r.tiers[ti].name
@@ -98,6 +104,7 @@ func (p *Policy) Explain(ctx context.Context, now time.Time, descs []wire.Descri
 				if r.keyBlocked(key, now.UnixNano()) {
 					m.Blocked = true
 				}
+				m.Enforced = !r.shadow && r.enforces(key)
 				pi := r.limitIndex(ti, key, descs, now.UnixNano())
 				m.Params, m.Overridden = *r.paramsAt(pi), r.overridden(pi)
 				m.Result, m.Err = r.store.Take(ctx, key, m.Params, cost, now, true)

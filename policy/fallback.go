@@ -69,7 +69,8 @@ type FallbackOptions struct {
 	Forget time.Duration
 	// Seed, when set, returns what this daemon last knew at now of a
 	// key's remaining quota in the store under limit p (ok false when
-	// it knows nothing): the hot-key cache's view (shardcache's Known).
+	// it knows nothing): the hot-key cache's view (shardcache's Known),
+	// which holds the last answers to cached and strict rules alike.
 	// A key's local state then starts from its share of that, not from a
 	// full share, so that an outage does not hand out quota the fleet
 	// had already spent. It must be safe for concurrent use.
@@ -200,8 +201,9 @@ func (f *Fallback) Peers() int {
 
 // decide answers a check of a rule with fail mode fail (limit p, counter
 // key key) whose store failed with err. A cost above p's capacity gets
-// RetryAfter algo.Never, as from a store.
-func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int64, now time.Time, peek bool, err error) (algo.Result, error) {
+// RetryAfter algo.Never, as from a store. A slot (non-zero) is an
+// acquire's, held by that id in the local state.
+func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int64, slot uint64, now time.Time, peek bool, err error) (algo.Result, error) {
 	if cost > p.Capacity() {
 		// Never admitted, whatever the store says: answered as usual.
 		return algo.Result{Limit: p.Capacity(), RetryAfter: algo.Never}, nil
@@ -218,7 +220,13 @@ func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int
 	if f.o.Seed != nil && !m.Has(key) {
 		f.seed(m, key, p, share, peers, now)
 	}
-	res, lerr := m.Take(context.Background(), key, share, cost, now, peek)
+	var res algo.Result
+	var lerr error
+	if st, ok := m.LocalStore.(SlotTaker); ok && slot != 0 {
+		res, lerr = st.TakeSlot(context.Background(), key, share, slot, now)
+	} else {
+		res, lerr = m.Take(context.Background(), key, share, cost, now, peek)
+	}
 	if lerr != nil {
 		return algo.Result{}, lerr
 	}

@@ -2,19 +2,26 @@ package policy
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
+
+	"github.com/rld/rld/config"
 )
 
 // glob is a compiled glob: `*` matches any run of bytes (including '/'),
 // `?` exactly one byte, every other byte itself. The common shapes (a
 // literal, "prefix*", "*suffix", "*infix*", "*") get their own matchers;
-// the rest fall back to a backtracking matcher. Matching never allocates.
-// A glob is immutable and safe for concurrent use.
+// the rest fall back to a backtracking matcher. A pattern that starts
+// with '~' is instead an RE2 regular expression that must match the
+// whole value (see config.CompileRegexp). Matching never allocates (a
+// regexp reuses its matching machines). A glob is immutable and safe for
+// concurrent use.
 type glob struct {
 	kind globKind
-	lit  string // the literal part, for every kind but globAny and globGeneral
-	litb []byte // lit as bytes, for bytes.Contains
-	pat  string // the pattern with runs of '*' collapsed, for globGeneral
+	re   *regexp.Regexp // for globRegexp; pat holds the pattern as written
+	lit  string         // the literal part, for every kind but globAny and globGeneral
+	litb []byte         // lit as bytes, for bytes.Contains
+	pat  string         // the pattern with runs of '*' collapsed, for globGeneral
 	// For globSegments: the pattern is first*mid[0]*…*mid[n-1]*last.
 	first, last string
 	mid         [][]byte
@@ -30,10 +37,23 @@ const (
 	globContains                 // "*abc*"
 	globSegments                 // "a*b*c": stars only, one inside
 	globGeneral                  // anything with '?' and a '*'
+	globRegexp                   // "~re": a regular expression
 )
 
-// compileGlob compiles pattern. Every string is a valid glob.
-func compileGlob(pattern string) glob {
+// compileGlob compiles pattern. Every string is a valid glob; a "~re"
+// pattern fails when re is not a valid regular expression.
+func compileGlob(pattern string) (glob, error) {
+	if re, ok, err := config.CompileRegexp(pattern); ok {
+		if err != nil {
+			return glob{}, err
+		}
+		return glob{kind: globRegexp, re: re, pat: pattern}, nil
+	}
+	return compileWildcards(pattern), nil
+}
+
+// compileWildcards compiles pattern as a glob of '*' and '?'.
+func compileWildcards(pattern string) glob {
 	p := collapseStars(pattern)
 	if p == "*" {
 		return glob{kind: globAny}
@@ -94,6 +114,8 @@ func (g *glob) match(s []byte) bool {
 		return bytes.Contains(s, g.litb)
 	case globSegments:
 		return g.matchSegments(s)
+	case globRegexp:
+		return g.re.Match(s)
 	}
 	return matchGeneral(g.pat, s)
 }
@@ -159,5 +181,5 @@ func (g *glob) String() string {
 	case globContains:
 		return "*" + g.lit + "*"
 	}
-	return g.pat // globSegments, globGeneral
+	return g.pat // globSegments, globGeneral, globRegexp
 }

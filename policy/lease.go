@@ -37,8 +37,10 @@ var (
 // refuse a second settle of it.
 const MaxLeaseAge = 10 * time.Minute
 
-// leaseVersion is the first byte of an encoded lease.
-const leaseVersion = 2
+// leaseVersion is the first byte of an encoded lease. A lease of
+// another version (one that names its slots by time alone, from a daemon
+// before slot ids) does not parse: it is malformed, and changes nothing.
+const leaseVersion = 3
 
 // leaseEncoding reads leases: strict, so that one lease has one spelling.
 var leaseEncoding = base64.RawURLEncoding.Strict()
@@ -53,8 +55,9 @@ const (
 )
 
 // A lease names what an acquire took, so that any daemon of the fleet
-// (this one after a restart included) can release or settle it: nothing
-// of it is kept on the daemon. It is the base64url (unpadded) encoding of
+// with its lease key (this one after a restart included, with
+// store.lease_key_file) can release or settle it: nothing of it is kept
+// on the daemon. It is the base64url (unpadded) encoding of
 //
 //	u8       leaseVersion
 //	uvarint  cost: the units taken under each rate rule: the estimate
@@ -65,14 +68,23 @@ const (
 //	uvarint  at: the decision's time, unix µs of its store's clock
 //	entryTake only: u8 algo.Kind, uvarint limit, uvarint period µs,
 //	         uvarint burst: the limit the units were taken from
+//	else (a concurrency slot): 8 bytes, big-endian: the slot's id
+//	         (nextSlot), 0 for a store that holds no slot by id
 //	uvarint  key length, key: the counter key (rule name, 0x00, values)
 //	16 bytes HMAC-SHA256 of all the above, under Stores.LeaseKey
 //
-// The signature keeps a client from settling units it never took: a
-// forged lease could otherwise refund any key. A release needs none: it
-// only frees slots, which a caller on the socket could hold or not at
-// will; so the daemons of a fleet release each other's leases with no
-// shared key, and settle them only with one. A lease is settled once:
+// The signature keeps a client from releasing or settling what it never
+// took: a forged lease could otherwise free any slot, or refund any key.
+// Release and Settle verify it alike, and a lease whose signature does
+// not hold changes nothing (ErrUnknownLease). The daemons of a fleet
+// share the key (store.lease_key_file) to take each other's leases;
+// without it each daemon signs with a random key of its own, and a lease
+// is released or settled only through the daemon that issued it, before
+// it restarts (elsewhere, its slots are held until their timeout).
+//
+// A slot is named by its time and its id, which the store holds as the
+// slot's own entry: a release frees that slot once and no other, however
+// many acquires its store answered at one µs. A lease is settled once:
 // each correction a settle sends carries the lease's identity (the start
 // of its signature) as its algo.Op.Once, marked with the actual cost,
 // which the Redis store records beside the counter, atomically with the
@@ -101,6 +113,37 @@ var leaseNonce = func() *atomic.Uint64 {
 	n.Store(binary.BigEndian.Uint64(b[:]))
 	return n
 }()
+
+// slotSeq numbers the concurrency slots this process acquires, from a
+// random start so that two processes (or one restarted) do not repeat
+// each other's.
+var slotSeq = func() *atomic.Uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("BUG: policy: no randomness: " + err.Error())
+	}
+	n := new(atomic.Uint64)
+	n.Store(binary.BigEndian.Uint64(b[:]))
+	return n
+}()
+
+// nextSlot returns the id of a new slot: never 0, never the same twice
+// in a process (splitmix64's finalizer, a bijection, of the next count),
+// and as unlikely to be another process's as two random 64-bit numbers
+// are to meet.
+func nextSlot() uint64 {
+	for {
+		x := slotSeq.Add(1)
+		x ^= x >> 30
+		x *= 0xbf58476d1ce4e5b9
+		x ^= x >> 27
+		x *= 0x94d049bb133111eb
+		x ^= x >> 31
+		if x != 0 {
+			return x
+		}
+	}
+}
 
 // leaseKey returns the key that signs p's leases.
 func (p *Policy) leaseKey() []byte {
@@ -171,6 +214,8 @@ func (p *Policy) lease(ctx context.Context, now time.Time, cost int64, sc *Scrat
 			raw = binary.AppendUvarint(raw, uint64(params.Limit))
 			raw = binary.AppendUvarint(raw, uint64(params.PeriodMicros()))
 			raw = binary.AppendUvarint(raw, uint64(params.Burst))
+		} else {
+			raw = binary.BigEndian.AppendUint64(raw, t.slot)
 		}
 		raw = binary.AppendUvarint(raw, uint64(t.end-t.start))
 		raw = append(raw, sc.keys[t.start:t.end]...)
@@ -200,6 +245,7 @@ type leaseEntry struct {
 	flags  byte
 	at     int64
 	params algo.Params // entryTake only
+	slot   uint64      // a slot's id (not entryTake)
 	key    []byte
 }
 
@@ -212,8 +258,9 @@ type parsedLease struct {
 }
 
 // parseLease decodes lease and verifies its signature under key. A lease
-// that does not parse is ErrBadLease; one whose signature does not hold
-// (another daemon's with another key, or forged) is not signed.
+// that does not parse (of another leaseVersion included) is ErrBadLease;
+// one whose signature does not hold (another daemon's with another key,
+// or forged) is not signed.
 func parseLease(lease, key []byte) (parsedLease, error) {
 	var pl parsedLease
 	raw, err := leaseEncoding.AppendDecode(nil, lease)
@@ -260,6 +307,11 @@ func parseLease(lease, key []byte) (parsedLease, error) {
 				return pl, ErrBadLease
 			}
 			e.params.Limit, e.params.Period, e.params.Burst = int64(limit), time.Duration(per)*time.Microsecond, int64(burst)
+		} else {
+			if len(b) < 8 {
+				return pl, ErrBadLease
+			}
+			e.slot, b = binary.BigEndian.Uint64(b), b[8:]
 		}
 		kl, ok := uv(uint64(len(b)))
 		if !ok || kl == 0 || kl > uint64(len(b)) {
@@ -319,7 +371,9 @@ func unmarkSettled(tag uint64) {
 
 // Release gives back the concurrency slots of lease, which AcquireTo
 // returned (here or on another daemon with the same Stores.LeaseKey), at
-// now: Settle at the estimate. See Settle for its Decision; a lease that
+// now: Settle at the estimate. Each slot is freed once: a second release
+// of the lease finds its slots gone (ErrUnknownLease), and frees no
+// other lease's. See Settle for its Decision; a lease that
 // names no slot (an acquire that only rate rules counted) releases
 // nothing and is allowed with no rule, and one whose slots are all gone
 // is ErrUnknownLease.
@@ -354,9 +408,9 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 	switch {
 	case errors.Is(err, ErrBadLease):
 		return Decision{Status: StatusError, Code: CodeMalformed, Err: fmt.Errorf("policy: %s: %w", what, err)}
-	case err == nil && settle && !pl.signed:
-		// Only a release, which can only free slots, takes a lease
-		// signed with another key.
+	case err == nil && !pl.signed:
+		// Forged, altered, or signed with another key: a release of it
+		// could free another client's slot.
 		err = fmt.Errorf("%w: not signed with this daemon's lease key (give the fleet one: store.lease_key_file)", ErrUnknownLease)
 	case err == nil && now.UnixMicro()-pl.issued > MaxLeaseAge.Microseconds():
 		err = fmt.Errorf("%w: acquired more than %s ago", ErrUnknownLease, MaxLeaseAge)
@@ -406,7 +460,7 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 		op := algo.Op{Key: e.key, TakenAt: e.at}
 		switch {
 		case e.flags&entryTake == 0 && r.base.Kind == algo.Concurrency:
-			op.Kind, op.Params, op.N = algo.OpRelease, r.slotParams(e.key, now.UnixNano()), 1
+			op.Kind, op.Params, op.N, op.Slot = algo.OpRelease, r.slotParams(e.key, now.UnixNano()), 1, e.slot
 		case e.flags&entryTake != 0 && actual > pl.cost:
 			op.Kind, op.Params, op.N = algo.OpCharge, e.params, actual-pl.cost
 		case e.flags&entryTake != 0 && actual < pl.cost:
@@ -465,7 +519,7 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 			op = ops[0]
 		}
 		if op.Kind == algo.OpRelease && op.Admitted == 0 {
-			continue // expired, or released through another lease of its µs
+			continue // expired, or released already
 		}
 		changed++
 		switch op.Kind {

@@ -131,6 +131,17 @@ period = "1m"
 		// /v1/search: the rules search, per-tier and per-tenant apply.
 		{"shipped-rld.toml", "", descs("api_key=sk_live_1234567890", "endpoint=/v1/search", "tier=pro", "tenant=acme"), 2 * time.Second, StatusAllowed},
 		{"allow-list", "", descs("api_key=sk_internal_1", "endpoint=/v1/search"), 0, StatusAllowed},
+		// The one-rule case with a regexp match and an enforce share
+		// (this key is inside it).
+		{"regexp-rollout", `
+[[rule]]
+name = "search"
+match = { endpoint = "~/v1/(search|find)(/.*)?" }
+by = ["api_key"]
+limit = 100000000
+period = "1m"
+enforce = "50%"
+`, descs("api_key=sk_live_1234567890", "endpoint=/v1/search"), time.Millisecond, StatusAllowed},
 		// A hot key over its limit: per-tenant allows, search denies and
 		// per-tenant's take is refunded.
 		{"denied-with-refund", `

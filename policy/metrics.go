@@ -30,8 +30,9 @@ type counters [numDecisions]*metrics.Counter
 // newCounters returns the series rld_checks_total{rule="…",decision="…"}
 // of rule for the decisions it can make; the others stay nil. Every check
 // counts one series: the rule that decided ("deny", "allow", "none" when
-// no rule applied, or a rule's name) with its decision; a shadow rule
-// that would have denied counts decision="shadow_limited" besides. A
+// no rule applied, or a rule's name) with its decision; a shadow rule,
+// or a rule on a key outside its enforce share, that would have denied
+// counts decision="shadow_limited" besides. A
 // decision of a rule's fail mode while its store fails (see Fallback)
 // counts "allowed_degraded" or "limited_degraded".
 func newCounters(rule string, ds ...decision) *counters {
@@ -58,6 +59,15 @@ var fallbackSeeded = metrics.NewCounter("rld_fallback_seeded_total")
 // series.
 func AutoBlocks(rule string) *metrics.Counter {
 	return metrics.GetOrCreateCounter(fmt.Sprintf(`rld_auto_blocks_total{rule=%q}`, rule))
+}
+
+// RolloutLimited returns the series rld_rollout_limited_total{rule="…"}
+// of rule: checks of keys outside the rule's enforce share that the rule
+// would have refused, and admitted (each counts decision="shadow_limited"
+// in rld_checks_total too). A rule that enforces only a share of its keys
+// has it from the start.
+func RolloutLimited(rule string) *metrics.Counter {
+	return metrics.GetOrCreateCounter(fmt.Sprintf(`rld_rollout_limited_total{rule=%q}`, rule))
 }
 
 // The releases of concurrency slots (Release): leases that gave slots

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
@@ -83,6 +84,13 @@ type rule struct {
 	store  Store      // where the rule's counters live: by its mode
 	local  LocalTaker // store, when it can answer on the host; else nil
 	m      *counters
+
+	// share is the enforce share in basis points: a key whose hash
+	// (keyShare) is below it is enforced, the others run as shadow.
+	// config.FullShare enforces every key. rollout counts the denials
+	// the share left unenforced (nil at the full share).
+	share   uint32
+	rollout *metrics.Counter
 
 	// The run-time changes of the rule (see Changes); changed is set
 	// when it has any.
@@ -181,11 +189,12 @@ func (sc *Scratch) Flush() {
 // taken is one admitted take, to refund or report. It holds no pointers,
 // so that recording it costs no write barrier.
 type taken struct {
-	rule, tier int32 // indexes in Policy.rules and of the rule's limit (see paramsAt)
-	start, end int32 // the key is keys[start:end]
-	at         int64 // the store's Result.At, passed back by a refund
-	shadow     bool  // a shadow rule's take: refunded, never reported
-	local      bool  // taken from the Fallback's local state, not the rule's store
+	rule, tier int32  // indexes in Policy.rules and of the rule's limit (see paramsAt)
+	start, end int32  // the key is keys[start:end]
+	at         int64  // the store's Result.At, passed back by a refund
+	slot       uint64 // a concurrency slot's id (SlotTaker), else 0
+	shadow     bool   // a shadow rule's take: refunded, never reported
+	local      bool   // taken from the Fallback's local state, not the rule's store
 }
 
 // take records a take of rule index i, tier ti, whose key is
@@ -201,7 +210,7 @@ func (sc *Scratch) take(i, ti, start, end int, at int64) *taken {
 	}
 	t := &sc.taken[n]
 	t.rule, t.tier, t.start, t.end, t.at = int32(i), int32(ti), int32(start), int32(end), at
-	t.shadow, t.local = false, false
+	t.slot, t.shadow, t.local = 0, false, false
 	return t
 }
 
@@ -307,7 +316,11 @@ func compileSelectors(list []string) ([]selector, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, selector{name: sel.Name, glob: compileGlob(sel.Glob)})
+		g, err := compileGlob(sel.Glob)
+		if err != nil {
+			return nil, fmt.Errorf("selector %q: %w", s, err)
+		}
+		out = append(out, selector{name: sel.Name, glob: g})
 	}
 	return out, nil
 }
@@ -339,11 +352,23 @@ func compileRule(r *rule, cr *config.Rule) error {
 		pen:    compilePenalty(cr),
 	}
 	AutoBlocks(cr.Name) // served from the start, as rld_checks_total is
+	share, err := config.ParseShare(cr.Enforce)
+	if err != nil {
+		return fmt.Errorf("enforce: %w", err)
+	}
+	r.share = uint32(share)
+	if share < config.FullShare {
+		r.rollout = RolloutLimited(cr.Name)
+	}
 	for name, g := range cr.Match {
 		if err := config.CheckGlob(g); err != nil {
 			return fmt.Errorf("match.%s: %w", name, err)
 		}
-		r.match = append(r.match, selector{name: name, glob: compileGlob(g)})
+		cg, err := compileGlob(g)
+		if err != nil {
+			return fmt.Errorf("match.%s: %w", name, err)
+		}
+		r.match = append(r.match, selector{name: name, glob: cg})
 	}
 	// Map order is random: fix one so that every Policy of a file behaves
 	// (and costs) the same.
@@ -540,6 +565,9 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		ti = r.limitIndex(ti, key, c.descs, now)
 	}
 	params := r.paramsAt(ti)
+	// A shadow rule, or a key outside the rule's enforce share, is
+	// counted and never refused.
+	shadow := r.shadow || !r.enforces(key)
 	// A concurrency rule holds slots for an acquire only: a check or a
 	// peek looks for a free slot and holds none (nothing to release).
 	// It holds (or looks for) one slot per request, whatever the cost:
@@ -551,7 +579,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 			peek, hold = true, false
 		}
 	}
-	if r.pen != nil && r.pen.penalty {
+	if r.pen != nil && r.pen.penalty && !shadow {
 		if ra, ok := p.pens.cooldown(r, key, c.descs, c.now.UnixNano(), c.peek); ok {
 			// In a cooldown: refused here, until its end.
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
@@ -563,38 +591,54 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 	}
 	var res algo.Result
 	var err error
+	var slot uint64 // an acquire's slot id, when the store holds slots by id
+	st, slots := r.store.(SlotTaker)
+	if slots && hold && params.Kind == algo.Concurrency && !peek {
+		slot = nextSlot()
+	}
 	switch {
 	case c.slow:
 		err = errSkipped
+	case c.local && slot != 0:
+		// A slot is held at its store, never on the host.
+		p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
+		return wait
 	case c.local:
 		var ok bool
 		if r.local != nil {
 			res, ok = r.local.TakeLocal(key, *params, cost, c.now, peek)
 		}
-		if !ok || (r.shadow && !res.Allowed) {
+		if !ok || (shadow && !res.Allowed) {
 			// A shadow denial is counted at once: left to CheckTo, so
 			// that it is counted once.
 			p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
 			return wait
 		}
+	case slot != 0:
+		res, err = st.TakeSlot(c.ctx, key, *params, slot, c.now)
+		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	default:
 		res, err = r.store.Take(c.ctx, key, *params, cost, c.now, peek)
 		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	}
 	switch {
-	case r.shadow:
+	case shadow:
 		if err != nil {
 			sc.count(r.m, decError)
 		} else if !res.Allowed {
 			sc.count(r.m, decShadowLimited)
+			if !r.shadow {
+				r.rollout.Inc()
+			}
 		} else if hold {
 			// Refunded with the others when a rule denies, so that
 			// shadow counts show what enforcing the rule would do.
-			sc.take(i, ti, start, len(sc.keys), res.At).shadow = true
+			t := sc.take(i, ti, start, len(sc.keys), res.At)
+			t.shadow, t.slot = true, slot
 		}
 		return pass // never denies or decides
 	case err != nil && p.fallback != nil:
-		res, err = p.fallback.decide(r.fail, params, key, cost, c.now, peek, err)
+		res, err = p.fallback.decide(r.fail, params, key, cost, slot, c.now, peek, err)
 		if err != nil {
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 			*d = p.storeFailed(r, params, err)
@@ -613,7 +657,8 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		}
 		c.degraded = true
 		if hold {
-			sc.take(i, ti, start, len(sc.keys), res.At).local = true
+			t := sc.take(i, ti, start, len(sc.keys), res.At)
+			t.local, t.slot = true, slot
 		}
 	case err != nil:
 		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
@@ -641,7 +686,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		d.set(StatusLimited, false, r.name, &res, params)
 		return decided
 	case hold:
-		sc.take(i, ti, start, len(sc.keys), res.At)
+		sc.take(i, ti, start, len(sc.keys), res.At).slot = slot
 	}
 	if c.best < 0 || res.Remaining < d.Result.Remaining {
 		c.best, c.bestTier = i, ti
@@ -669,7 +714,7 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 		}
 		start := len(sc.keys)
 		var ok bool
-		if sc.keys, ok = o.appendKey(sc.keys, descs); !ok {
+		if sc.keys, ok = o.appendKey(sc.keys, descs); !ok || !o.enforces(sc.keys[start:]) {
 			sc.keys = sc.keys[:start]
 			continue
 		}
@@ -751,6 +796,16 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, sl
 			cost = 1 // the slot of this request, not its cost
 		}
 		switch {
+		case t.slot != 0 && (t.local || !slow):
+			// A slot goes back by its id: exactly this request's.
+			op := algo.Op{Kind: algo.OpRelease, Key: sc.keys[t.start:t.end], Params: *params, N: 1, TakenAt: t.at, Slot: t.slot}
+			if t.local {
+				if p.fallback == nil || !p.fallback.do(&op, now) {
+					refundErrors.Inc()
+				}
+			} else if !releaseSlot(ctx, r.store, &op, now) {
+				refundErrors.Inc()
+			}
 		case t.local:
 			p.fallback.refund(sc.keys[t.start:t.end], params, cost, takenAt, now)
 		case slow:
@@ -761,6 +816,31 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, sl
 			}
 		}
 	}
+}
+
+// enforces reports whether r enforces its counter key key: every key at
+// the full share, else those whose keyShare is below the share. The hash
+// is fixed, so raising the share keeps every key it enforced.
+func (r *rule) enforces(key []byte) bool {
+	return r.share >= config.FullShare || keyShare(key) < r.share
+}
+
+// keyShare places a counter key in the enforce shares: its xxhash, 0 to
+// config.FullShare-1 (basis points). It is the same on every daemon and
+// every run.
+func keyShare(key []byte) uint32 {
+	return uint32(xxhash.Sum64(key) % config.FullShare)
+}
+
+// releaseSlot runs the release op at store, and reports whether the
+// store ran it without an error.
+func releaseSlot(ctx context.Context, store Store, op *algo.Op, now time.Time) bool {
+	o, ok := store.(Operator)
+	if !ok {
+		return false
+	}
+	ops := [1]algo.Op{*op}
+	return o.Do(ctx, ops[:], now) == nil && ops[0].Err == nil
 }
 
 // lookup returns the value of the first descriptor called name.

@@ -23,6 +23,20 @@ type Store interface {
 	Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error
 }
 
+// SlotTaker is implemented by the stores that hold a concurrency limit's
+// slots by id (memstore, the Redis store through the hot-key cache's
+// Strict): an acquire's slot is then its own, and a release names it by
+// its id and time, freeing that slot once and no other. A store without
+// it holds an acquire's slot as a take of 1, named by its time alone,
+// which acquires at one microsecond share.
+type SlotTaker interface {
+	// TakeSlot decides one slot of the Concurrency limit p for key at
+	// now and holds it, when it fits, as the slot named slot (non-zero,
+	// unique among the key's). The Result's At is the slot's time: an
+	// algo.OpRelease of TakenAt At and Slot slot releases it.
+	TakeSlot(ctx context.Context, key []byte, p algo.Params, slot uint64, now time.Time) (algo.Result, error)
+}
+
 // DenialPeeker is implemented by stores that can answer more cheaply the
 // peeks a denied check makes of the rules after the one that denied it,
 // which look only for a longer retry-after to report (see Check). Such a

@@ -24,13 +24,14 @@ const (
 	opGrant
 	opRelease
 	opCharge
+	opAcquire
 	numOps
 )
 
-var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge"}
+var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge", opAcquire: "acquire"}
 
 // scriptOp is the op argument (ARGV[1]) of the scripts.
-var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge"}
+var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge", opAcquire: "acquire"}
 
 func (o op) String() string { return opNames[o] }
 

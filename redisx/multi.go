@@ -21,7 +21,7 @@ import (
 )
 
 // The ops Store.Do runs are algo.Ops, of every kind. Do sets Admitted
-// (OpTakeLease, OpRelease), Granted (OpLease, OpTakeLease), Parked
+// (OpTakeLease, OpRelease, OpAcquire), Granted (OpLease, OpTakeLease), Parked
 // (OpTakeLease), Result and Err. An op with a Holder, and every OpReset,
 // goes with the lease accounting: the counter's hash of units out on
 // lease (its Redis key and ":out") is the script's KEYS[2]. N below
@@ -29,7 +29,11 @@ import (
 // OpRelease; an OpRefund of
 // less than 1 is invalid (not sent, Err set), since giving back a unit
 // that was never taken would over-admit, and so is an OpTakeLease with
-// no Costs or an N below 0. Key is the counter key, as given to
+// no Costs or an N below 0, an OpAcquire with no Slots, a Slot 0 in
+// them, or of a limit other than Concurrency, and an OpRelease with a
+// Slot of another limit. An OpRelease with a Slot releases the slot of
+// that id (sent in 16 hex digits), one with none the admission of a
+// take. Key is the counter key, as given to
 // Store.Take: Do applies AppendKey with the Store's prefix and
 // Params.Kind. An OpRefund's TakenAt is on Redis's clock (the Result.At
 // of the lease). An op whose Err is a timeout may still have been
@@ -44,6 +48,7 @@ import (
 var opKindMetric = [algo.NumOpKinds]op{
 	algo.OpTake: opTake, algo.OpPeek: opPeek, algo.OpLease: opLease, algo.OpTakeLease: opBatch,
 	algo.OpRefund: opRefund, algo.OpReset: opReset, algo.OpGrant: opGrant, algo.OpRelease: opRelease, algo.OpCharge: opCharge,
+	algo.OpAcquire: opAcquire,
 }
 
 // DefaultSyncTimeout bounds a Sync whose context has no deadline: a sync
@@ -417,7 +422,25 @@ func checkOp(o *algo.Op) error {
 	if o.Kind == algo.OpTakeLease && (len(o.Costs) == 0 || o.N < 0) {
 		return fmt.Errorf("%w: takelease of %d costs, want %d", errInvalidOp, len(o.Costs), o.N)
 	}
+	if o.Kind == algo.OpAcquire && (len(o.Slots) == 0 || slices.Contains(o.Slots, 0) || o.Params.Kind != algo.Concurrency) {
+		return fmt.Errorf("%w: acquire of %d slots (ids not 0) of a %s limit, want concurrency", errInvalidOp, len(o.Slots), o.Params.Kind)
+	}
+	if (o.Kind == algo.OpAcquire || o.Kind == algo.OpRelease && o.Slot != 0) && o.Once != 0 {
+		return fmt.Errorf("%w: %s of a slot with a once id", errInvalidOp, o.Kind)
+	}
 	return nil
+}
+
+// hexSlot returns a slot id as the scripts take it: 16 lowercase hex
+// digits.
+func hexSlot(id uint64) string {
+	const digits = "0123456789abcdef"
+	var b [16]byte
+	for i := 15; i >= 0; i-- {
+		b[i] = digits[id&15]
+		id >>= 4
+	}
+	return string(b[:])
 }
 
 // command builds the script call of o on rkey: EVALSHA, or EVAL with the
@@ -438,8 +461,17 @@ func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool
 		for _, c := range o.Costs {
 			b.args = append(b.args, strconv.FormatInt(max(c, 1), 10))
 		}
-	case algo.OpRefund, algo.OpRelease:
+	case algo.OpRefund:
 		b.args = append(b.args, strconv.FormatInt(o.N, 10), strconv.FormatInt(o.TakenAt, 10))
+	case algo.OpRelease:
+		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10), strconv.FormatInt(o.TakenAt, 10))
+		if o.Slot != 0 {
+			b.args = append(b.args, hexSlot(o.Slot))
+		}
+	case algo.OpAcquire:
+		for _, id := range o.Slots {
+			b.args = append(b.args, hexSlot(id))
+		}
 	default:
 		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10))
 	}
@@ -508,6 +540,10 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 	case algo.OpRelease:
 		o.Admitted = int(v[0])
 		o.Result = result(o.Params, v, false)
+	case algo.OpAcquire:
+		// now_us is the slots' time (result's At).
+		o.Admitted = int(v[0])
+		o.Result = result(o.Params, v, int(v[0]) == len(o.Slots))
 	}
 }
 

@@ -18,7 +18,9 @@ const recallChannel = "recall"
 // Recalls is the fleet's channel of lease recalls: a daemon that Redis
 // refuses while other daemons hold unused lease units of the key asks
 // them, here, to give that key's lease back at once; a daemon that
-// resets a key tells the others to drop what they know of it. Safe for
+// resets a key tells the others to drop what they know of it; a daemon
+// that gave units of a key back (a settle's refund) tells the others to
+// drop their denial and view of it (Recall.Refunded). Safe for
 // concurrent use.
 type Recalls struct {
 	c       *Client
@@ -37,11 +39,24 @@ type Recall struct {
 	Key  []byte
 	// From is the holder id of the daemon that sent it.
 	From string
+	// Refunded: the key's counter was given units back, which the
+	// receivers' denials and views of it do not know of; their leases
+	// stay theirs. Otherwise the key's leases are recalled.
+	Refunded bool
 }
 
-// appendRecall appends r's message to dst: the kind, a space, From (no
-// space in it), a space, the key's bytes.
+// refundedMark starts the kind of a message of Recall.Refunded: a
+// daemon that does not know it skips the message as one it cannot
+// parse, rather than taking it for a recall.
+const refundedMark = 'r'
+
+// appendRecall appends r's message to dst: the kind (after refundedMark
+// when r is Refunded), a space, From (no space in it), a space, the
+// key's bytes.
 func appendRecall(dst []byte, r Recall) []byte {
+	if r.Refunded {
+		dst = append(dst, refundedMark)
+	}
 	dst = strconv.AppendUint(dst, uint64(r.Kind), 10)
 	dst = append(dst, ' ')
 	dst = append(dst, r.From...)
@@ -53,11 +68,15 @@ func appendRecall(dst []byte, r Recall) []byte {
 func parseRecall(msg string) (Recall, error) {
 	k, rest, ok1 := strings.Cut(msg, " ")
 	from, key, ok2 := strings.Cut(rest, " ")
+	refunded := strings.HasPrefix(k, string(refundedMark))
+	if refunded {
+		k = k[1:]
+	}
 	kind, err := strconv.ParseUint(k, 10, 8)
 	if !ok1 || !ok2 || err != nil || kind > uint64(algo.FixedWindow) || key == "" {
 		return Recall{}, fmt.Errorf("redisx: recalls: bad message %q", msg)
 	}
-	return Recall{Kind: algo.Kind(kind), Key: []byte(key), From: from}, nil
+	return Recall{Kind: algo.Kind(kind), Key: []byte(key), From: from, Refunded: refunded}, nil
 }
 
 // Publish announces r on the channel, as one call (through the circuit

@@ -18,12 +18,13 @@ func TestRecallMessageRoundTrip(t *testing.T) {
 		{Kind: algo.TokenBucket, Key: []byte("rule\x00\x03abc"), From: "host/1/ab"},
 		{Kind: algo.FixedWindow, Key: []byte("a key with spaces } {"), From: ""},
 		{Kind: algo.SlidingCounter, Key: []byte{0xff, 0}, From: "x"},
+		{Kind: algo.GCRA, Key: []byte("k"), From: "h/2/cd", Refunded: true},
 	} {
 		got, err := parseRecall(string(appendRecall(nil, r)))
 		require.NoError(t, err)
 		assert.Equal(t, r, got)
 	}
-	for _, bad := range []string{"", "0", "0 from", "9 from key", "x from key", "-1 from key", "0 from "} {
+	for _, bad := range []string{"", "0", "0 from", "9 from key", "x from key", "-1 from key", "0 from ", "r from key", "rr0 from key", "r-1 from key", "R0 from key"} {
 		_, err := parseRecall(bad)
 		assert.Error(t, err, "%q", bad)
 	}
@@ -41,7 +42,7 @@ func FuzzParseRecall(f *testing.F) {
 			return
 		}
 		back, err := parseRecall(string(appendRecall(nil, r)))
-		if err != nil || back.Kind != r.Kind || back.From != r.From || !bytes.Equal(back.Key, r.Key) {
+		if err != nil || back.Kind != r.Kind || back.From != r.From || back.Refunded != r.Refunded || !bytes.Equal(back.Key, r.Key) {
 			t.Fatalf("%q parsed to %+v, written back it parses to %+v (%v)", msg, r, back, err)
 		}
 	})
@@ -77,6 +78,15 @@ func TestRecallsPubSub(t *testing.T) {
 		assert.Equal(t, want, r)
 	case <-time.After(5 * time.Second):
 		t.Fatal("no recall")
+	}
+	refunded := Recall{Kind: algo.TokenBucket, Key: []byte("k"), From: "d2", Refunded: true}
+	_, err = rs.Publish(context.Background(), refunded)
+	require.NoError(t, err)
+	select {
+	case r := <-got:
+		assert.Equal(t, refunded, r, "a refund's announcement")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no refund's announcement")
 	}
 	_, err = rs.Publish(context.Background(), Recall{Key: []byte("k"), From: "a b"})
 	assert.Error(t, err, "a sender id with a space")

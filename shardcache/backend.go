@@ -22,7 +22,8 @@ type Backend interface {
 	// the units leased and the Result after them (At: the store's time).
 	TakeLease(ctx context.Context, key []byte, p algo.Params, costs []int64, want int64) (admitted int, leased int64, r algo.Result, err error)
 	// Sync runs ops (algo.OpPeek, OpLease and OpRefund from the sync
-	// loop; OpReset and OpGrant from Do) in one pipelined
+	// loop; OpReset and OpGrant from Do; OpAcquire from the strict
+	// acquires of slots) in one pipelined
 	// round trip per store node, filling each op's Granted, Result and
 	// Err as algo.Apply would. Without a deadline in ctx it bounds the
 	// call itself.

@@ -61,6 +61,12 @@ type Options struct {
 	// refused on the strength of quota parked in their leases. A reset
 	// calls it too, so that they drop their view of the key.
 	Recall func(ctx context.Context, key []byte, kind algo.Kind) error
+	// Refunded, when set, tells the other daemons that units of key
+	// (under algorithm kind) went back to the store (see Cache.Corrected):
+	// a settle's refund through Cache.Do announces itself so, so that a
+	// denial another daemon holds of the key, from before the refund,
+	// does not refuse checks the refund made room for.
+	Refunded func(ctx context.Context, key []byte, kind algo.Kind) error
 	// RecallWait bounds how long a refused take waits for recalled
 	// units, retrying the store meanwhile (Timeout / 2 when 0): at most
 	// that much is added to a check's latency, and only when other
@@ -163,6 +169,7 @@ type entry struct {
 
 	spent        int64      // units admitted from the lease not yet reported to the store
 	noLeaseUntil int64      // recalled: lease nothing more until then
+	staleBefore  int64      // an answer to a call sent at or before this time (Options.Clock) installs no denial: the key changed since
 	gone         missReason // why the lease is empty, when it is
 }
 
@@ -329,7 +336,8 @@ func (c *Cache) local(e *entry, ns, cost int64, peek bool) (algo.Result, bool) {
 // units of the cache's own lease are not included: the cache admits them
 // locally while the lease holds, store or no store. A Fallback starts a
 // key's local state from it (policy.FallbackOptions.Seed), so that an
-// outage does not hand out quota the fleet had already spent.
+// outage does not hand out quota the fleet had already spent. It knows
+// the keys of strict rules (Strict) as well as cached ones.
 func (c *Cache) Known(key []byte, p algo.Params, now time.Time) (remaining int64, ok bool) {
 	ns := now.UnixNano()
 	sh := c.shard(key)
@@ -382,8 +390,9 @@ func (c *Cache) Refund(ctx context.Context, key []byte, p algo.Params, cost int6
 type missReq struct {
 	p    algo.Params
 	cost int64
-	ns   int64 // the check's time, local unix ns
-	keep int64 // a denial's peek: how long to keep the answer, ns
+	ns   int64  // the check's time, local unix ns
+	keep int64  // a denial's peek: how long to keep the answer, ns
+	slot uint64 // a strict acquire's slot id (Strict.TakeSlot), else 0
 }
 
 type missResp struct {
@@ -470,6 +479,10 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		sh.mu.Lock()
 		e = c.entry(sh, key, p)
 		c.applyLease(key, e, leased, r, sent, warm)
+		// An answer from before a change of the key (a refund, a
+		// reset) may know too little quota, never too much: its view
+		// is kept (what a Fallback starts from), its denial is not.
+		stale := sent <= e.staleBefore
 		c.learn(e, r, sent)
 		if leased == 0 && e.lease == 0 {
 			e.gone = missNoLease
@@ -494,7 +507,10 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		if admitted < len(costs) {
 			e.denials += int64(len(costs) - admitted)
 			denied = algo.Result{Limit: p.Capacity(), Remaining: r.Remaining, Reset: r.Reset, RetryAfter: r.RetryAfter, At: r.At}
-			if r.RetryAfter != algo.Never {
+			// The answer of a call sent before the key changed (a
+			// refund, a reset) is given to the checks it decided, but
+			// is not kept: the change may have made room since.
+			if r.RetryAfter != algo.Never && !stale {
 				denied.RetryAfter = c.denialFor(e, r.RetryAfter)
 				e.deniedUntil = sent + int64(denied.RetryAfter)
 				e.deniedCost = costs[admitted]

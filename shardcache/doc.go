@@ -39,7 +39,11 @@
 // once) and retries until the take fits, nothing is parked any more, or
 // Options.RecallWait passes. A reset (Cache.Do) recalls the key's leases
 // first, leaves a fresh key less the units still out, and announces the
-// key again so that the other daemons drop their view of it.
+// key again so that the other daemons drop their view of it. A settle's
+// refund (Cache.Do) drops the key's denial and view here and, when the
+// key was short of quota, is announced (Options.Refunded): the other
+// daemons drop their denial and view of it (Cache.Corrected), so that
+// the refunded units are usable on every daemon at once.
 //
 // A lease of a windowed algorithm (fixed window, sliding counter) holds
 // slots of the window it was taken in and is valid only while that window
@@ -81,5 +85,8 @@
 // # Strict rules
 //
 // Cache.Strict gives the Store of strict rules: every decision is made by
-// the store, coalesced per key, and nothing is leased.
+// the store, coalesced per key, and nothing is leased. The store's last
+// answer for a strict key is kept as a cached key's is (an entry with
+// no lease, dropped when idle), so that Cache.Known tells a fail-open
+// fallback what the key had left before an outage.
 package shardcache

@@ -24,6 +24,10 @@ var (
 	recallsAdmitted = metrics.NewCounter(`rld_cache_recalls_total{event="admitted"}`)
 	recallsReceived = metrics.NewCounter(`rld_cache_recalls_total{event="received"}`)
 	recallsReturned = metrics.NewCounter(`rld_cache_recalls_total{event="returned"}`)
+	// A settle's refunds announced to the other daemons, and the other
+	// daemons' announcements received (see Cache.Corrected).
+	refundsSent     = metrics.NewCounter(`rld_cache_recalls_total{event="refund_sent"}`)
+	refundsReceived = metrics.NewCounter(`rld_cache_recalls_total{event="refund_received"}`)
 	// Misses: checks of cached rules that waited on the store, by why
 	// the key's lease could not answer them (see missReason).
 	misses = func() (m [len(missNames)]*metrics.Counter) {

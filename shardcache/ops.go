@@ -27,17 +27,28 @@ import (
 // algo.OpRelease, and algo.OpPeek, which records a settle at the
 // estimate) go to the store as they are, within the Timeout: what
 // the cache holds of the key (its lease, already counted at the store)
-// stays; a refund shows in the key's checks once its lease runs out.
+// stays. A refund drops the key's denial and view here (see
+// Corrected), and, when it may make room for checks that were refused
+// (see mayUnblock), is announced to the other daemons
+// (Options.Refunded), which drop theirs: its units are usable on every
+// daemon once the announcement is in.
 func (c *Cache) Do(ctx context.Context, ops []algo.Op, _ time.Time) error {
+	return c.do(ctx, ops, true)
+}
+
+// do is Do; announce false keeps the refunds among ops unannounced
+// (a strict rule's: no daemon holds a denial of its keys).
+func (c *Cache) do(ctx context.Context, ops []algo.Op, announce bool) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
 	if direct(ops) {
-		ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+		tctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
 		defer cancel()
-		if err := c.b.Sync(ctx, ops); err != nil {
+		if err := c.b.Sync(tctx, ops); err != nil {
 			return fmt.Errorf("shardcache: %w", err)
 		}
+		c.refunded(ctx, ops, announce)
 		return nil
 	}
 	resets := false
@@ -94,6 +105,36 @@ func (c *Cache) Do(ctx context.Context, ops []algo.Op, _ time.Time) error {
 		c.recallResets(ctx, ops)
 	}
 	return nil
+}
+
+// refunded handles the refunds among ops, which the store applied: each
+// key's denial and view are dropped here, and announced to the other
+// daemons when the refund may make room for refused checks. An
+// announcement that fails costs a daemon that missed it at most its
+// denial of the key: a sync interval, or a hammered key's retry-after.
+func (c *Cache) refunded(ctx context.Context, ops []algo.Op, announce bool) {
+	for i := range ops {
+		op := &ops[i]
+		if op.Kind != algo.OpRefund || op.Err != nil {
+			continue
+		}
+		c.dropView(op.Key, op.Params.Kind)
+		if announce && c.o.Refunded != nil && mayUnblock(op) {
+			refundsSent.Inc()
+			_ = c.o.Refunded(ctx, op.Key, op.Params.Kind)
+		}
+	}
+}
+
+// mayUnblock reports whether op, a refund the store applied, may make
+// room for checks that were refused before it: its key had less than
+// half its capacity left before it. A key with more refuses only checks
+// of more than half its capacity; announcing every settle's refund of
+// such keys would cost the store a call per settle for nothing.
+func mayUnblock(op *algo.Op) bool {
+	// The Result is a peek of cost 1 after the refund.
+	before := op.Result.Remaining + 1 - op.N
+	return 2*before < op.Params.Capacity()
 }
 
 // recallResets announces the keys of ops's resets with Options.Recall.
@@ -157,8 +198,9 @@ func direct(ops []algo.Op) bool {
 	return len(ops) > 0
 }
 
-// Do runs an operator's ops, and a lease's, as Cache.Do does. It
-// implements policy.Operator.
-func (s *Strict) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
-	return s.c.Do(ctx, ops, now)
+// Do runs an operator's ops, and a lease's, as Cache.Do does, but
+// announces no refund: a strict rule's checks all go to the store, and
+// no daemon holds a denial of its keys. It implements policy.Operator.
+func (s *Strict) Do(ctx context.Context, ops []algo.Op, _ time.Time) error {
+	return s.c.do(ctx, ops, false)
 }

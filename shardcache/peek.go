@@ -112,6 +112,9 @@ func (c *Cache) runPeek(key string, reqs []missReq, out []missResp) error {
 		switch {
 		case r.Allowed && q.keep > 0:
 			e.peekUntil = max(e.peekUntil, sent+q.keep)
+		case !r.Allowed && sent <= e.staleBefore:
+			// Sent before the key changed (a refund, a reset): the
+			// peek's answer, not kept as a denial.
 		case !r.Allowed && r.RetryAfter != algo.Never:
 			e.denials++
 			r.RetryAfter = c.denialFor(e, r.RetryAfter)

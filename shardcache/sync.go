@@ -667,7 +667,7 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 		sh.mu.Unlock()
 		return
 	}
-	e.deniedUntil, e.answerAt, e.peekUntil = 0, 0, 0
+	forgetView(e, c.o.Clock().UnixNano())
 	e.noLeaseUntil = ns + int64(c.o.SyncInterval)
 	c.schedule(sh, e, 0) // an entry without a lease is dropped when idle
 	var op algo.Op
@@ -700,6 +700,52 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 			leasesReturn.Add(int(op.N))
 		}
 	}()
+}
+
+// Corrected handles another daemon's announcement that units of key,
+// under algorithm kind, went back to the store (Options.Refunded: a
+// settle's refund): the entry drops its denial and its view of the
+// key's remaining quota, which are from before the refund, so that the
+// key's next check asks the store, and keeps no denial from a call
+// sent before now, or at the same time (its answer may be from before
+// the refund too; its view, which may know too little quota but never
+// too much, is kept).
+// Its lease, counted at the store already, stays. Keys it does not hold
+// cost nothing. Safe to call from any goroutine.
+func (c *Cache) Corrected(key []byte, kind algo.Kind) {
+	if c.closed.Load() {
+		return
+	}
+	refundsReceived.Inc()
+	c.dropView(key, kind)
+}
+
+// dropView drops the entry of key under kind's denial and view, as of
+// now (see Corrected).
+func (c *Cache) dropView(key []byte, kind algo.Kind) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	if e := sh.m[string(key)]; e != nil && e.p.Kind == kind {
+		forgetView(e, c.o.Clock().UnixNano())
+	}
+	sh.mu.Unlock()
+}
+
+// forgetView drops what e knows of the store's state of its key (its
+// denial, its view of the remaining quota), which a change of the key
+// at the store (a reset, a refund) made wrong, and the denials of calls
+// sent at or before at (Options.Clock), and the denials counted before it: a key
+// hammered before the change is not refused on that account after it,
+// nor takes its whole share of the room the change made (see leaseWant)
+// without recalling what other daemons lease of it. The caller holds
+// e's shard lock.
+func forgetView(e *entry, at int64) {
+	e.deniedUntil, e.answerAt, e.peekUntil = 0, 0, 0
+	e.denials, e.denyRate = 0, 0
+	e.staleBefore = max(e.staleBefore, at)
+	if e.gone == missDenied {
+		e.gone = missRecalled
+	}
 }
 
 // Close stops the cache taking checks and returns every lease it holds,

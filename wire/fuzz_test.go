@@ -75,6 +75,11 @@ func FuzzDecode(f *testing.F) {
 				(req.Op == wire.OpRelease || req.Op == wire.OpSettle) != (len(req.Token) > 0) {
 				t.Fatalf("accepted a frame beyond the limits: %d bytes, %d descriptors", len(in), len(req.Descs))
 			}
+			for _, d := range req.Descs {
+				if limit := wire.MaxValueLen; len(d.Value) > limit && (!wire.IsAttr(d.Name) || len(d.Value) > wire.MaxAttrValueLen) {
+					t.Fatalf("accepted a value of %d bytes for %q", len(d.Value), d.Name)
+				}
+			}
 		} else if _, ok := err.(*wire.Error); !ok {
 			t.Fatalf("DecodeRequest error %v is not a *wire.Error", err)
 		}

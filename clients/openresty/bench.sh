@@ -32,11 +32,15 @@
 # needs nginx, libnginx-mod-http-lua, php-fpm8.2, wrk and taskset (make
 # deps). CONNS=32 and TIMEOUT_MS=200 (the clients' check timeout) by
 # default; CASES="static lua ..." runs only those cases (with their
-# baselines), MODES=unpinned (or pinned) only that mode.
+# baselines), MODES=unpinned (or pinned) only that mode, BASE=lua_empty
+# the baseline of the plain cases instead of static. A before/after of
+# rld.lua against the empty Lua block, in one run:
+#   BEFORE=old/rld.lua BASE=lua_empty CASES="lua lua_before" clients/openresty/bench.sh 2s 5
 set -euo pipefail
 DURATION=${1:-5s}
 ROUNDS=${2:-5}
 CONNS=${CONNS:-32}
+BASE=${BASE:-static}
 # A check that times out fails open and costs nothing: on a loaded machine
 # the default 5 ms would flatter the figures. The run reports failures.
 TIMEOUT_MS=${TIMEOUT_MS:-200}
@@ -241,7 +245,7 @@ for c in $ALL; do
   name=${c%%:*}
   if [ -z "${CASES:-}" ]; then RUN="$RUN $c"; continue; fi
   for want in $CASES; do
-    base=static; case $want in php_*) base=php_nocheck ;; proxy*) base=proxy ;; *_c1) base=static_c1 ;; esac
+    base=$BASE; case $want in php_*) base=php_nocheck ;; proxy*) base=proxy ;; *_c1) base=static_c1 ;; esac
     if [ "$name" = "$want" ] || [ "$name" = "$base" ]; then RUN="$RUN $c"; break; fi
   done
 done
@@ -264,9 +268,9 @@ done | tee "$TMP/results" | awk '{ printf "%-9s %5s %-12s %10.0f %8.0f %8.0f %9s
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "checks that failed (timed out) in the Lua runs: $(curl -s "http://127.0.0.1:$P1/rld-failures")"
 echo
-echo "median over $ROUNDS rounds (ratio and p99 against the same round's baseline: static, static_c1 for the _c1 cases, proxy for proxy_lua, nocheck.php for php):"
+echo "median over $ROUNDS rounds (ratio and p99 against the same round's baseline: $BASE, static_c1 for the _c1 cases, proxy for proxy_lua, nocheck.php for php):"
 printf '%-9s %-12s %10s %9s %7s %12s %9s %7s\n' mode case "req/s" "vs base" "p50 us" "p99 vs base" "nginx us" "rld us"
-awk '
+awk -v base0="$BASE" '
   function median(list,   a, n, i, j, t) {
     n = split(list, a, " ")
     for (i = 2; i <= n; i++) { t = a[i]; for (j = i - 1; j >= 1 && a[j] > t; j--) a[j + 1] = a[j]; a[j + 1] = t }
@@ -276,7 +280,7 @@ awk '
     rounds[$2] = 1; modes[$1] = 1; if (!($3 in seen)) { seen[$3] = 1; order[++nc] = $3 } }
   END {
     for (m in modes) for (i = 1; i <= nc; i++) {
-      c = order[i]; base = c ~ /^php_/ ? "php_nocheck" : c ~ /^proxy/ ? "proxy" : c ~ /_c1$/ ? "static_c1" : "static"
+      c = order[i]; base = c ~ /^php_/ ? "php_nocheck" : c ~ /^proxy/ ? "proxy" : c ~ /_c1$/ ? "static_c1" : base0
       r = ""; d = ""; q = ""
       for (k in rounds) { q = q " " rps[m, k, c]; r = r " " rps[m, k, c] / rps[m, k, base]; d = d " " p99[m, k, c] - p99[m, k, base] }
       printf "%-9s %-12s %10.0f %8.2fx %7.0f %+9.0f us %9.1f %7.1f\n", m, c, median(q), median(r), median(p50[m, c]), median(d), median(nus[m, c]), median(rus[m, c])

@@ -7,9 +7,13 @@
 //
 //   require '/usr/share/rld/Rld.php';
 //   $rld = new Rld('/run/rld/rld.sock');
-//   if (!$rld->enforce(Rld::requestDescriptors())) {
+//   if (!$rld->enforce($rld->attributes())) {
 //       return; // 429 or 403 sent, with the rate-limit headers
 //   }
+//
+// The client sends the request's attributes (docs/protocol.md): the
+// address, method, Host, raw target and some headers as PHP got them;
+// the daemon derives the descriptors its rules match on.
 
 declare(strict_types=1);
 
@@ -35,10 +39,20 @@ final class Rld
     /** The next field of an answer when the daemon does not know when quota comes back. */
     public const NEXT_UNKNOWN = 4294967295;
 
-    private const MAX_FRAME = 16384;
+    /** The headers sent as attributes by default (lower case). */
+    public const DEFAULT_HEADERS = ['x-api-key', 'authorization', 'x-forwarded-for', 'x-real-ip', 'forwarded', 'cookie'];
+    /** The most header names the headers option may list. */
+    public const MAX_HEADERS = 8;
+    /** The error codes (internal, overloaded, unavailable) on which a client fails open, as when rld is down. */
+    public const FAIL_OPEN_CODES = [7, 8, 11];
+
+    private const MAX_FRAME = 65536;
     private const MAX_DESCS = 32;
     private const MAX_NAME = 64;
     private const MAX_VALUE = 1024;
+    private const MAX_ATTR_VALUE = 16384;
+    private const MAX_TARGET = 16384;
+    private const MAX_HEADER_VALUE = 4096;
     private const MAX_MESSAGE = 1024;
     private const MAX_LEASE = 1024;
 
@@ -59,6 +73,7 @@ final class Rld
      * @param bool   $failOpen    enforce() lets requests through when rld cannot be asked
      * @param int    $failStatus  the status enforce() answers when failing closed
      * @param int    $logInterval seconds between two error_log lines about failures (per host)
+     * @param list<string> $headers the request headers attributes() sends (at most 8 names)
      */
     public function __construct(
         private string $socket = '/run/rld/rld.sock',
@@ -66,16 +81,159 @@ final class Rld
         private bool $failOpen = true,
         private int $failStatus = 503,
         private int $logInterval = 10,
+        array $headers = self::DEFAULT_HEADERS,
     ) {
+        $this->sources = self::sources($headers);
+    }
+
+    /** @var array<string, string> each attribute attributes() sends => the $_SERVER entry it is read from */
+    private array $sources;
+
+    /** The attributes every request has, and where PHP keeps them. */
+    private const FIXED = [':peer' => 'REMOTE_ADDR', ':method' => 'REQUEST_METHOD', ':host' => 'HTTP_HOST', ':target' => 'REQUEST_URI'];
+
+    /**
+     * attributes returns the current request's attributes, as PHP got
+     * them, for the daemon to derive descriptors from: :peer
+     * (REMOTE_ADDR), :method (REQUEST_METHOD), :host (HTTP_HOST), :target
+     * (REQUEST_URI, raw), and :h:NAME for each header of the headers
+     * option that the request carries; then $extra, descriptors given by
+     * hand (a map or a list of [name, value] pairs). Whatever is absent is
+     * left out. Nothing is normalised here: the daemon does it.
+     *
+     * @return list<array{0: string, 1: string}>
+     */
+    public function attributes(array $extra = []): array
+    {
+        return self::collect($this->sources, $extra);
+    }
+
+    /**
+     * requestAttributes is attributes() with the header names given:
+     * lower-case names, at most 8 (InvalidArgumentException otherwise).
+     *
+     * @return list<array{0: string, 1: string}>
+     */
+    public static function requestAttributes(array $headers = self::DEFAULT_HEADERS, array $extra = []): array
+    {
+        return self::collect(self::sources($headers), $extra);
+    }
+
+    /**
+     * @param array<string, string> $sources attribute name => $_SERVER entry
+     * @return list<array{0: string, 1: string}>
+     */
+    private static function collect(array $sources, array $extra): array
+    {
+        $a = [];
+        foreach ($sources as $name => $var) {
+            if (isset($_SERVER[$var])) {
+                $a[] = [$name, (string) $_SERVER[$var]];
+            }
+        }
+        foreach (self::pairs($extra) as $p) {
+            $a[] = $p;
+        }
+        return $a;
+    }
+
+    /**
+     * requestDescriptors is requestAttributes() with the default headers
+     * and $apiKeyHeader. Deprecated: pages written for the descriptors the
+     * client used to build keep working; the daemon's [request] table says
+     * which header is the API key.
+     *
+     * @return list<array{0: string, 1: string}>
+     */
+    public static function requestDescriptors(string $apiKeyHeader = 'X-API-Key', array $extra = []): array
+    {
+        $headers = self::DEFAULT_HEADERS;
+        $key = strtolower($apiKeyHeader);
+        if (!in_array($key, $headers, true)) {
+            $headers[] = $key;
+        }
+        return self::requestAttributes($headers, $extra);
+    }
+
+    /**
+     * fit returns $value as it goes on the wire under $name: itself when
+     * it is within its limit, else "sha256:" and the lowercase hex SHA-256
+     * of the whole value. Limits: :target 16384 bytes, :h:* 4096, any
+     * other name 1024. A long value is digested, so it never makes a check
+     * fail.
+     */
+    public static function fit(string $name, string $value): string
+    {
+        if (strlen($value) <= self::MAX_VALUE) {
+            return $value; // within every limit
+        }
+        $limit = self::MAX_VALUE;
+        if ($name === ':target') {
+            $limit = self::MAX_TARGET;
+        } elseif (str_starts_with($name, ':h:')) {
+            $limit = self::MAX_HEADER_VALUE;
+        }
+        return strlen($value) > $limit ? 'sha256:' . hash('sha256', $value) : $value;
+    }
+
+    /**
+     * fitAll returns $descriptors (a map or a list of [name, value] pairs)
+     * as the list check() encodes: each value passed through fit().
+     *
+     * @return list<array{0: string, 1: string}>
+     */
+    public static function fitAll(array $descriptors): array
+    {
+        $list = [];
+        foreach (self::pairs($descriptors) as [$name, $value]) {
+            $list[] = [(string) $name, self::fit((string) $name, (string) $value)];
+        }
+        return $list;
+    }
+
+    /**
+     * sources returns where PHP keeps each attribute attributes() sends:
+     * the fixed four, then :h:NAME for each header (HTTP_NAME, upper case,
+     * '-' as '_'; CONTENT_TYPE and CONTENT_LENGTH without HTTP_).
+     *
+     * @return array<string, string>
+     */
+    private static function sources(array $headers): array
+    {
+        $src = self::FIXED;
+        foreach (self::headerNames($headers) as $h) {
+            $var = strtoupper(strtr($h, '-', '_'));
+            $src[':h:' . $h] = $var === 'CONTENT_TYPE' || $var === 'CONTENT_LENGTH' ? $var : 'HTTP_' . $var;
+        }
+        return $src;
+    }
+
+    /** @return list<string> the names, lower case, checked */
+    private static function headerNames(array $headers): array
+    {
+        if (count($headers) > self::MAX_HEADERS) {
+            throw new InvalidArgumentException(count($headers) . ' header names, more than ' . self::MAX_HEADERS);
+        }
+        $names = [];
+        foreach ($headers as $h) {
+            $h = strtolower((string) $h);
+            if (!preg_match('/^[a-z0-9!#$%&\'*+.^_`|~-]{1,61}$/', $h)) {
+                throw new InvalidArgumentException("header name \"$h\": 1 to 61 token characters");
+            }
+            $names[] = $h;
+        }
+        return $names;
     }
 
     /**
      * check asks whether a request may go, and takes $cost units when it
      * may. $descriptors is a map ['api_key' => 'k'] or a list of
-     * [name, value] pairs. Returns the answer (see decode(), plus
-     * 'allowed'), or null when the daemon could not be asked ($lastError
-     * says why; logged at most once per interval). Descriptors the
-     * protocol cannot carry throw InvalidArgumentException.
+     * [name, value] pairs; attributes() gives the request's. A value
+     * longer than its limit is sent as its digest (fit()). Returns the
+     * answer (see decode(), plus 'allowed'), or null when the daemon could
+     * not be asked ($lastError says why; logged at most once per
+     * interval). Descriptors the protocol cannot carry (more than 32, a
+     * name empty or over 64 bytes) throw InvalidArgumentException.
      */
     public function check(array $descriptors, int $cost = 1): ?array
     {
@@ -147,7 +305,7 @@ final class Rld
     public function withSlot(array $descriptors, callable $work, callable $refused, int $cost = 1): mixed
     {
         $res = $this->acquire($descriptors, $cost);
-        if ($res === null || ($res['status'] === self::ERROR && in_array($res['code'], [7, 8, 11], true))) {
+        if ($res === null || ($res['status'] === self::ERROR && in_array($res['code'], self::FAIL_OPEN_CODES, true))) {
             return $this->failOpen ? $work(null) : $refused(null);
         }
         if (!$res['allowed']) {
@@ -169,33 +327,33 @@ final class Rld
     }
 
     /**
-     * enforce checks the current request and sends the answer's header
-     * fields. It returns true when the request may go on: allowed, or rld
-     * could not be asked and the client fails open. Otherwise it has sent
-     * 429 (limited, with Retry-After and a JSON body), 403 (blocked) or
-     * the fail status (failing closed), and the caller should stop.
+     * enforce checks the current request ($descriptors: usually
+     * $rld->attributes()) and sends the answer's header fields. It returns
+     * true when the request may go on: allowed, or rld could not be asked
+     * (down, slow, or an error answer internal, overloaded or unavailable)
+     * and the client fails open. Otherwise it has sent 429 (limited, with
+     * Retry-After and a JSON body), 403 (blocked) or the fail status
+     * (failing closed, or any other error answer: nothing a request
+     * contains lets it through), and the caller should stop.
      */
     public function enforce(array $descriptors, int $cost = 1): bool
     {
-        try {
-            $res = $this->check($descriptors, $cost);
-        } catch (InvalidArgumentException $e) {
-            // A descriptor the protocol cannot carry (a 2 KB API key):
-            // treated as a failure to ask, never an error page.
-            $this->failed($e->getMessage());
-            $res = null;
-        }
+        $res = $this->check($descriptors, $cost);
+        $refused = false;
         if ($res !== null && $res['status'] === self::ERROR) {
-            $this->failed(sprintf('error answer %d: %s', $res['code'], $res['message']));
+            $refused = !in_array($res['code'], self::FAIL_OPEN_CODES, true);
+            $this->failed(sprintf('error answer %d: %s', $res['code'], $res['message']), $refused);
             $res = null;
         }
         if ($res === null) {
-            if ($this->failOpen) {
+            if ($this->failOpen && !$refused) {
                 return true;
             }
             http_response_code($this->failStatus);
             header('Content-Type: application/json');
-            echo '{"error":{"code":"RATE_LIMIT_UNAVAILABLE","message":"the rate limiter cannot be reached"}}', "\n";
+            echo $refused
+                ? '{"error":{"code":"RATE_LIMIT_ERROR","message":"the rate limiter refused the check"}}'
+                : '{"error":{"code":"RATE_LIMIT_UNAVAILABLE","message":"the rate limiter cannot be reached"}}', "\n";
             return false;
         }
         $now = microtime(true);
@@ -217,36 +375,11 @@ final class Rld
         return true;
     }
 
-    /**
-     * requestDescriptors returns the current request's descriptors: ip
-     * (REMOTE_ADDR), api_key (from the header $apiKeyHeader, when sent),
-     * endpoint (the path, without query, slashes collapsed) and method,
-     * followed by $extra.
-     */
-    public static function requestDescriptors(string $apiKeyHeader = 'X-API-Key', array $extra = []): array
-    {
-        $d = [];
-        if (isset($_SERVER['REMOTE_ADDR'])) {
-            $d[] = ['ip', (string) $_SERVER['REMOTE_ADDR']];
-        }
-        $key = $_SERVER['HTTP_' . strtoupper(str_replace('-', '_', $apiKeyHeader))] ?? '';
-        if ($key !== '') {
-            $d[] = ['api_key', (string) $key];
-        }
-        $path = (string) parse_url((string) ($_SERVER['REQUEST_URI'] ?? '/'), PHP_URL_PATH);
-        $d[] = ['endpoint', (string) preg_replace('#//+#', '/', $path === '' ? '/' : $path)];
-        $d[] = ['method', (string) ($_SERVER['REQUEST_METHOD'] ?? 'GET')];
-        foreach (self::pairs($extra) as $p) {
-            $d[] = $p;
-        }
-        return $d;
-    }
-
     private function exchange(int $op, array $descriptors, int $cost, string $lease = ''): ?array
     {
         self::$nextId = (self::$nextId + 1) & 0xffffffff;
         $id = self::$nextId;
-        $frame = self::encode($id, $op, $cost, $descriptors, $lease);
+        $frame = self::encode($id, $op, $cost, self::fitAll($descriptors), $lease);
         for ($attempt = 1; ; $attempt++) {
             $err = null;
             $res = $this->roundTrip($frame, $id, $err);
@@ -333,18 +466,25 @@ final class Rld
         @fclose($fp);
     }
 
-    private function failed(?string $err): void
+    /**
+     * failed records why a check could not be made and logs it at most
+     * once per interval; $refused: an error answer that refuses the
+     * request (logged apart, with its own interval).
+     */
+    private function failed(?string $err, bool $refused = false): void
     {
         $this->lastError = $err;
         // PHP forgets everything between requests: the last log time is
         // the mtime of a marker file, shared by the host's workers.
-        $marker = sys_get_temp_dir() . '/rld-' . md5($this->socket) . '.logged';
+        $marker = sys_get_temp_dir() . '/rld-' . md5($this->socket) . ($refused ? '.refused' : '.logged');
         $now = time();
         clearstatcache(true, $marker);
         $last = @filemtime($marker);
         if ($last === false || $now - $last >= $this->logInterval) {
             @touch($marker, $now);
-            error_log(sprintf('rld: cannot check (%s); failing %s', $err, $this->failOpen ? 'open' : 'closed'));
+            error_log($refused
+                ? sprintf('rld: check refused (%s); answering %d', $err, $this->failStatus)
+                : sprintf('rld: cannot check (%s); failing %s', $err, $this->failOpen ? 'open' : 'closed'));
         }
     }
 
@@ -366,7 +506,9 @@ final class Rld
      * encode returns the request frame. CHECK, PEEK and ACQUIRE carry cost
      * and descriptors; RELEASE carries $lease, and SETTLE cost and $lease;
      * a PING has an empty body. It throws InvalidArgumentException for a
-     * request the protocol cannot carry.
+     * request the protocol cannot carry: it encodes values as given, up to
+     * 1024 bytes (16384 for an attribute, a name starting with ':'), and
+     * leaves digesting long ones (fit()) to check(), peek() and acquire().
      */
     public static function encode(int $id, int $op, int $cost, array $descriptors, string $lease = ''): string
     {
@@ -398,8 +540,9 @@ final class Rld
                 if ($name === '' || strlen($name) > self::MAX_NAME) {
                     throw new InvalidArgumentException('descriptor name of ' . strlen($name) . ' bytes (1 to 64)');
                 }
-                if (strlen($value) > self::MAX_VALUE) {
-                    throw new InvalidArgumentException("descriptor $name: value of " . strlen($value) . ' bytes (at most 1024)');
+                $max = $name[0] === ':' ? self::MAX_ATTR_VALUE : self::MAX_VALUE;
+                if (strlen($value) > $max) {
+                    throw new InvalidArgumentException("descriptor $name: value of " . strlen($value) . " bytes (at most $max)");
                 }
                 $body .= chr(strlen($name)) . $name . pack('n', strlen($value)) . $value;
             }
@@ -431,7 +574,7 @@ final class Rld
             throw new UnexpectedValueException("length field {$h['length']} below 8");
         }
         if ($h['length'] > self::MAX_FRAME - 4) {
-            throw new UnexpectedValueException("length field {$h['length']} above 16380");
+            throw new UnexpectedValueException("length field {$h['length']} above " . (self::MAX_FRAME - 4));
         }
         if ($n !== $h['length'] + 4) {
             throw new UnexpectedValueException($n < $h['length'] + 4

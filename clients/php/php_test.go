@@ -4,7 +4,9 @@ package php_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/rld/rld/clients/internal/nginxtest"
 	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/derive"
 )
 
 var (
@@ -63,6 +66,11 @@ deny = ["ip=203.0.113.66"]
 
 [server]
 http_socket = "HTTPSOCK"
+
+[request]
+trusted_proxies = ["127.0.0.1"]
+client_ip_header = "x-real-ip"
+descriptors = { api_key = "header:x-api-key" }
 
 [[rule]]
 name = "page"
@@ -147,15 +155,16 @@ func (f *fpm) phpLog() string {
 	return string(b)
 }
 
-// nginxPHP is the nginx configuration of docs/clients.md for PHP-FPM.
+// nginxPHP is the nginx configuration of docs/clients.md for PHP-FPM:
+// no realip module, the daemon reads X-Real-IP from a trusted proxy.
 const nginxPHP = `
-  set_real_ip_from 127.0.0.1;
-  real_ip_header X-Real-IP;
   server {
     listen 127.0.0.1:PORT;
     root @WWW@;
     location ~ \.php$ {
       include /etc/nginx/fastcgi_params;
+      fastcgi_param HTTP_HOST $http_host;
+      fastcgi_param HTTP_X_FORWARDED_FOR $http_x_forwarded_for if_not_empty;
       fastcgi_param SCRIPT_FILENAME $document_root$fastcgi_script_name;
       fastcgi_param RLD_SOCKET @SOCK@;
       fastcgi_param RLD_CLIENT @CLIENT@;
@@ -297,7 +306,14 @@ func TestPHPFPM(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		require.Equal(t, 200, get(t, s.nginx.URL+"/check.php", "X-API-Key", "k"+strconv.Itoa(10+i)).Status)
 	}
-	// 27 checks through 2 FPM workers: each keeps its one connection.
+	// An error answer other than internal, overloaded or unavailable
+	// refuses: a cost above the rule's capacity is never admitted, and
+	// does not fail open.
+	r = get(t, s.nginx.URL+"/check.php?cost=1000", "X-API-Key", "k9")
+	assert.Equal(t, 503, r.Status, r.Body)
+	assert.Contains(t, r.Body, "RATE_LIMIT_ERROR")
+	assert.Contains(t, s.fpm.phpLog(), "rld: check refused (error answer 6")
+	// 28 checks through 2 FPM workers: each keeps its one connection.
 	assert.LessOrEqual(t, s.accepted(t)-before, 2, "persistent connections are reused across requests")
 
 	// rld killed: the page fails open with no error in the body; the
@@ -389,4 +405,72 @@ func TestPHPSlot(t *testing.T) {
 	require.Equal(t, 200, r.Status, r.Body)
 	assert.Equal(t, 61, units("s2"), "no actual cost: released, the estimate stays")
 	assert.True(t, free("s2"))
+}
+
+// unitOut is what testdata/unit.php prints.
+type unitOut struct {
+	Attributes [][2]string `json:"attributes"`
+	Fit        []string    `json:"fit"`
+	Error      *string     `json:"error"`
+}
+
+func unit(t *testing.T, in map[string]any) unitOut {
+	t.Helper()
+	if _, ok := in["fit"]; !ok {
+		in["fit"] = [][2]string{}
+	}
+	b, err := json.Marshal(in)
+	require.NoError(t, err)
+	cmd := exec.Command("php", filepath.Join(phpDir, "testdata", "unit.php"))
+	cmd.Stdin = bytes.NewReader(b)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var u unitOut
+	require.NoError(t, json.Unmarshal(out, &u), "%s", out)
+	return u
+}
+
+// TestPHPUnit: attributes() outside a server (what it reads from
+// $_SERVER, the headers option and its checks, the deprecated
+// requestDescriptors()) and fit() at every limit, against derive's rule.
+func TestPHPUnit(t *testing.T) {
+	server := map[string]string{
+		"REMOTE_ADDR": "2001:db8::1", "REQUEST_METHOD": "PATCH", "HTTP_HOST": "h:8080", "REQUEST_URI": "/a//b?c=%2F",
+		"HTTP_X_API_KEY": "k", "HTTP_COOKIE": "sid=1", "HTTP_X_OTHER": "o", "CONTENT_TYPE": "text/plain", "HTTP_X_EMPTY": "",
+	}
+	u := unit(t, map[string]any{"server": server, "headers": nil, "extra": map[string]string{"tenant": "t", "plan": "p"}})
+	assert.Equal(t, [][2]string{{":peer", "2001:db8::1"}, {":method", "PATCH"}, {":host", "h:8080"}, {":target", "/a//b?c=%2F"},
+		{":h:x-api-key", "k"}, {":h:cookie", "sid=1"}, {"plan", "p"}, {"tenant", "t"}}, u.Attributes)
+
+	u = unit(t, map[string]any{"server": server, "headers": []string{"X-Other", "content-type", "x-empty", "x-absent"}})
+	assert.Equal(t, [][2]string{{":peer", "2001:db8::1"}, {":method", "PATCH"}, {":host", "h:8080"}, {":target", "/a//b?c=%2F"},
+		{":h:x-other", "o"}, {":h:content-type", "text/plain"}, {":h:x-empty", ""}}, u.Attributes, "names lower-cased; absent headers left out")
+
+	u = unit(t, map[string]any{"server": map[string]string{}, "headers": nil})
+	assert.Empty(t, u.Attributes, "outside a request: nothing")
+
+	u = unit(t, map[string]any{"server": server, "headers": nil, "apiKeyHeader": "X-Other"})
+	assert.Contains(t, u.Attributes, [2]string{":h:x-other", "o"}, "requestDescriptors() adds its header")
+	assert.Contains(t, u.Attributes, [2]string{":h:x-api-key", "k"})
+
+	for _, hs := range [][]string{{"a", "b", "c", "d", "e", "f", "g", "h", "i"}, {"x api key"}, {""}, {strings.Repeat("x", 62)}} {
+		u = unit(t, map[string]any{"server": server, "headers": hs})
+		require.NotNil(t, u.Error, "%q", hs)
+	}
+
+	var fit [][2]string
+	var want []string
+	for _, c := range []struct {
+		name  string
+		limit int
+	}{{":target", derive.MaxTarget}, {":h:x-api-key", derive.MaxHeader}, {":peer", derive.MaxValue}, {":method", derive.MaxValue},
+		{":host", derive.MaxValue}, {"api_key", derive.MaxValue}, {"tenant", derive.MaxValue}} {
+		for _, n := range []int{0, c.limit, c.limit + 1, 100 << 10} {
+			v := strings.Repeat("v", n)
+			fit = append(fit, [2]string{c.name, v})
+			want = append(want, string(derive.AppendValue(nil, []byte(v), c.limit)))
+		}
+	}
+	u = unit(t, map[string]any{"server": server, "headers": nil, "fit": fit})
+	assert.Equal(t, want, u.Fit)
 }

@@ -213,6 +213,13 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 			if m.Shadow {
 				fmt.Fprint(w, " shadow")
 			}
+			if m.Enforce != "" && m.Enforce != "100%" {
+				state := "not enforced on this key"
+				if m.Enforced {
+					state = "enforced on this key"
+				}
+				fmt.Fprintf(w, " enforce=%s (%s)", m.Enforce, state)
+			}
 			if m.Overridden {
 				fmt.Fprint(w, " overridden")
 			}

@@ -32,6 +32,7 @@ import (
 	"github.com/rld/rld/client"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/daemon"
+	"github.com/rld/rld/derive"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/wire"
 )
@@ -428,7 +429,13 @@ func configCheck(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "rld:", err)
 		return exitError
 	}
+	dv, err := derive.New(cfg.Request)
+	if err != nil {
+		fmt.Fprintf(stderr, "rld: %s: %v\n", args[0], err)
+		return exitError
+	}
 	fmt.Fprintf(stdout, "%s: ok, %d rules\n", args[0], len(cfg.Rules))
+	fmt.Fprintf(stdout, "request: clients send the header fields %s\n", strings.Join(dv.Headers(), ", "))
 	for i := range cfg.Rules {
 		fmt.Fprintln(stdout, cfg.Rules[i].Summary())
 	}

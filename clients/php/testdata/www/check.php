@@ -3,7 +3,7 @@
 require $_SERVER['RLD_CLIENT'] ?? '/usr/share/rld/Rld.php';
 
 $rld = new Rld($_SERVER['RLD_SOCKET'] ?? '/run/rld/rld.sock', timeout: (float) ($_SERVER['RLD_TIMEOUT'] ?? 0.005));
-if (!$rld->enforce(Rld::requestDescriptors('X-API-Key'))) {
+if (!$rld->enforce($rld->attributes(), (int) ($_GET['cost'] ?? 1))) {
     return; // 429 or 403 sent, with the rate-limit headers
 }
 echo "hello from php\n";

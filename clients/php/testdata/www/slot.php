@@ -8,7 +8,7 @@ require $_SERVER['RLD_CLIENT'] ?? '/usr/share/rld/Rld.php';
 $rld = new Rld($_SERVER['RLD_SOCKET'] ?? '/run/rld/rld.sock', timeout: (float) ($_SERVER['RLD_TIMEOUT'] ?? 0.005));
 $est = (int) ($_GET['est'] ?? 0);
 echo $rld->withSlot(
-    Rld::requestDescriptors('X-API-Key', $est > 0 ? [['units', '1']] : []),
+    $rld->attributes($est > 0 ? [['units', '1']] : []),
     function (?array $res) use ($rld): string {
         usleep((int) ($_GET['ms'] ?? 0) * 1000); // the page's work
         if (isset($_GET['actual'])) {
