@@ -20,9 +20,26 @@ import (
 // socket: decoding, deciding and encoding a read batch of 64 checks of one
 // rule on the embedded store.
 func BenchmarkProcess(b *testing.B) {
+	benchProcess(b, []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("k1")}})
+}
+
+// BenchmarkProcessAttributes measures the same for checks that carry a
+// request's attributes, as the web clients send them: the daemon derives
+// ip, method, host, endpoint and api_key from them first.
+func BenchmarkProcessAttributes(b *testing.B) {
+	benchProcess(b, []wire.Descriptor{
+		{Name: []byte(":peer"), Value: []byte("203.0.113.7")},
+		{Name: []byte(":method"), Value: []byte("GET")},
+		{Name: []byte(":host"), Value: []byte("api.example.com")},
+		{Name: []byte(":target"), Value: []byte("/v1/search?q=rate+limits")},
+		{Name: []byte(":h:x-api-key"), Value: []byte("k1")},
+	})
+}
+
+func benchProcess(b *testing.B, descs []wire.Descriptor) {
 	dir := b.TempDir()
 	cfg := filepath.Join(dir, "rld.toml")
-	if err := os.WriteFile(cfg, []byte("[server]\nhttp = \"\"\n[[rule]]\nname = \"bench\"\nby = [\"api_key\"]\nlimit = 1000000000\nperiod = \"1s\"\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("[server]\nhttp = \"\"\n[request.descriptors]\napi_key = \"header:x-api-key\"\n[[rule]]\nname = \"bench\"\nby = [\"api_key\"]\nlimit = 1000000000\nperiod = \"1s\"\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
 	d, err := New(Options{ConfigPath: cfg, Socket: filepath.Join(dir, "s.sock"), Logger: slog.New(slog.DiscardHandler)})
@@ -32,8 +49,7 @@ func BenchmarkProcess(b *testing.B) {
 	cn := d.newConn(nil)
 	var batch []byte
 	for i := range 64 {
-		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpCheck, ID: uint32(i), Cost: 1,
-			Descs: []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("k1")}}})
+		batch = wire.AppendRequest(batch, &wire.Request{Op: wire.OpCheck, ID: uint32(i), Cost: 1, Descs: descs})
 	}
 	n := copy(cn.in, batch)
 	ctx := context.Background()

@@ -280,6 +280,14 @@ func (a *attrs) header(name string) []byte {
 	return nil
 }
 
+// add records the value that s.buf holds from start on as descriptor
+// name's, unless it is empty.
+func (s *Scratch) add(name []byte, start int) {
+	if len(s.buf) > start {
+		s.spans = append(s.spans, span{name, start, len(s.buf)})
+	}
+}
+
 // Result is what Derive found.
 type Result struct {
 	// Descs are the descriptors to decide on: the derived ones, then the
@@ -312,7 +320,7 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 		return Result{Descs: in}
 	}
 	a := &s.attrs
-	*a = attrs{}
+	a.peer, a.method, a.host, a.target, a.hasTarget, a.nh = nil, nil, nil, nil, false, 0
 	for i := range in {
 		n, v := in[i].Name, in[i].Value
 		switch string(n) {
@@ -335,25 +343,20 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 		return Result{Derived: true, Oversize: true}
 	}
 	s.buf, s.spans = s.buf[:0], s.spans[:0]
-	add := func(name []byte, start int) {
-		if len(s.buf) > start {
-			s.spans = append(s.spans, span{name, start, len(s.buf)})
-		}
-	}
 	if peer, ok := parseAddr(a.peer); ok && len(a.peer) > 0 {
 		start := len(s.buf)
 		s.buf = d.appendIP(s.buf, d.clientIP(peer, a.header(d.ipHeader)))
-		add(nameIP, start)
+		s.add(nameIP, start)
 	}
 	if len(a.method) > 0 {
 		start := len(s.buf)
 		s.buf = AppendValue(s.buf, a.method, MaxValue)
-		add(nameMethod, start)
+		s.add(nameMethod, start)
 	}
 	if h := hostOf(a.host); len(h) > 0 {
 		start := len(s.buf)
 		s.buf = appendLower(s.buf, h)
-		add(nameHost, start)
+		s.add(nameHost, start)
 	}
 	var query []byte
 	if a.hasTarget {
@@ -362,7 +365,7 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 		if r := d.route(s.buf[start:]); r != nil {
 			s.buf = append(s.buf[:start], r...)
 		}
-		add(nameEndpoint, start)
+		s.add(nameEndpoint, start)
 		query = queryOf(a.target)
 	}
 	for i := range d.sources {
@@ -380,7 +383,7 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 		case fromJWT:
 			s.buf = d.jwt.appendClaim(s.buf, a.header("authorization"), src.arg, now)
 		}
-		add(src.name, start)
+		s.add(src.name, start)
 	}
 	s.out = s.out[:0]
 	for _, sp := range s.spans {
