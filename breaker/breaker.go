@@ -163,7 +163,10 @@ type Ticket struct {
 // that share is at least FailureRate. While the window holds fewer than
 // MinCalls calls, too few for a share to mean much, Failures calls
 // failing in a row, none succeeding in between, open it: a node that
-// answers nothing, seen by a client that calls it little. Only the calls
+// answers nothing, seen by a client that calls it little. Either way the
+// failures must fall in two buckets or more: a single burst of them (the
+// calls in flight when the caller or the node stalled, all timing out at
+// once) does not open it alone. Only the calls
 // the caller reports to Done as failed count as failures: those whose
 // error says the node is unhealthy (a timeout, a broken connection), not
 // those the node answered with an error of the caller's making, which
@@ -394,25 +397,34 @@ func bucketWord(epoch, calls uint64, failed bool) uint64 {
 }
 
 // window returns the calls and failures counted in the window that ends
-// with the bucket of now (Unix ns).
-func (b *Breaker) window(now int64) (calls, failures int) {
+// with the bucket of now (Unix ns), and how many of its buckets hold
+// failures.
+func (b *Breaker) window(now int64) (calls, failures, failing int) {
 	epoch := uint64(now/b.bucketNs) & epochMask
 	for i := range b.buckets {
 		w := b.buckets[i].Load()
 		if (epoch-w>>(2*countBits))&epochMask < numBuckets {
 			calls += int(w >> countBits & countMask)
-			failures += int(w & countMask)
+			f := int(w & countMask)
+			failures += f
+			failing += min(f, 1)
 		}
 	}
-	return calls, failures
+	return calls, failures, failing
 }
 
 // trips reports whether the window at now (Unix ns) and the failures in
 // a row say the node is unhealthy: FailureRate of at least MinCalls
-// calls failed, or, below MinCalls, Failures in a row.
+// calls failed, or, below MinCalls, Failures in a row; and the failures
+// fall in two buckets or more, so that one burst (every call in flight
+// timing out at once, after a stall of the caller or of the node shorter
+// than a bucket) does not open it alone.
 func (b *Breaker) trips(now int64) bool {
-	calls, failures := b.window(now)
-	if calls < b.o.MinCalls {
+	calls, failures, failing := b.window(now)
+	switch {
+	case failing < 2:
+		return false
+	case calls < b.o.MinCalls:
 		return b.streak.Load() >= int64(b.o.Failures)
 	}
 	return failures*100 >= b.o.FailureRate*calls

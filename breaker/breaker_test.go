@@ -118,7 +118,7 @@ func TestBreakerTransitions(t *testing.T) {
 	b.Done(Ticket{}, ms(1604), true)
 	fail(t, b, ms(1605), 2)
 	assert.Equal(t, Closed, b.State())
-	fail(t, b, ms(1606), 1)
+	fail(t, b, ms(1706), 1)
 	assert.Equal(t, Open, b.State())
 }
 
@@ -188,8 +188,29 @@ func TestBreakerRate(t *testing.T) {
 	b = New(metric, breakerName(t), Options{FailureRate: 50, MinCalls: 20, Failures: 5})
 	calls(t, b, t0, 9, 10)
 	assert.Equal(t, Closed, b.State(), "10 of 19, never 2 in a row")
-	fail(t, b, t0, 1)
+	fail(t, b, t0.Add(100*time.Millisecond), 1)
 	assert.Equal(t, Open, b.State(), "11 of 20")
+}
+
+// trip opens b, whose Failures is 1, at now: a failure in the bucket
+// before now's, then one at now.
+func trip(t *testing.T, b *Breaker, now time.Time) {
+	t.Helper()
+	fail(t, b, now.Add(-b.o.Window/numBuckets), 1)
+	require.Equal(t, Closed, b.State(), "one failure")
+	fail(t, b, now, 1)
+	require.Equal(t, Open, b.State())
+}
+
+// TestBreakerBurst: failures in one bucket alone, however many (the calls
+// in flight when the caller or the node stalled, all timing out at
+// once), do not open it; one more failure in another bucket does.
+func TestBreakerBurst(t *testing.T) {
+	b := New(metric, breakerName(t), Options{})
+	fail(t, b, t0, 100)
+	assert.Equal(t, Closed, b.State(), "100 failures in a row at one time")
+	fail(t, b, t0.Add(100*time.Millisecond), 1)
+	assert.Equal(t, Open, b.State(), "101 of 101, in two buckets")
 }
 
 // TestBreakerWindow: the window rolls over buckets of a tenth of it: the
@@ -200,13 +221,14 @@ func TestBreakerWindow(t *testing.T) {
 		later time.Duration
 		want  State
 	}{
-		{900 * time.Millisecond, Closed}, // 70 failed of 240
+		{800 * time.Millisecond, Closed}, // 70 failed of 240
 		{time.Second, Open},              // 20 failed of 40: the first bucket is out
 	} {
 		b := New(metric, breakerName(t), Options{FailureRate: 50, MinCalls: 20, Window: time.Second})
 		calls(t, b, at(0), 150, 50)
 		calls(t, b, at(tc.later), 20, 0)
-		fail(t, b, at(tc.later), 20)
+		fail(t, b, at(tc.later), 10)
+		fail(t, b, at(tc.later+100*time.Millisecond), 10)
 		assert.Equal(t, tc.want, b.State(), "after %v", tc.later)
 	}
 
@@ -216,7 +238,7 @@ func TestBreakerWindow(t *testing.T) {
 	calls(t, b, at(time.Second), 20, 0)
 	calls(t, b, at(0), 0, 100)
 	assert.Equal(t, Closed, b.State())
-	c, f := b.window(at(time.Second).UnixNano())
+	c, f, _ := b.window(at(time.Second).UnixNano())
 	assert.Equal(t, [2]int{20, 0}, [2]int{c, f})
 }
 
@@ -258,7 +280,7 @@ func TestBreakerDefaults(t *testing.T) {
 func TestBreakerProbeLimit(t *testing.T) {
 	const probes = 3
 	b := New(metric, breakerName(t), Options{Failures: 1, Cooldown: time.Second, Probes: probes, Successes: 5})
-	fail(t, b, t0, 1)
+	trip(t, b, t0)
 	half := t0.Add(time.Second)
 
 	var allowed atomic.Int32
@@ -382,7 +404,7 @@ func TestBreakerMetrics(t *testing.T) {
 		}
 	}
 	check(Closed, 0, 0, 0)
-	fail(t, b, t0, 1)
+	trip(t, b, t0)
 	check(Open, 1, 0, 0)
 	probe := allow(t, b, t0.Add(time.Second))
 	check(HalfOpen, 1, 1, 0)
@@ -444,8 +466,10 @@ func BenchmarkBreaker(b *testing.B) {
 	})
 	b.Run("open-parallel", func(b *testing.B) {
 		br := New(metric, "bench-open", Options{Failures: 1, Cooldown: time.Hour})
-		tk, _ := br.Allow(t0)
-		br.Done(tk, t0, true)
+		for _, at := range []time.Time{t0.Add(-time.Second / 10), t0} {
+			tk, _ := br.Allow(at)
+			br.Done(tk, at, true)
+		}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
