@@ -102,7 +102,7 @@ breaker_cooldown = "100ms"
 	assert.False(t, d.Store.UsesRedis(), "no redis: the embedded store")
 	assert.Equal(t, RedisStandalone, d.Store.Mode)
 	assert.Equal(t, "rld:", d.Store.KeyPrefix)
-	assert.Equal(t, 5*time.Millisecond, time.Duration(d.Store.Timeout))
+	assert.Equal(t, 25*time.Millisecond, time.Duration(d.Store.Timeout))
 	assert.Equal(t, 50, d.Store.BreakerFailureRate)
 	assert.Equal(t, 20, d.Store.BreakerMinCalls)
 	assert.Equal(t, 5, d.Store.BreakerFailures)
