@@ -351,9 +351,6 @@ func (b *Breaker) Done(t Ticket, now time.Time, failed bool) {
 	}
 }
 
-// Closed reports whether t was given while the breaker was closed.
-func (t Ticket) Closed() bool { return State(t.word&stateMask) == Closed }
-
 // count adds a call that ended at now (Unix ns), failed or not, to the
 // window's bucket of now and to the failures in a row.
 func (b *Breaker) count(now int64, failed bool) {
