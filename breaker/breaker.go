@@ -19,11 +19,13 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultFailures  = 5
-	DefaultWindow    = time.Second
-	DefaultCooldown  = 250 * time.Millisecond
-	DefaultProbes    = 1
-	DefaultSuccesses = 2
+	DefaultWindow      = time.Second
+	DefaultFailureRate = 50
+	DefaultMinCalls    = 20
+	DefaultFailures    = 5
+	DefaultCooldown    = 250 * time.Millisecond
+	DefaultProbes      = 1
+	DefaultSuccesses   = 2
 )
 
 // ErrOpen is wrapped by the error of a call that a Breaker did not
@@ -85,12 +87,21 @@ func (s State) String() string {
 // Options configures a Breaker. A field of 0 or less means its
 // default.
 type Options struct {
-	// Failures is how many failed calls within Window open the breaker
-	// (DefaultFailures).
-	Failures int
-	// Window is the sliding window failures are counted in
-	// (DefaultWindow).
+	// Window is the rolling window calls are counted in (DefaultWindow),
+	// in buckets of a tenth of it.
 	Window time.Duration
+	// FailureRate is the share of the window's calls, in percent, whose
+	// failure opens the breaker once the window holds MinCalls calls
+	// (DefaultFailureRate); above 100 means 100.
+	FailureRate int
+	// MinCalls is the fewest calls in the window for FailureRate to
+	// judge the node (DefaultMinCalls).
+	MinCalls int
+	// Failures is how many calls failing in a row, none succeeding in
+	// between, open the breaker while the window holds fewer than
+	// MinCalls calls: a node that answers nothing, seen by a client that
+	// calls it little (DefaultFailures).
+	Failures int
 	// Cooldown is how long the breaker stays open before it lets probes
 	// go (DefaultCooldown).
 	Cooldown time.Duration
@@ -103,13 +114,20 @@ type Options struct {
 }
 
 // WithDefaults returns o with its fields of 0 or less set to their
-// defaults.
+// defaults, and FailureRate at most 100.
 func (o Options) WithDefaults() Options {
-	if o.Failures <= 0 {
-		o.Failures = DefaultFailures
-	}
 	if o.Window <= 0 {
 		o.Window = DefaultWindow
+	}
+	if o.FailureRate <= 0 {
+		o.FailureRate = DefaultFailureRate
+	}
+	o.FailureRate = min(o.FailureRate, 100)
+	if o.MinCalls <= 0 {
+		o.MinCalls = DefaultMinCalls
+	}
+	if o.Failures <= 0 {
+		o.Failures = DefaultFailures
 	}
 	if o.Cooldown <= 0 {
 		o.Cooldown = DefaultCooldown
@@ -134,20 +152,32 @@ type Ticket struct {
 // Breaker is a circuit breaker in front of one node. It is safe for
 // concurrent use. Create it with New.
 //
-// Closed, it allows every call, and opens when Failures calls fail within
-// any span of Window (a sliding window over the times of the last Failures
-// failures: successes in between do not erase failures, so "5 failures in
-// 1 s" means that, whatever the traffic). Only the calls the caller
-// reports to Done as failed count: those whose error says the node is
-// unhealthy (a timeout, a broken connection), not those the node answered
-// with an error of the caller's making, which count as successes.
+// Closed, it allows every call and counts the calls reported to Done in a
+// rolling window of Window (ten buckets of a tenth of it each): how many
+// ended, how many failed. It opens when the window holds at least
+// MinCalls calls of which at least FailureRate percent failed: a node
+// that is down or cannot keep up fails most calls, while a busy, healthy
+// node whose few slow calls outlast the caller's timeout answers the
+// others, and stays in use. A failed call is only ever a share of the
+// decisions: the breaker takes the rest away from the node only when
+// that share is at least FailureRate. While the window holds fewer than
+// MinCalls calls, too few for a share to mean much, Failures calls
+// failing in a row, none succeeding in between, open it: a node that
+// answers nothing, seen by a client that calls it little. Either way the
+// failures must fall in two buckets or more: a single burst of them (the
+// calls in flight when the caller or the node stalled, all timing out at
+// once) does not open it alone. Only the calls
+// the caller reports to Done as failed count as failures: those whose
+// error says the node is unhealthy (a timeout, a broken connection), not
+// those the node answered with an error of the caller's making, which
+// count as successes.
 //
 // Open, it allows no call for Cooldown; RetryAt says when the next probe
 // may go. The first Allow at or after RetryAt makes it half-open.
 //
 // Half-open, it allows at most Probes calls in flight at a time; Successes
-// successful probes in a row close it, and a failed probe opens it again
-// for a new Cooldown.
+// successful probes in a row close it, with an empty window, and a
+// failed probe opens it again for a new Cooldown.
 //
 // Results of calls allowed before the last change of state are ignored:
 // they describe a node the breaker has already judged.
@@ -155,8 +185,10 @@ type Ticket struct {
 // The breaker reads no clock: every method that needs the time takes it,
 // so that tests control it.
 //
-// A closed Breaker costs one atomic load per Allow and nothing per
-// successful Done; neither allocates in any state.
+// A closed Breaker costs one atomic load per Allow, and per Done a
+// compare-and-swap on the window's current bucket (and, for a failure,
+// a read of the ten buckets); no lock unless it opens, and no allocation
+// in any state.
 type Breaker struct {
 	name string
 	o    Options
@@ -168,11 +200,18 @@ type Breaker struct {
 	// openErr is the error of refused calls since the last opening (nil
 	// before the first).
 	openErr atomic.Pointer[OpenError]
+	// streak counts the failures since the last success while closed.
+	streak atomic.Int64
+	// bucketNs is the span of one bucket of the window, in nanoseconds.
+	bucketNs int64
+
+	_ [64]byte // keeps the buckets, written by every Done, off the line of word
+	// buckets are the window's counts while closed, one bucket word each
+	// (see bucketWord), bucket number n in buckets[n%numBuckets].
+	buckets [numBuckets]atomic.Uint64
+	_       [64]byte
 
 	mu        sync.Mutex
-	fails     []int64  // closed: the times (Unix ns) of the last failures, a ring
-	nfails    int      // how many of fails are set
-	nextFail  int      // where the next failure goes in fails
 	probes    []uint64 // half-open: the numbers of the probes in flight
 	lastProbe uint64   // the number of the last probe allowed
 	successes int      // half-open: successful probes in a row
@@ -181,6 +220,22 @@ type Breaker struct {
 	gaugeName  string              // the name stateGauge is registered under
 	toState    [3]*metrics.Counter // by State
 }
+
+// The window's buckets. A bucket word holds the bucket's number (its
+// start in bucket spans since the Unix epoch, modulo 1<<epochBits) and
+// its counts of calls and failures, each saturating at countMask:
+// epoch<<(2*countBits) | calls<<countBits | failures.
+const (
+	numBuckets = 10
+	countBits  = 18
+	countMask  = 1<<countBits - 1
+	epochBits  = 64 - 2*countBits
+	epochMask  = 1<<epochBits - 1
+	// maxLag is how many buckets behind a bucket's number a result may
+	// be and be dropped as stale; a bucket further behind is taken for
+	// one a full turn of the numbers earlier, and replaced.
+	maxLag = 1 << 16
+)
 
 const (
 	stateBits = 2
@@ -200,7 +255,7 @@ func New(metric, name string, o Options) *Breaker {
 	b := &Breaker{
 		name:       name,
 		o:          o,
-		fails:      make([]int64, o.Failures),
+		bucketNs:   max(int64(o.Window/numBuckets), 1),
 		probes:     make([]uint64, 0, o.Probes),
 		stateGauge: metrics.GetOrCreateGauge(gauge, nil),
 		gaugeName:  gauge,
@@ -280,62 +335,127 @@ func (b *Breaker) allowSlow(now time.Time) (Ticket, error) {
 // Done records the result of a call that Allow or Pass allowed with
 // ticket t: failed says whether the call failed in a way that counts (the
 // node is unhealthy), now is when it ended. A second Done of a probe's
-// ticket is ignored; of a failed call's ticket while closed, it counts
-// the failure twice.
+// ticket is ignored; of a call's ticket while closed, it counts the call
+// twice.
 func (b *Breaker) Done(t Ticket, now time.Time, failed bool) {
-	if !failed && State(t.word&stateMask) == Closed {
-		return // the common case: inlined, nothing to record
+	if State(t.word&stateMask) != Closed {
+		b.done(t, now, failed)
+		return
 	}
-	b.done(t, now, failed)
+	if t.word != b.word.Load() {
+		return // a call from before the last change of state
+	}
+	b.count(now.UnixNano(), failed)
+	if failed && b.trips(now.UnixNano()) {
+		b.open(t, now)
+	}
 }
 
-// Closed reports whether t was given while the breaker was closed: a
-// successful call on such a ticket needs no Done, and no clock read for
-// it (Done ignores it).
-func (t Ticket) Closed() bool { return State(t.word&stateMask) == Closed }
+// count adds a call that ended at now (Unix ns), failed or not, to the
+// window's bucket of now and to the failures in a row.
+func (b *Breaker) count(now int64, failed bool) {
+	if failed {
+		b.streak.Add(1)
+	} else if b.streak.Load() != 0 {
+		b.streak.Store(0)
+	}
+	n := now / b.bucketNs
+	epoch := uint64(n) & epochMask
+	slot := &b.buckets[uint64(n)%numBuckets]
+	for {
+		w := slot.Load()
+		nw := bucketWord(epoch, 1, failed)
+		switch we := w >> (2 * countBits); {
+		case we == epoch:
+			nw = w
+			if calls := w >> countBits & countMask; calls < countMask {
+				nw += 1 << countBits
+				if failed {
+					nw++
+				}
+			}
+		case (we-epoch)&epochMask < maxLag:
+			return // the slot holds a later bucket: now is stale
+		}
+		if w == nw || slot.CompareAndSwap(w, nw) {
+			return
+		}
+	}
+}
 
-// done is Done but for a success while closed.
+// bucketWord returns the word of bucket epoch holding calls calls, of
+// which one failed when failed.
+func bucketWord(epoch, calls uint64, failed bool) uint64 {
+	w := epoch<<(2*countBits) | calls<<countBits
+	if failed {
+		w++
+	}
+	return w
+}
+
+// window returns the calls and failures counted in the window that ends
+// with the bucket of now (Unix ns), and how many of its buckets hold
+// failures.
+func (b *Breaker) window(now int64) (calls, failures, failing int) {
+	epoch := uint64(now/b.bucketNs) & epochMask
+	for i := range b.buckets {
+		w := b.buckets[i].Load()
+		if (epoch-w>>(2*countBits))&epochMask < numBuckets {
+			calls += int(w >> countBits & countMask)
+			f := int(w & countMask)
+			failures += f
+			failing += min(f, 1)
+		}
+	}
+	return calls, failures, failing
+}
+
+// trips reports whether the window at now (Unix ns) and the failures in
+// a row say the node is unhealthy: FailureRate of at least MinCalls
+// calls failed, or, below MinCalls, Failures in a row; and the failures
+// fall in two buckets or more, so that one burst (every call in flight
+// timing out at once, after a stall of the caller or of the node shorter
+// than a bucket) does not open it alone.
+func (b *Breaker) trips(now int64) bool {
+	calls, failures, failing := b.window(now)
+	switch {
+	case failing < 2:
+		return false
+	case calls < b.o.MinCalls:
+		return b.streak.Load() >= int64(b.o.Failures)
+	}
+	return failures*100 >= b.o.FailureRate*calls
+}
+
+// open opens the breaker at now unless its state changed since t was
+// given.
+func (b *Breaker) open(t Ticket, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t.word == b.word.Load() {
+		b.setState(Open, now)
+	}
+}
+
+// done is Done while not closed: a probe's result.
 func (b *Breaker) done(t Ticket, now time.Time, failed bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if t.word != b.word.Load() {
 		return // a call from before the last change of state
 	}
-	switch State(t.word & stateMask) {
-	case Closed:
-		b.fails[b.nextFail] = now.UnixNano()
-		b.nextFail = (b.nextFail + 1) % len(b.fails)
-		b.nfails = min(b.nfails+1, len(b.fails))
-		if b.recentFailures(now) >= b.o.Failures {
-			b.setState(Open, now)
-		}
-	case HalfOpen:
-		i := slices.Index(b.probes, t.probe)
-		if i < 0 {
-			return // a second Done
-		}
-		b.probes = slices.Delete(b.probes, i, i+1)
-		if failed {
-			b.setState(Open, now)
-			return
-		}
-		if b.successes++; b.successes >= b.o.Successes {
-			b.setState(Closed, now)
-		}
+	i := slices.Index(b.probes, t.probe)
+	if i < 0 {
+		return // a second Done
 	}
-}
-
-// recentFailures counts the recorded failures within Window before now.
-// The caller holds mu.
-func (b *Breaker) recentFailures(now time.Time) int {
-	since := now.Add(-b.o.Window).UnixNano()
-	n := 0
-	for _, f := range b.fails[:b.nfails] {
-		if f > since {
-			n++
-		}
+	b.probes = slices.Delete(b.probes, i, i+1)
+	if failed {
+		b.setState(Open, now)
+		return
 	}
-	return n
+	if b.successes++; b.successes >= b.o.Successes {
+		b.setState(Closed, now)
+	}
 }
 
 // setState moves the breaker to s at now and returns the new word. The
@@ -347,7 +467,10 @@ func (b *Breaker) setState(s State, now time.Time) uint64 {
 	case HalfOpen:
 		b.probes, b.successes = b.probes[:0], 0
 	case Closed:
-		b.nfails, b.nextFail = 0, 0
+		for i := range b.buckets {
+			b.buckets[i].Store(0)
+		}
+		b.streak.Store(0)
 	}
 	w := (b.word.Load()>>stateBits+1)<<stateBits | uint64(s)
 	b.word.Store(w)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -66,17 +67,18 @@ func TestBreakerTransitions(t *testing.T) {
 	assert.Equal(t, Closed, b.State())
 	assert.True(t, b.RetryAt().IsZero())
 
-	// Closed: successes and non-failures in between do not erase
-	// failures; 3 within 1 s open it.
+	// Closed, with fewer than MinCalls calls in the window: a success
+	// ends a run of failures; 3 failures in a row open it.
 	fail(t, b, ms(0), 1)
 	b.Done(allow(t, b, ms(10)), ms(10), false)
-	b.Done(allow(t, b, ms(20)), ms(20), false)
-	fail(t, b, ms(100), 1)
+	fail(t, b, ms(100), 2)
 	b.Done(allow(t, b, ms(200)), ms(200), false)
-	assert.Equal(t, Closed, b.State(), "2 failures")
+	assert.Equal(t, Closed, b.State(), "2 failures in a row")
+	fail(t, b, ms(300), 2)
+	assert.Equal(t, Closed, b.State(), "2 failures in a row")
 	inFlight := allow(t, b, ms(900)) // a call that ends after the opening
 	fail(t, b, ms(999), 1)
-	assert.Equal(t, Open, b.State(), "3 failures within 1 s")
+	assert.Equal(t, Open, b.State(), "3 failures in a row")
 	retryAt := ms(999 + 250)
 	assert.Equal(t, retryAt, b.RetryAt())
 
@@ -116,36 +118,150 @@ func TestBreakerTransitions(t *testing.T) {
 	b.Done(Ticket{}, ms(1604), true)
 	fail(t, b, ms(1605), 2)
 	assert.Equal(t, Closed, b.State())
-	fail(t, b, ms(1606), 1)
+	fail(t, b, ms(1706), 1)
 	assert.Equal(t, Open, b.State())
 }
 
-// TestBreakerWindow: the window slides over the failures' times, so 3
-// failures spread over more than 1 s never open it, however many.
-func TestBreakerWindow(t *testing.T) {
-	b := New(metric, breakerName(t), Options{Failures: 3, Window: time.Second})
-	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	for i := range 20 { // one failure every 501 ms: at most 2 in any 1 s
-		fail(t, b, at(time.Duration(i)*501*time.Millisecond), 1)
-		require.Equal(t, Closed, b.State(), "failure %d", i)
+// calls records, at now, successes successful calls and failures failed
+// ones, spread evenly: no prefix of them has a larger share of failures
+// than the whole, nor two failures in a row while there are more
+// successes.
+func calls(t *testing.T, b *Breaker, now time.Time, successes, failures int) {
+	t.Helper()
+	total, failed := successes+failures, 0
+	for i := range total {
+		f := (i+1)*failures/total > failed
+		if f {
+			failed++
+		}
+		b.Done(allow(t, b, now), now, f)
 	}
-	// The failures at 9018 and 9519 ms and one more at 10000 ms are 3
-	// within 1 s (982 ms).
-	fail(t, b, at(10*time.Second), 1)
-	assert.Equal(t, Open, b.State())
+}
 
-	// A failure exactly Window after the first of them is outside.
-	b = New(metric, breakerName(t), Options{Failures: 2, Window: time.Second})
-	fail(t, b, at(0), 1)
-	fail(t, b, at(time.Second), 1)
-	assert.Equal(t, Closed, b.State(), "2 failures exactly 1 s apart")
-	fail(t, b, at(time.Second+time.Millisecond), 1)
-	assert.Equal(t, Open, b.State())
+// TestBreakerBusyNode: a node that answers most of many calls keeps its
+// breaker closed, however many of its failures come in a row (a stall
+// that times out every call in flight at once), so that the callers see
+// no more failures than the node's own.
+func TestBreakerBusyNode(t *testing.T) {
+	b := New(metric, breakerName(t), Options{})
+	refusals, failures := 0, 0
+	for ms := 1; ms <= 10_000; ms++ { // 10 s at 20 calls a millisecond
+		now := t0.Add(time.Duration(ms) * time.Millisecond)
+		stall := ms%50 == 0 // every 50 ms, 64 calls in a row time out
+		for i := range 20 + 44*btoi(stall) {
+			tk, err := b.Allow(now)
+			if err != nil {
+				refusals++
+				continue
+			}
+			failed := stall || i == 0 && ms%7 == 0
+			failures += btoi(failed)
+			b.Done(tk, now, failed)
+		}
+	}
+	t.Logf("%d failures, %d refusals", failures, refusals)
+	assert.Greater(t, failures, 12_000)
+	assert.Zero(t, refusals, "no call refused")
+	assert.Equal(t, Closed, b.State())
+}
+
+// btoi returns 1 for true, 0 for false.
+func btoi(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// TestBreakerRate: with at least MinCalls calls in the window, it opens
+// at the call that brings the failed share to FailureRate, and not before.
+func TestBreakerRate(t *testing.T) {
+	b := New(metric, breakerName(t), Options{FailureRate: 50, MinCalls: 20, Window: time.Second})
+	calls(t, b, t0, 60, 40)
+	assert.Equal(t, Closed, b.State(), "40 of 100")
+	fail(t, b, t0.Add(500*time.Millisecond), 19)
+	assert.Equal(t, Closed, b.State(), "59 of 119")
+	fail(t, b, t0.Add(500*time.Millisecond), 1)
+	assert.Equal(t, Open, b.State(), "60 of 120")
+
+	// Below MinCalls, a share of failures does not open it.
+	b = New(metric, breakerName(t), Options{FailureRate: 50, MinCalls: 20, Failures: 5})
+	calls(t, b, t0, 9, 10)
+	assert.Equal(t, Closed, b.State(), "10 of 19, never 2 in a row")
+	fail(t, b, t0.Add(100*time.Millisecond), 1)
+	assert.Equal(t, Open, b.State(), "11 of 20")
+}
+
+// trip opens b, whose Failures is 1, at now: a failure in the bucket
+// before now's, then one at now.
+func trip(t *testing.T, b *Breaker, now time.Time) {
+	t.Helper()
+	fail(t, b, now.Add(-b.o.Window/numBuckets), 1)
+	require.Equal(t, Closed, b.State(), "one failure")
+	fail(t, b, now, 1)
+	require.Equal(t, Open, b.State())
+}
+
+// TestBreakerBurst: failures in one bucket alone, however many (the calls
+// in flight when the caller or the node stalled, all timing out at
+// once), do not open it; one more failure in another bucket does.
+func TestBreakerBurst(t *testing.T) {
+	b := New(metric, breakerName(t), Options{})
+	fail(t, b, t0, 100)
+	assert.Equal(t, Closed, b.State(), "100 failures in a row at one time")
+	fail(t, b, t0.Add(100*time.Millisecond), 1)
+	assert.Equal(t, Open, b.State(), "101 of 101, in two buckets")
+}
+
+// TestBreakerWindow: the window rolls over buckets of a tenth of it: the
+// calls of a bucket count until the window has moved on by ten buckets.
+func TestBreakerWindow(t *testing.T) {
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	for _, tc := range []struct {
+		later time.Duration
+		want  State
+	}{
+		{800 * time.Millisecond, Closed}, // 70 failed of 240
+		{time.Second, Open},              // 20 failed of 40: the first bucket is out
+	} {
+		b := New(metric, breakerName(t), Options{FailureRate: 50, MinCalls: 20, Window: time.Second})
+		calls(t, b, at(0), 150, 50)
+		calls(t, b, at(tc.later), 20, 0)
+		fail(t, b, at(tc.later), 10)
+		fail(t, b, at(tc.later+100*time.Millisecond), 10)
+		assert.Equal(t, tc.want, b.State(), "after %v", tc.later)
+	}
+
+	// A result reported with a time a window older than one already
+	// counted changes nothing.
+	b := New(metric, breakerName(t), Options{FailureRate: 50, MinCalls: 20, Failures: 1000, Window: time.Second})
+	calls(t, b, at(time.Second), 20, 0)
+	calls(t, b, at(0), 0, 100)
+	assert.Equal(t, Closed, b.State())
+	c, f, _ := b.window(at(time.Second).UnixNano())
+	assert.Equal(t, [2]int{20, 0}, [2]int{c, f})
+}
+
+// TestBreakerAllocs: neither Allow nor Done allocates while closed,
+// whether the call succeeded or failed.
+func TestBreakerAllocs(t *testing.T) {
+	b := New(metric, breakerName(t), Options{})
+	n := 0
+	allocs := testing.AllocsPerRun(1000, func() {
+		n++
+		now := t0.Add(time.Duration(n) * time.Millisecond)
+		tk, _ := b.Allow(now)
+		b.Done(tk, now, n%10 == 0)
+	})
+	assert.Zero(t, allocs)
+	assert.Equal(t, Closed, b.State())
 }
 
 func TestBreakerDefaults(t *testing.T) {
 	b := New(metric, breakerName(t), Options{})
-	assert.Equal(t, Options{Failures: 5, Window: time.Second, Cooldown: 250 * time.Millisecond, Probes: 1, Successes: 2}, b.o)
+	assert.Equal(t, Options{Window: time.Second, FailureRate: 50, MinCalls: 20, Failures: 5,
+		Cooldown: 250 * time.Millisecond, Probes: 1, Successes: 2}, b.o)
+	assert.Equal(t, 100, Options{FailureRate: 150}.WithDefaults().FailureRate)
 	fail(t, b, t0, 4)
 	assert.Equal(t, Closed, b.State())
 	fail(t, b, t0.Add(999*time.Millisecond), 1)
@@ -164,7 +280,7 @@ func TestBreakerDefaults(t *testing.T) {
 func TestBreakerProbeLimit(t *testing.T) {
 	const probes = 3
 	b := New(metric, breakerName(t), Options{Failures: 1, Cooldown: time.Second, Probes: probes, Successes: 5})
-	fail(t, b, t0, 1)
+	trip(t, b, t0)
 	half := t0.Add(time.Second)
 
 	var allowed atomic.Int32
@@ -196,7 +312,8 @@ func TestBreakerProbeLimit(t *testing.T) {
 }
 
 // TestBreakerConcurrent hammers one breaker from many goroutines with a
-// shared clock and random failures, and checks the invariants: never more
+// shared clock and failures (random ones, and spans of nothing but
+// failures), and checks the invariants: never more
 // than Probes probes of one half-open state in flight (a late probe of an
 // earlier one is not counted by the breaker), every refusal wraps ErrOpen with a
 // RetryAt, and the transitions counted add up to the final state.
@@ -234,7 +351,8 @@ func TestBreakerConcurrent(t *testing.T) {
 					maxInFlight = max(maxInFlight, inFlight[tk.word])
 					mu.Unlock()
 				}
-				failed := r.IntN(8) == 0
+				// Every third span of 4 ms, every call fails.
+				failed := r.IntN(8) == 0 || now.Sub(t0)/(4*time.Millisecond)%3 == 0
 				if probe {
 					runtime.Gosched() // let others ask while the probe is out
 					mu.Lock()
@@ -286,7 +404,7 @@ func TestBreakerMetrics(t *testing.T) {
 		}
 	}
 	check(Closed, 0, 0, 0)
-	fail(t, b, t0, 1)
+	trip(t, b, t0)
 	check(Open, 1, 0, 0)
 	probe := allow(t, b, t0.Add(time.Second))
 	check(HalfOpen, 1, 1, 0)
@@ -295,8 +413,10 @@ func TestBreakerMetrics(t *testing.T) {
 }
 
 // BenchmarkBreaker measures Allow plus Done of a successful call on a
-// closed breaker (the hot path), from one goroutine and from all, and
-// Allow on an open one (every check while Redis is down).
+// closed breaker (the hot path), from one goroutine and from all, also
+// with the clock read redisx makes for Done; of a failed call on a
+// closed breaker; and Allow on an open one (every check while Redis is
+// down).
 func BenchmarkBreaker(b *testing.B) {
 	b.Run("closed", func(b *testing.B) {
 		br := New(metric, "bench-closed", Options{})
@@ -316,8 +436,26 @@ func BenchmarkBreaker(b *testing.B) {
 			}
 		})
 	})
+	b.Run("closed-clock", func(b *testing.B) { // as redisx calls it: the time read at the end of each call
+		br := New(metric, "bench-closed-clock", Options{})
+		b.ReportAllocs()
+		for b.Loop() {
+			tk, err := br.Allow(t0)
+			br.Done(tk, time.Now(), err != nil)
+		}
+	})
+	b.Run("closed-clock-parallel", func(b *testing.B) {
+		br := New(metric, "bench-closed-clock-parallel", Options{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				tk, err := br.Allow(t0)
+				br.Done(tk, time.Now(), err != nil)
+			}
+		})
+	})
 	b.Run("closed-failing", func(b *testing.B) { // failures spread too thin to open it
-		br := New(metric, "bench-closed-failing", Options{Failures: 2, Window: time.Nanosecond})
+		br := New(metric, "bench-closed-failing", Options{Failures: math.MaxInt32, Window: time.Nanosecond})
 		b.ReportAllocs()
 		now := t0
 		for b.Loop() {
@@ -328,8 +466,10 @@ func BenchmarkBreaker(b *testing.B) {
 	})
 	b.Run("open-parallel", func(b *testing.B) {
 		br := New(metric, "bench-open", Options{Failures: 1, Cooldown: time.Hour})
-		tk, _ := br.Allow(t0)
-		br.Done(tk, t0, true)
+		for _, at := range []time.Time{t0.Add(-time.Second / 10), t0} {
+			tk, _ := br.Allow(at)
+			br.Done(tk, at, true)
+		}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {

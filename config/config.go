@@ -50,9 +50,11 @@ const (
 	// DefaultChangesPoll is store.changes_poll's default.
 	DefaultChangesPoll = time.Second
 
-	DefaultBreakerFailures = breaker.DefaultFailures
-	DefaultBreakerWindow   = breaker.DefaultWindow
-	DefaultBreakerCooldown = breaker.DefaultCooldown
+	DefaultBreakerFailureRate = breaker.DefaultFailureRate
+	DefaultBreakerMinCalls    = breaker.DefaultMinCalls
+	DefaultBreakerFailures    = breaker.DefaultFailures
+	DefaultBreakerWindow      = breaker.DefaultWindow
+	DefaultBreakerCooldown    = breaker.DefaultCooldown
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.
@@ -223,12 +225,20 @@ type Store struct {
 	// the overrides and blocks, to apply a change whose pub/sub
 	// announcement it missed.
 	ChangesPoll Duration `toml:"changes_poll"`
-	// BreakerFailures is how many failed Redis calls (timeouts,
-	// connection errors, CLUSTERDOWN and the like) within BreakerWindow
-	// open the circuit breaker of a Redis node.
+	// BreakerFailureRate is the share of a Redis node's calls, in
+	// percent, that must fail (time out, lose their connection, meet
+	// CLUSTERDOWN and the like) within BreakerWindow, once the window
+	// holds BreakerMinCalls calls, to open the node's circuit breaker.
+	BreakerFailureRate int `toml:"breaker_failure_rate"`
+	// BreakerMinCalls is the fewest calls within BreakerWindow for
+	// BreakerFailureRate to judge a node.
+	BreakerMinCalls int `toml:"breaker_min_calls"`
+	// BreakerFailures is how many calls failing in a row, none
+	// succeeding in between, open the breaker while BreakerWindow holds
+	// fewer than BreakerMinCalls calls.
 	BreakerFailures int `toml:"breaker_failures"`
-	// BreakerWindow is the sliding window BreakerFailures are counted
-	// in.
+	// BreakerWindow is the rolling window a node's calls and failures
+	// are counted in.
 	BreakerWindow Duration `toml:"breaker_window"`
 	// BreakerCooldown is how long an open breaker sends no call before
 	// it lets a probe go.
@@ -460,9 +470,11 @@ func Default() *Config {
 			SyncInterval:  Duration(DefaultSyncInterval),
 			ChangesPoll:   Duration(DefaultChangesPoll),
 
-			BreakerFailures: DefaultBreakerFailures,
-			BreakerWindow:   Duration(DefaultBreakerWindow),
-			BreakerCooldown: Duration(DefaultBreakerCooldown),
+			BreakerFailureRate: DefaultBreakerFailureRate,
+			BreakerMinCalls:    DefaultBreakerMinCalls,
+			BreakerFailures:    DefaultBreakerFailures,
+			BreakerWindow:      Duration(DefaultBreakerWindow),
+			BreakerCooldown:    Duration(DefaultBreakerCooldown),
 		},
 	}
 }

@@ -77,11 +77,15 @@ username = "rld"
 password = "secret"
 key_prefix = "limits:"
 timeout = "20ms"
+breaker_failure_rate = 80
+breaker_min_calls = 100
 breaker_failures = 3
 breaker_window = "500ms"
 breaker_cooldown = "100ms"
 `), "x.toml")
 	require.NoError(t, err)
+	assert.Equal(t, 80, c.Store.BreakerFailureRate)
+	assert.Equal(t, 100, c.Store.BreakerMinCalls)
 	assert.Equal(t, 3, c.Store.BreakerFailures)
 	assert.Equal(t, 500*time.Millisecond, time.Duration(c.Store.BreakerWindow))
 	assert.Equal(t, 100*time.Millisecond, time.Duration(c.Store.BreakerCooldown))
@@ -98,7 +102,9 @@ breaker_cooldown = "100ms"
 	assert.False(t, d.Store.UsesRedis(), "no redis: the embedded store")
 	assert.Equal(t, RedisStandalone, d.Store.Mode)
 	assert.Equal(t, "rld:", d.Store.KeyPrefix)
-	assert.Equal(t, 5*time.Millisecond, time.Duration(d.Store.Timeout))
+	assert.Equal(t, 25*time.Millisecond, time.Duration(d.Store.Timeout))
+	assert.Equal(t, 50, d.Store.BreakerFailureRate)
+	assert.Equal(t, 20, d.Store.BreakerMinCalls)
 	assert.Equal(t, 5, d.Store.BreakerFailures)
 	assert.Equal(t, time.Second, time.Duration(d.Store.BreakerWindow))
 	assert.Equal(t, 250*time.Millisecond, time.Duration(d.Store.BreakerCooldown))
@@ -223,8 +229,9 @@ func TestInvalid(t *testing.T) {
 			[]string{`store.redis has 2 addresses: standalone mode takes one`}},
 		{"sentinel needs master_set", "[store]\nredis = [\"a:1\"]\nmode = \"sentinel\"\n",
 			[]string{`store.master_set = "": required with mode = "sentinel"`}},
-		{"breaker", "[store]\nbreaker_failures = 0\nbreaker_window = \"0s\"\nbreaker_cooldown = \"2m\"\n",
-			[]string{`store.breaker_failures = 0: want 1 to 10000`, `store.breaker_window = "0s": want 1ms to 1m`,
+		{"breaker", "[store]\nbreaker_failure_rate = 101\nbreaker_min_calls = 0\nbreaker_failures = 0\nbreaker_window = \"0s\"\nbreaker_cooldown = \"2m\"\n",
+			[]string{`store.breaker_failure_rate = 101: want a percentage, 1 to 100`, `store.breaker_min_calls = 0: want 1 to 1000000`,
+				`store.breaker_failures = 0: want 1 to 10000`, `store.breaker_window = "0s": want 1ms to 1m`,
 				`store.breaker_cooldown = "2m": want 1ms to 1m`}},
 		{"long key prefix", "[store]\nkey_prefix = \"" + strings.Repeat("p", 65) + "\"\n", []string{`longer than 64 bytes`}},
 		{"unknown key", "[server]\nsocket = \"/tmp/s\"\nsokcet_mode = \"0600\"\n", []string{`x.toml:3: unknown key "server.sokcet_mode"`}},

@@ -159,6 +159,12 @@ func (s *Store) validate(p *problems) {
 	if s.Timeout <= 0 {
 		p.add("store.timeout = %q: must be positive", s.Timeout)
 	}
+	if s.BreakerFailureRate < 1 || s.BreakerFailureRate > 100 {
+		p.add("store.breaker_failure_rate = %d: want a percentage, 1 to 100", s.BreakerFailureRate)
+	}
+	if s.BreakerMinCalls < 1 || s.BreakerMinCalls > MaxBreakerMinCalls {
+		p.add("store.breaker_min_calls = %d: want 1 to %d", s.BreakerMinCalls, MaxBreakerMinCalls)
+	}
 	if s.BreakerFailures < 1 || s.BreakerFailures > MaxBreakerFailures {
 		p.add("store.breaker_failures = %d: want 1 to %d", s.BreakerFailures, MaxBreakerFailures)
 	}
@@ -172,6 +178,9 @@ func (s *Store) validate(p *problems) {
 
 // MaxBreakerFailures is the largest store.breaker_failures.
 const MaxBreakerFailures = 10_000
+
+// MaxBreakerMinCalls is the largest store.breaker_min_calls.
+const MaxBreakerMinCalls = 1_000_000
 
 func (r *Rule) validate(p *problems, i int) {
 	at := fmt.Sprintf("rule[%d]", i)

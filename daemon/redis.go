@@ -59,9 +59,11 @@ func redisOptions(sc *config.Store, password string) redisx.Options {
 		KeyPrefix: sc.KeyPrefix,
 		Timeout:   time.Duration(sc.Timeout),
 		Breaker: breaker.Options{
-			Failures: sc.BreakerFailures,
-			Window:   time.Duration(sc.BreakerWindow),
-			Cooldown: time.Duration(sc.BreakerCooldown),
+			FailureRate: sc.BreakerFailureRate,
+			MinCalls:    sc.BreakerMinCalls,
+			Failures:    sc.BreakerFailures,
+			Window:      time.Duration(sc.BreakerWindow),
+			Cooldown:    time.Duration(sc.BreakerCooldown),
 		},
 	}
 }

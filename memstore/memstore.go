@@ -17,7 +17,10 @@ import (
 
 // Defaults for Options and Run.
 const (
-	DefaultMaxKeys       = 1_000_000
+	// DefaultMaxKeys holds the store to about 40 MB of memory: a token
+	// bucket's key takes about 192 bytes of heap (BenchmarkBytesPerKey),
+	// twice that in the process's resident memory.
+	DefaultMaxKeys       = 100_000
 	DefaultShards        = 256
 	DefaultSweepInterval = 10 * time.Second
 )

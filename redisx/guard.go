@@ -272,13 +272,11 @@ func (c *Client) single(rc rueidis.Client, send func(rc rueidis.Client) (connErr
 	return err
 }
 
-// done records the outcome err of a call that b allowed with ticket, and
-// asks for a refresh of the slot map when the call failed.
+// done records the outcome err of a call that b allowed with ticket (b
+// counts every call, to judge the share that fails), and asks for a
+// refresh of the slot map when the call failed.
 func (c *Client) done(b *breaker.Breaker, ticket breaker.Ticket, err error) {
-	if err == nil && ticket.Closed() {
-		return // nothing to record: no clock read
-	}
-	failed := isFailure(err)
+	failed := err != nil && isFailure(err)
 	b.Done(ticket, time.Now(), failed)
 	if failed {
 		c.g.refreshSoon()

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -259,4 +261,99 @@ func TestClusterDownKeepsBreakersOpen(t *testing.T) {
 		return err == nil
 	})
 	assert.Equal(t, breaker.Closed, state())
+}
+
+// busyLoad is callers taking from a Store, each on keys of its own, with
+// counts of what their calls met.
+type busyLoad struct {
+	ok, timeouts, refused, others atomic.Int64
+	firstOther                    atomic.Pointer[error]
+	stop                          context.CancelFunc
+	wg                            sync.WaitGroup
+}
+
+// startBusyLoad starts n callers taking from rs until stopped.
+func startBusyLoad(rs *redisx.Store, n int) *busyLoad {
+	ctx, stop := context.WithCancel(context.Background())
+	l := &busyLoad{stop: stop}
+	p := algo.Params{Limit: 1_000_000, Period: time.Hour}
+	for g := range n {
+		l.wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				_, err := rs.Take(context.Background(), fmt.Appendf(nil, "busy-%d-%d", g, i%1000), p, 1, time.Now(), false)
+				switch {
+				case err == nil:
+					l.ok.Add(1)
+				case errors.Is(err, context.DeadlineExceeded):
+					l.timeouts.Add(1)
+				case errors.Is(err, breaker.ErrOpen):
+					l.refused.Add(1)
+				default:
+					l.others.Add(1)
+					l.firstOther.CompareAndSwap(nil, &err)
+				}
+			}
+		})
+	}
+	return l
+}
+
+// waitOK polls until n more calls succeeded.
+func (l *busyLoad) waitOK(t *testing.T, n int64) {
+	t.Helper()
+	from := l.ok.Load()
+	redistest.WaitFor(t, "successful calls", func() bool { return l.ok.Load() >= from+n })
+}
+
+// finish stops the callers and waits for them.
+func (l *busyLoad) finish(t *testing.T) {
+	t.Helper()
+	l.stop()
+	l.wg.Wait()
+	if e := l.firstOther.Load(); e != nil {
+		t.Errorf("%d calls failed otherwise than by a timeout or the breaker, first: %v", l.others.Load(), *e)
+	}
+}
+
+// TestBreakerBusyRedis: a healthy Redis that is now and then busy for
+// longer than the calls' timeout (a script spinning 300 ms, 10 times) under
+// 8 callers with the default breaker: the calls in flight during a stall
+// time out, the rest succeed, and the breaker stays closed, so the
+// callers meet no more failures than Redis's timeouts. Then Redis is
+// paused (SIGSTOP) under the same load, and the breaker opens within
+// about its window.
+func TestBreakerBusyRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	// The timeout is long enough that this loaded machine's own stalls
+	// rarely outlast it (with store.timeout's default, 5 ms, they do).
+	const timeout, stall = 100 * time.Millisecond, 300 * time.Millisecond
+	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}, Timeout: timeout})
+	rs := redisx.NewStore(c)
+	opened := `rld_redis_breaker_transitions_total{node="` + srv.Addr + `",to="open"}`
+
+	l := startBusyLoad(rs, 8)
+	l.waitOK(t, 500)
+	for range 10 {
+		srv.Busy(t, stall)
+		l.waitOK(t, 300)
+	}
+	l.finish(t)
+	ok, timeouts, refused := l.ok.Load(), l.timeouts.Load(), l.refused.Load()
+	t.Logf("stalls of %v, timeout %v: %d calls ok, %d timed out, %d refused by the breaker", stall, timeout, ok, timeouts, refused)
+	assert.Positive(t, timeouts, "the stalls time calls out")
+	assert.Zero(t, refused, "no call refused: the failures are the timeouts only")
+	assert.Zero(t, metricValue(t, opened), "the breaker never opened")
+	assert.False(t, c.Degraded())
+
+	l = startBusyLoad(rs, 8)
+	defer l.finish(t)
+	l.waitOK(t, 500)
+	paused := time.Now()
+	srv.Pause()
+	defer srv.Resume()
+	redistest.WaitFor(t, "the breaker to open", c.Degraded)
+	took := time.Since(paused)
+	t.Logf("paused: the breaker opened after %v (window %v)", took.Round(time.Millisecond), breaker.DefaultWindow)
+	assert.Equal(t, float64(1), metricValue(t, opened))
+	assert.Less(t, took, breaker.DefaultWindow+time.Second, "within about the window")
 }

@@ -20,7 +20,7 @@ const (
 	DefaultSyncInterval = 100 * time.Millisecond
 	DefaultMaxEntries   = 100_000
 	DefaultShards       = 64
-	DefaultTimeout      = 5 * time.Millisecond
+	DefaultTimeout      = 25 * time.Millisecond // redisx.DefaultTimeout
 )
 
 // Options configures a Cache. The zero value of each field means its

@@ -237,3 +237,28 @@ func TestMissReasons(t *testing.T) {
 	assert.Equal(t, before["returned"]+1, shardcache.Misses("returned"), "a check after the lease went back")
 	assert.Equal(t, before["new"]+1, shardcache.Misses("new"))
 }
+
+// BenchmarkBytesPerEntry reports the heap held per entry of a cache of
+// 200,000 warm keys (warmCache: keys of 33 bytes), the shared store's own
+// share left out: what store.max_keys costs a daemon on Redis per key,
+// besides the fail-open local state an outage adds (memstore's
+// BenchmarkBytesPerKey).
+func BenchmarkBytesPerEntry(b *testing.B) {
+	const n = 200_000
+	var perEntry float64
+	for b.Loop() {
+		be := newAlgoBackend()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		c, _ := warmCache(b, be, n)
+		be.mu.Lock()
+		be.states = nil // the shared store's share
+		be.mu.Unlock()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perEntry = float64(after.HeapAlloc-before.HeapAlloc) / n
+		runtime.KeepAlive(c)
+	}
+	b.ReportMetric(perEntry, "bytes/entry")
+}
