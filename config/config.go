@@ -50,6 +50,12 @@ const (
 	// DefaultChangesPoll is store.changes_poll's default.
 	DefaultChangesPoll = time.Second
 
+	// DefaultClientIPHeader, DefaultIPv4Prefix and DefaultIPv6Prefix are
+	// the [request] table's.
+	DefaultClientIPHeader = "x-forwarded-for"
+	DefaultIPv4Prefix     = 32
+	DefaultIPv6Prefix     = 64
+
 	DefaultBreakerFailureRate = breaker.DefaultFailureRate
 	DefaultBreakerMinCalls    = breaker.DefaultMinCalls
 	DefaultBreakerFailures    = breaker.DefaultFailures
@@ -450,6 +456,11 @@ func Default() *Config {
 			LogLevel:       DefaultLogLevel,
 			LogFormat:      DefaultLogFormat,
 			ConfigPoll:     Duration(DefaultConfigPoll),
+		},
+		Request: Request{
+			ClientIPHeader: DefaultClientIPHeader,
+			IPv4Prefix:     DefaultIPv4Prefix,
+			IPv6Prefix:     DefaultIPv6Prefix,
 		},
 		Admin: Admin{
 			HTTP:       DefaultAdminHTTP,

@@ -92,11 +92,11 @@ type Deriver struct {
 	headers []string
 }
 
-// Defaults of the [request] table.
+// Defaults of the [request] table, for a zero value of a field.
 const (
-	DefaultIPHeader   = "x-forwarded-for"
-	DefaultIPv4Prefix = 32
-	DefaultIPv6Prefix = 64
+	DefaultIPHeader   = config.DefaultClientIPHeader
+	DefaultIPv4Prefix = config.DefaultIPv4Prefix
+	DefaultIPv6Prefix = config.DefaultIPv6Prefix
 )
 
 // New compiles the [request] table. It returns every problem it finds,
