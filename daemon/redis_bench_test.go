@@ -198,6 +198,9 @@ func TestStrictCheckIsOneCall(t *testing.T) {
 			name == "config|resetstat", name == "ping", name == "hello", strings.HasPrefix(name, "client|"):
 		case beats > 0 && (name == "eval" || name == "zadd" || name == "zremrangebyscore" || name == "zcard" || name == "pttl"):
 		case name == "subscribe" || (polls > 0 && (name == "eval" || name == "hget" || name == "hgetall")):
+		case k == 1 && (name == "discard" || name == "unsubscribe" || name == "punsubscribe" || name == "sunsubscribe"):
+			// The scripts' preload runs on a dedicated connection, which
+			// rueidis resets once as it goes back to its pool.
 		default:
 			t.Errorf("%d calls of %s", k, name)
 		}
