@@ -258,7 +258,7 @@ func TestAdminHTTPToken(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(body), &e))
 	require.Len(t, e.Rules, 1)
 	assert.Equal(t, admin.RuleMatch{Rule: "per-key", Key: "api_key=k1", Algorithm: "token_bucket", Limit: 3, Period: "1h",
-		Mode: "cached", Fail: "open", Allowed: true, Remaining: 2, ResetMs: e.Rules[0].ResetMs}, e.Rules[0])
+		Mode: "cached", Fail: "open", Enforce: "100%", Enforced: true, Allowed: true, Remaining: 2, ResetMs: e.Rules[0].ResetMs}, e.Rules[0])
 
 	// Bad requests get a clear error and change nothing.
 	code, body = post(token, "explain", `{"descriptors":[],"extra":1}`)
