@@ -202,13 +202,16 @@ func layout(t *testing.T, m manifest) pod {
 			require.NotNil(t, m.pod.SecurityContext.FSGroup)
 			require.NoError(t, os.Chown(dir, 0, int(*m.pod.SecurityContext.FSGroup)))
 			require.NoError(t, os.Chmod(dir, 0o777|os.ModeSetgid))
+		case v.HostPath != nil:
+			// DirectoryOrCreate: the kubelet creates it root:root 0755.
+			require.NoError(t, os.Chown(dir, 0, 0))
 		case v.ConfigMap != nil:
 			require.Equal(t, m.config.Name, v.ConfigMap.Name)
 			for k, text := range m.config.Data {
 				require.NoError(t, os.WriteFile(filepath.Join(dir, k), []byte(text), 0o644))
 			}
 		default:
-			t.Fatalf("volume %s: only emptyDir and configMap are laid out", v.Name)
+			t.Fatalf("volume %s: only emptyDir, hostPath and configMap are laid out", v.Name)
 		}
 		p.volumes[v.Name] = dir
 	}
@@ -219,7 +222,7 @@ func layout(t *testing.T, m manifest) pod {
 func (p pod) mapper(c corev1.Container) *strings.Replacer {
 	var pairs []string
 	for _, m := range c.VolumeMounts {
-		pairs = append(pairs, m.MountPath+"/", p.volumes[m.Name]+"/")
+		pairs = append(pairs, m.MountPath, p.volumes[m.Name])
 	}
 	return strings.NewReplacer(pairs...)
 }
@@ -302,46 +305,8 @@ func TestSidecarContract(t *testing.T) {
 	bin := rldBinary(t)
 	m := load(t, "sidecar.yaml")
 	_, conf := m.toml(t)
-	p := layout(t, m)
-	rldPaths := p.mapper(m.rld)
-	port := freePort(t)
-
-	// The kubelet probes the pod's IP on the container port; here rld's
-	// 0.0.0.0:9464 becomes a free loopback port.
-	cfgFile := filepath.Join(p.volumes["rld-config"], "rld.toml")
-	text, err := os.ReadFile(cfgFile)
-	require.NoError(t, err)
-	mapped := rldPaths.Replace(strings.Replace(string(text), `"`+conf.Server.HTTP+`"`, `"127.0.0.1:`+port+`"`, 1))
-	require.NotEqual(t, string(text), mapped)
-	require.NoError(t, os.WriteFile(cfgFile, []byte(mapped), 0o644))
-	socket := rldPaths.Replace(conf.Server.Socket)
-
-	args := make([]string, len(m.rld.Args))
-	for i, a := range m.rld.Args {
-		args[i] = rldPaths.Replace(a)
-	}
-	var logs syncBuffer
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env(t, m.rld, rldPaths)
-	cmd.Dir = "/"
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: creds(t, m.pod, m.rld)}
-	require.NoError(t, cmd.Start())
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		t.Logf("rld's log:\n%s", logs.String())
-	})
-
-	// The startup probe passes within its budget, and says which build runs.
-	sp := m.rld.StartupProbe
-	health := probe(t, "http://127.0.0.1:"+port+sp.HTTPGet.Path,
-		time.Duration(sp.PeriodSeconds*sp.FailureThreshold)*time.Second, exited)
-	assert.Equal(t, "ok", health["status"])
-	version, err := exec.Command(filepath.Join(top, "scripts", "version.sh"), "version").Output()
-	require.NoError(t, err)
-	assert.Equal(t, strings.TrimSpace(string(version)), health["version"])
+	r := startPod(t, m, conf)
+	p, socket, cmd, exited, logs := r.pod, r.socket, r.cmd, r.exited, r.logs
 
 	// The socket is rld's, in the fsGroup (the emptyDir's setgid bit), 0660.
 	fi, err := os.Stat(socket)
@@ -413,6 +378,78 @@ func TestSidecarContract(t *testing.T) {
 	assert.True(t, errors.Is(err, os.ErrNotExist), "the socket is removed: %v", err)
 }
 
+// running is a pod laid out with rld started in it as the manifest says.
+type running struct {
+	pod    pod
+	socket string // the socket's path on this machine
+	cmd    *exec.Cmd
+	exited <-chan error // Wait's result
+	logs   *syncBuffer
+}
+
+// startPod lays the manifest's pod out, runs its init containers other
+// than rld (as root, paths mapped), starts rld with the manifest's args,
+// environment and identity, and waits for its startup probe to pass,
+// which must report the stamped version.
+func startPod(t *testing.T, m manifest, conf rldConfig) running {
+	t.Helper()
+	bin := rldBinary(t)
+	pd := layout(t, m)
+	for _, c := range m.pod.InitContainers {
+		if c.Name == m.rld.Name {
+			continue
+		}
+		paths := pd.mapper(c)
+		argv := append(append([]string{}, c.Command...), c.Args...)
+		for i := range argv {
+			argv[i] = paths.Replace(argv[i])
+		}
+		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+		require.NoError(t, err, "init container %s: %s", c.Name, out)
+	}
+	rldPaths := pd.mapper(m.rld)
+	port := freePort(t)
+
+	// The kubelet probes the pod's IP on the container port; here rld's
+	// 0.0.0.0:9464 becomes a free loopback port.
+	cfgFile := filepath.Join(pd.volumes["rld-config"], "rld.toml")
+	text, err := os.ReadFile(cfgFile)
+	require.NoError(t, err)
+	mapped := rldPaths.Replace(strings.Replace(string(text), `"`+conf.Server.HTTP+`"`, `"127.0.0.1:`+port+`"`, 1))
+	require.NotEqual(t, string(text), mapped)
+	require.NoError(t, os.WriteFile(cfgFile, []byte(mapped), 0o644))
+	socket := rldPaths.Replace(conf.Server.Socket)
+
+	args := make([]string, len(m.rld.Args))
+	for i, a := range m.rld.Args {
+		args[i] = rldPaths.Replace(a)
+	}
+	logs := &syncBuffer{}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env(t, m.rld, rldPaths)
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: creds(t, m.pod, m.rld)}
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		t.Logf("rld's log:\n%s", logs.String())
+	})
+
+	// The startup probe passes within its budget, and says which build runs.
+	sp := m.rld.StartupProbe
+	health := probe(t, "http://127.0.0.1:"+port+sp.HTTPGet.Path,
+		time.Duration(sp.PeriodSeconds*sp.FailureThreshold)*time.Second, exited)
+	assert.Equal(t, "ok", health["status"])
+	version, err := exec.Command(filepath.Join(top, "scripts", "version.sh"), "version").Output()
+	require.NoError(t, err)
+	assert.Equal(t, strings.TrimSpace(string(version)), health["version"])
+
+	return running{pod: pd, socket: socket, cmd: cmd, exited: exited, logs: logs}
+}
+
 // probe polls url as the kubelet's startup probe would until it answers 200,
 // and returns the JSON body; it fails when rld exits or the budget is spent.
 func probe(t *testing.T, url string, budget time.Duration, exited <-chan error) map[string]any {
@@ -456,4 +493,49 @@ func check(t *testing.T, bin string, env []string, cr *syscall.Credential, descs
 	}
 	require.NoError(t, err, "rld check: %s", out)
 	return 0, string(out)
+}
+
+// TestDaemonSetContract runs the pod of daemonset.yaml the same way: the
+// kubelet's hostPath (root:root 0755), the init container's command making
+// it rld's, rld started as the manifest says; a client pod's process (a
+// uid with rld's group among its supplementalGroups, as docs/operations.md
+// shows) checks over the directory, one without the group is refused, and
+// SIGTERM stops rld with exit 0 within the grace period.
+func TestDaemonSetContract(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the contract runs rld and its clients as the manifest's uids: run it as root (CI does)")
+	}
+	bin := rldBinary(t)
+	m := load(t, "daemonset.yaml")
+	_, conf := m.toml(t)
+	r := startPod(t, m, conf)
+	sc := m.rld.SecurityContext
+	uid, gid := uint32(*sc.RunAsUser), uint32(*sc.RunAsGroup)
+
+	for path, mode := range map[string]string{r.pod.volumes["rld-socket"]: "0750", r.socket: conf.Server.SocketMode} {
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		assert.Equal(t, [2]uint32{uid, gid}, [2]uint32{st.Uid, st.Gid}, path)
+		assert.Equal(t, mode, fmt.Sprintf("%04o", fi.Mode().Perm()), path)
+	}
+
+	env := []string{"RLD_SOCKET=" + r.socket}
+	descs := []string{"endpoint=/v1/search", "api_key=sk_node"}
+	code, out := check(t, bin, env, &syscall.Credential{Uid: 1000, Gid: 1000, Groups: []uint32{gid}}, descs)
+	assert.Equal(t, 0, code, "a client with supplementalGroups [%d]: %s", gid, out)
+	code, out = check(t, bin, env, &syscall.Credential{Uid: 1000, Gid: 1000}, descs)
+	assert.Equal(t, 2, code)
+	assert.Contains(t, out, "permission denied", "a client without the group")
+
+	grace := time.Duration(*m.pod.TerminationGracePeriodSeconds) * time.Second
+	require.NoError(t, r.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-r.exited:
+		require.NoError(t, err, "rld exits 0 after a drain")
+	case <-time.After(grace):
+		t.Fatalf("rld still runs %v after SIGTERM: the kubelet would SIGKILL it", grace)
+	}
+	_, err := os.Stat(r.socket)
+	assert.True(t, errors.Is(err, os.ErrNotExist), "the socket is removed: %v", err)
 }
