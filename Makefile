@@ -20,7 +20,7 @@ DEB_VERSION ?= $(shell scripts/version.sh deb $(VERSION))
 DEB_OUT     ?= bin
 LDFLAGS     := -s -w -X github.com/rld/rld/buildinfo.Version=$(VERSION) -X github.com/rld/rld/buildinfo.Commit=$(COMMIT)
 
-.PHONY: all build deb run test deps bench bench-go fuzz soak lint clean
+.PHONY: all build deb image run test deps bench bench-go fuzz soak lint clean
 
 all: build
 
@@ -31,6 +31,25 @@ build:
 # dpkg-deb (packaging/mkdeb.sh); install it with dpkg -i (docs/operations.md).
 deb: build
 	@packaging/mkdeb.sh $(BIN) $(DEB_VERSION) $(DEB_OUT)
+
+# image builds the container image $(IMAGE):$(IMAGE_TAG) with podman from
+# packaging/image/Containerfile: the binary `make build` stamped, on
+# scratch, as uid 65532, labelled with the version and commit. Every
+# timestamp is the last commit's (SOURCE_DATE_EPOCH), so one commit gives
+# one image ID; the ID is written to $(IMAGE_IIDFILE).
+IMAGE             ?= localhost/rld
+IMAGE_TAG         ?= $(VERSION)
+IMAGE_CONTEXT     ?= bin/image
+IMAGE_IIDFILE     ?= bin/image.id
+PODMAN            ?= podman
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+image: build
+	@command -v $(PODMAN) >/dev/null || { echo "make image needs podman (apt-get install podman)" >&2; exit 1; }
+	@rm -rf $(IMAGE_CONTEXT) && mkdir -p $(IMAGE_CONTEXT) && cp $(BIN) $(IMAGE_CONTEXT)/rld
+	$(PODMAN) build -q --timestamp $(SOURCE_DATE_EPOCH) --iidfile $(IMAGE_IIDFILE) \
+	  --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) \
+	  --build-arg CREATED=$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ) \
+	  -f packaging/image/Containerfile -t $(IMAGE):$(IMAGE_TAG) $(IMAGE_CONTEXT)
 
 # run serves until Ctrl-C (SIGINT) or SIGTERM, which drain: answers to
 # requests already read are written before the daemon exits.
@@ -43,9 +62,12 @@ run: build
 deps:
 	@scripts/deps.sh
 
+# test also runs contrib/kubernetes, a module of its own (its Kubernetes
+# API dependencies stay out of rld's go.mod).
 test: deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -p 1 -timeout 14m ./...
+	cd contrib/kubernetes && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 5m ./...
 
 # bench measures check latency as a user's client sees it (rld-bench,
 # docs/performance.md): it starts the echo server, redis-server and rld

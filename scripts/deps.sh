@@ -26,6 +26,7 @@ NEEDS=(
   "systemd-analyze systemd"
   "systemd-socket-activate systemd"
   "man man-db"
+  "podman podman"
 )
 
 missing=()
