@@ -193,7 +193,7 @@ func startLua(t *testing.T, extra string, backend ...string) (*daemontest.Proces
 		app = backend[0]
 	}
 	conf := strings.NewReplacer("/run/rld/rld.sock", p.Socket, "/var/www/html", www(t), "127.0.0.1:8081", app,
-		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 50,", "timeout = 1000, log_interval = 60,"+extra,
+		"127.0.0.1:8080", "127.0.0.1:PORT", "timeout = 100,", "timeout = 1000, log_interval = 60,"+extra,
 		"    # How many checks", peekLocation).Replace(string(recipe))
 	n := nginxtest.Start(t, true, strings.ReplaceAll(conf, "/run/rld/rld.sock", p.Socket))
 	return p, &lua{n, httpSock}

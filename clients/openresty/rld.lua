@@ -6,7 +6,7 @@
 --   -- in access_by_lua_block, the one-call helper:
 --   rld.access{ socket = "unix:/run/rld/rld.sock" }  -- sends the request's attributes
 --   -- or by hand:
---   local c = rld.new{ timeout = 50 }
+--   local c = rld.new{ timeout = 100 }
 --   local res, err = c:check({ {"api_key", "sk_123"}, {"endpoint", "/v1/search"} }, 1)
 --
 -- It speaks the binary protocol of docs/protocol.md on the daemon's Unix
@@ -403,7 +403,7 @@ Client.__index = Client
 
 --- new(opts) returns a client. opts (all optional):
 --   socket        "unix:/run/rld/rld.sock"
---   timeout       50 (ms): connect, send and receive, each; above the
+--   timeout       100 (ms): connect, send and receive, each; above the
 --                 daemon's store.timeout (25 ms), so that a slow Redis is
 --                 met by rld's own fallback, not by failing open
 --   pool_size     64 connections kept per nginx worker
@@ -419,7 +419,7 @@ function _M.new(opts)
     opts = opts or {}
     local c = {
         socket = opts.socket or "unix:/run/rld/rld.sock",
-        timeout = opts.timeout or 50,
+        timeout = opts.timeout or 100,
         pool_size = opts.pool_size or 64,
         keepalive = opts.keepalive or 60000,
         pipeline = opts.pipeline ~= false,

@@ -77,7 +77,7 @@ final class Rld
      */
     public function __construct(
         private string $socket = '/run/rld/rld.sock',
-        private float $timeout = 0.05,
+        private float $timeout = 0.1,
         private bool $failOpen = true,
         private int $failStatus = 503,
         private int $logInterval = 10,

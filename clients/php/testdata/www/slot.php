@@ -5,7 +5,7 @@
 // it settles them at M when it ends instead.
 require $_SERVER['RLD_CLIENT'] ?? '/usr/share/rld/Rld.php';
 
-$rld = new Rld($_SERVER['RLD_SOCKET'] ?? '/run/rld/rld.sock', timeout: (float) ($_SERVER['RLD_TIMEOUT'] ?? 0.05));
+$rld = new Rld($_SERVER['RLD_SOCKET'] ?? '/run/rld/rld.sock', timeout: (float) ($_SERVER['RLD_TIMEOUT'] ?? 0.1));
 $est = (int) ($_GET['est'] ?? 0);
 echo $rld->withSlot(
     $rld->attributes($est > 0 ? [['units', '1']] : []),
