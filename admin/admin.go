@@ -59,10 +59,38 @@ type ExplainArgs struct {
 // ExplainResult is explain's answer.
 type ExplainResult struct {
 	// List is "deny" or "allow" when the descriptors match the deny or
-	// allow list, which decide before any rule; "" otherwise.
+	// allow list (or a descriptor block), which decide before any rule;
+	// "" otherwise.
 	List string `json:"list,omitempty"`
+	// Decision is the answer a check of the descriptors would get now.
+	Decision ExplainDecision `json:"decision"`
 	// Rules are the rules whose match holds, in evaluation order.
 	Rules []RuleMatch `json:"rules"`
+}
+
+// ExplainDecision is the answer a check would get, in the terms of a
+// check's answer (docs/protocol.md): its numbers are rendered by the code
+// that renders a check's.
+type ExplainDecision struct {
+	// Status is "allowed", "limited", "blocked" or "error".
+	Status string `json:"status"`
+	// Code is the error's code when Status is "error", such as
+	// "cost_too_large".
+	Code string `json:"code,omitempty"`
+	// Rule is the deciding rule: a rule's name, "deny" or "allow" (the
+	// lists), or "" when no rule applies (as in a check's answer).
+	Rule    string `json:"rule"`
+	Allowed bool   `json:"allowed"`
+	// Limit, Remaining and ResetMs are the deciding limit's numbers, as
+	// a check's answer gives them (zero when no rule decided by a limit).
+	Limit     uint64 `json:"limit"`
+	Remaining uint64 `json:"remaining"`
+	ResetMs   int64  `json:"reset_ms"`
+	// RetryAfterMs is when to retry a limited check (at least 1). A
+	// rule's penalty or retry_jitter may lengthen a real refusal's.
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
+	// Message says what failed when Status is "error".
+	Message string `json:"message,omitempty"`
 }
 
 // RuleMatch is one rule that matches the descriptors.
@@ -72,7 +100,8 @@ type RuleMatch struct {
 	// joined by ",".
 	Key string `json:"key,omitempty"`
 	// Missing names a by descriptor the request lacks: the rule does not
-	// count such a request.
+	// apply to the request (it neither counts nor refuses it), and
+	// Status, Allowed, Remaining and ResetMs are absent.
 	Missing   string `json:"missing,omitempty"`
 	Tier      string `json:"tier,omitempty"`
 	Algorithm string `json:"algorithm"`
@@ -89,16 +118,25 @@ type RuleMatch struct {
 	// by descriptor): a key it does not enforce is counted, never refused.
 	Enforce  string `json:"enforce"`
 	Enforced bool   `json:"enforced"`
+	// Status is what this rule says on its own: "allowed", "limited",
+	// "blocked" or "error" (Code "cost_too_large" when the cost exceeds
+	// the limit's capacity, "internal" when its store failed); "" when
+	// the rule does not apply (Missing).
+	Status string `json:"status,omitempty"`
+	Code   string `json:"code,omitempty"`
 	// Overridden is set when an override sets Limit; Blocked when a
-	// block of the key is in force.
-	Overridden bool  `json:"overridden,omitempty"`
-	Blocked    bool  `json:"blocked,omitempty"`
-	Allowed    bool  `json:"allowed"`
-	Remaining  int64 `json:"remaining"`
-	ResetMs    int64 `json:"reset_ms"`
-	// RetryAfterMs is when a check of this cost would be admitted, if
-	// it would not be now; -1 means never (the cost exceeds the limit's
-	// capacity).
+	// block of the key is in force; Cooldown when the key is in the
+	// rule's penalty cooldown (refused until it ends).
+	Overridden bool `json:"overridden,omitempty"`
+	Blocked    bool `json:"blocked,omitempty"`
+	Cooldown   bool `json:"cooldown,omitempty"`
+	// Allowed, Remaining and ResetMs are what a check of this cost would
+	// get from the rule now; absent when the rule does not apply.
+	Allowed   *bool  `json:"allowed,omitempty"`
+	Remaining *int64 `json:"remaining,omitempty"`
+	ResetMs   *int64 `json:"reset_ms,omitempty"`
+	// RetryAfterMs is when a check of this cost would be admitted, if it
+	// is limited now.
 	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 	// Error is the store's error when it could not be read.
 	Error string `json:"error,omitempty"`

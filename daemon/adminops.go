@@ -16,9 +16,9 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rld/rld/admin"
-	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/header"
+	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
 )
 
@@ -76,30 +76,65 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	e := s.d.policy.Load().Explain(ctx, time.Now(), descs, a.Cost)
-	res := admin.ExplainResult{List: e.List, Rules: make([]admin.RuleMatch, 0, len(e.Rules))}
-	for _, m := range e.Rules {
-		rm := admin.RuleMatch{
-			Rule: m.Rule, Key: m.Key, Missing: m.Missing, Tier: m.Tier,
-			Algorithm: m.Params.Kind.String(), Limit: m.Params.Limit, Period: config.Duration(m.Params.Period).String(),
-			Burst: m.Params.Burst, Mode: string(m.Mode), Fail: string(m.Fail), Shadow: m.Shadow,
-			Enforce: config.FormatShare(m.Enforce), Enforced: m.Enforced,
-			Overridden: m.Overridden, Blocked: m.Blocked,
-		}
-		switch {
-		case m.Err != nil:
-			rm.Error = m.Err.Error()
-		case m.Missing == "":
-			rm.Allowed, rm.Remaining = m.Result.Allowed, max(m.Result.Remaining, 0)
-			rm.ResetMs = m.Result.Reset.Milliseconds()
-			if m.Result.RetryAfter == algo.Never {
-				rm.RetryAfterMs = -1
-			} else if !m.Result.Allowed {
-				rm.RetryAfterMs = int64(header.Millis(m.Result.RetryAfter))
-			}
-		}
-		res.Rules = append(res.Rules, rm)
+	res := admin.ExplainResult{List: e.List, Decision: explainDecision(&e.Decision), Rules: make([]admin.RuleMatch, 0, len(e.Rules))}
+	for i := range e.Rules {
+		res.Rules = append(res.Rules, explainRule(&e.Rules[i]))
 	}
 	return res, nil
+}
+
+// explainDecision renders the decision a check would get with the code
+// that renders a check's answer (setAnswer), so that the two agree.
+func explainDecision(dec *policy.Decision) admin.ExplainDecision {
+	var a header.Answer
+	setAnswer(&a, dec)
+	out := admin.ExplainDecision{
+		Status: dec.Status.String(), Rule: dec.Rule, Allowed: dec.Status.Allowed(),
+		Limit: a.Limit, Remaining: a.Remaining, ResetMs: a.Reset.Milliseconds(),
+	}
+	if dec.Status == policy.StatusLimited {
+		out.RetryAfterMs = int64(header.Millis(a.Retry))
+	}
+	if dec.Status == policy.StatusError {
+		out.Code = dec.Code.String()
+		if dec.Err != nil {
+			out.Message = dec.Err.Error()
+		}
+	}
+	return out
+}
+
+// explainRule renders one rule of an explanation.
+func explainRule(m *policy.Match) admin.RuleMatch {
+	rm := admin.RuleMatch{
+		Rule: m.Rule, Key: m.Key, Missing: m.Missing, Tier: m.Tier,
+		Algorithm: m.Params.Kind.String(), Limit: m.Params.Limit, Period: config.Duration(m.Params.Period).String(),
+		Burst: m.Params.Burst, Mode: string(m.Mode), Fail: string(m.Fail), Shadow: m.Shadow,
+		Enforce: config.FormatShare(m.Enforce), Enforced: m.Enforced,
+		Overridden: m.Overridden, Blocked: m.Blocked, Cooldown: m.Cooldown,
+	}
+	if m.Missing != "" {
+		return rm // the rule does not apply
+	}
+	rm.Status = m.Status.String()
+	if m.Status == policy.StatusError {
+		rm.Code = m.Code.String()
+	}
+	if m.Err != nil {
+		rm.Error = m.Err.Error()
+		return rm
+	}
+	allowed := m.Status == policy.StatusAllowed
+	if m.Blocked {
+		rm.Allowed = &allowed // refused by the block: no numbers
+		return rm
+	}
+	remaining, reset := max(m.Result.Remaining, 0), m.Result.Reset.Milliseconds()
+	rm.Allowed, rm.Remaining, rm.ResetMs = &allowed, &remaining, &reset
+	if m.Status == policy.StatusLimited {
+		rm.RetryAfterMs = int64(header.Millis(max(m.Result.RetryAfter, time.Millisecond)))
+	}
+	return rm
 }
 
 // Top implements admin.Service.
