@@ -201,6 +201,10 @@ const (
 	// CodeUnauthorized: the caller did not authenticate (admin HTTP
 	// without a bearer token).
 	CodeUnauthorized Code = "unauthorized"
+	// CodeMethodNotAllowed: an admin HTTP request whose method the op
+	// does not take (GET of an op that changes state); the answer's
+	// Allow header names the method to use.
+	CodeMethodNotAllowed Code = "method_not_allowed"
 	// CodeInternal: the daemon failed.
 	CodeInternal Code = "internal"
 )
@@ -260,8 +264,41 @@ type Caller struct {
 	UID int
 	// Addr is the HTTP peer's address.
 	Addr string
-	// Token is set when the HTTP peer presented the right token.
+	// Token is set when the HTTP peer presented a valid token.
 	Token bool
+	// Role is what the face authorised the caller to do; the zero Role
+	// may run nothing.
+	Role Role
+}
+
+// Role is what an authorised admin caller may do.
+type Role uint8
+
+// Roles.
+const (
+	// RoleNone may run no op.
+	RoleNone Role = iota
+	// RoleRead may run the ops that change nothing (explain, top, list,
+	// config): admin.read_token_file, admin.read_socket_uids.
+	RoleRead
+	// RoleWrite may run every op: admin.token_file, admin.socket_uids.
+	RoleWrite
+)
+
+// String returns "read", "write" or "none".
+func (r Role) String() string {
+	switch r {
+	case RoleRead:
+		return "read"
+	case RoleWrite:
+		return "write"
+	}
+	return "none"
+}
+
+// Allows reports whether r may run op.
+func (r Role) Allows(op Op) bool {
+	return r == RoleWrite || (r == RoleRead && !op.Changes)
 }
 
 // String describes the caller for a log line: "uid=0" or
@@ -269,7 +306,7 @@ type Caller struct {
 func (c Caller) String() string {
 	if c.Face == "http" {
 		if c.Token {
-			return "http " + c.Addr + " (token)"
+			return "http " + c.Addr + " (" + c.Role.String() + " token)"
 		}
 		return "http " + c.Addr + " (no valid token)"
 	}
@@ -413,7 +450,7 @@ type Server struct {
 func (s *Server) Serve(ctx context.Context, who Caller, body []byte) Response {
 	var req Request
 	if err := strictUnmarshal(body, &req); err != nil {
-		return s.refused(who, "", Errorf(CodeBadRequest, "request is not {\"op\":...,\"args\":{...}}: %v", err))
+		return s.refused(who, "", ReasonBadRequest, Errorf(CodeBadRequest, "request is not {\"op\":...,\"args\":{...}}: %v", err))
 	}
 	return s.Run(ctx, who, req)
 }
@@ -422,7 +459,11 @@ func (s *Server) Serve(ctx context.Context, who Caller, body []byte) Response {
 func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 	op, ok := Lookup(req.Op)
 	if !ok {
-		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (the ops: %s)", req.Op, opNames()))
+		return s.refused(who, req.Op, ReasonUnknownOp, Errorf(CodeUnknownOp, "no admin op %q (the ops: %s)", req.Op, opNames()))
+	}
+	if !who.Role.Allows(op) {
+		return s.refused(who, op.Name, ReasonRole, Errorf(CodeForbidden,
+			"op %q changes state: the %s role may run only explain, top, list and config (a write token is admin.token_file's, a write uid is in admin.socket_uids)", op.Name, who.Role))
 	}
 	v, err := op.call(withCaller(ctx, who), s.Service, req.Args)
 	var res Response
@@ -448,6 +489,7 @@ func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 			s.Changed(who, op.Name, req.Args, res.Err)
 		}
 	case res.Err != nil:
+		refusedBy(Reason(res.Err.Code)).Inc()
 		s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op.Name), slog.Any("error", res.Err))
 	default:
 		s.logger().Debug("admin request", slog.Any("who", who), slog.String("op", op.Name))
@@ -455,15 +497,33 @@ func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 	return res
 }
 
-// Refuse answers a request that the face did not authorise, and logs it
-// with its caller.
-func (s *Server) Refuse(who Caller, code Code, reason string) Response {
-	return s.refused(who, "", &Error{Code: code, Message: reason})
+// Refuse answers a request of op that the face did not authorise, logs
+// it with its caller and op, and counts it under reason in
+// rld_admin_refused_total. The face names op as the request does (the
+// URL's, or the body's "op"), or "" when it cannot tell.
+func (s *Server) Refuse(who Caller, op string, reason Reason, code Code, message string) Response {
+	return s.refused(who, op, reason, &Error{Code: code, Message: message})
 }
 
-func (s *Server) refused(who Caller, op string, e *Error) Response {
-	s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op), slog.Any("error", e))
+func (s *Server) refused(who Caller, op string, reason Reason, e *Error) Response {
+	refusedBy(reason).Inc()
+	if len(op) > maxNameLen {
+		op = op[:maxNameLen] + "…"
+	}
+	s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op),
+		slog.String("reason", string(reason)), slog.Any("error", e))
 	return Response{Err: e}
+}
+
+// OpOf returns the "op" of an admin request body, or "" when the body is
+// not a JSON object with a string op: for a refusal's log line, before
+// the request is read for running.
+func OpOf(body []byte) string {
+	var r struct {
+		Op string `json:"op"`
+	}
+	_ = json.Unmarshal(body, &r)
+	return r.Op
 }
 
 func (s *Server) logger() *slog.Logger {
