@@ -337,7 +337,7 @@ type Op struct {
 // Changes set, each group from its own file (state.go: reset, grant;
 // changes.go: overrides and blocks).
 var ops = []Op{
-	{Name: "explain", Help: "the rules that match descriptors, their keys, limits and remaining, consuming nothing",
+	{Name: "explain", Help: "the answer a check of descriptors would get, and each rule that matches: key, limit, what it says; consumes nothing",
 		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {
 			var a ExplainArgs
 			if err := decodeArgs(raw, &a); err != nil {
