@@ -12,15 +12,16 @@ RUN_SOCKET ?= $(shell if [ -w /run ]; then echo /run/rld/rld.sock; else echo $(C
 # HTTP): make run RUN_SOCKET=/tmp/rld.sock RUN_HTTP=127.0.0.1:9465
 RUN_HTTP  ?=
 
-# build stamps the version (git describe --tags --always --dirty; without
-# git, a VERSION file or "dev") and the commit into a static binary.
+# build stamps the version (git describe --tags --always --dirty without
+# the tag's "v": 0.3.0 at the tag v0.3.0; without git, a VERSION file or
+# "dev") and the commit into a static binary.
 VERSION     ?= $(shell scripts/version.sh version)
 COMMIT      ?= $(shell scripts/version.sh commit)
 DEB_VERSION ?= $(shell scripts/version.sh deb $(VERSION))
 DEB_OUT     ?= bin
 LDFLAGS     := -s -w -X github.com/rld/rld/buildinfo.Version=$(VERSION) -X github.com/rld/rld/buildinfo.Commit=$(COMMIT)
 
-.PHONY: all build deb image run test deps bench bench-go fuzz soak lint clean
+.PHONY: all build deb image release run test deps bench bench-go fuzz soak lint clean
 
 all: build
 
@@ -50,6 +51,17 @@ image: build
 	  --build-arg VERSION=$(VERSION) --build-arg COMMIT=$(COMMIT) \
 	  --build-arg CREATED=$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ) \
 	  -f packaging/image/Containerfile -t $(IMAGE):$(IMAGE_TAG) $(IMAGE_CONTEXT)
+
+# release builds a release from a tag at HEAD (git tag v0.3.0): the
+# binary stamped with its version (bin/rld: `rld version` says 0.3.0), the
+# package bin/rld_0.3.0-1_<arch>.deb, and bin/SHA256SUMS of both. It
+# refuses a HEAD that is not a release tag and a tree with uncommitted
+# changes. Write the release's entry in CHANGELOG.md before tagging.
+release:
+	@v=$$(scripts/version.sh release) || exit 1; \
+	  grep -q "^## \[$$v\]" CHANGELOG.md || { echo "make release: CHANGELOG.md has no \"## [$$v]\" entry" >&2; exit 1; }; \
+	  $(MAKE) --no-print-directory deb VERSION=$$v BIN=bin/rld DEB_OUT=bin && \
+	  cd bin && sha256sum rld rld_$$(../scripts/version.sh deb $$v)_*.deb >SHA256SUMS && cat SHA256SUMS
 
 # run serves until Ctrl-C (SIGINT) or SIGTERM, which drain: answers to
 # requests already read are written before the daemon exits.

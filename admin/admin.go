@@ -59,10 +59,38 @@ type ExplainArgs struct {
 // ExplainResult is explain's answer.
 type ExplainResult struct {
 	// List is "deny" or "allow" when the descriptors match the deny or
-	// allow list, which decide before any rule; "" otherwise.
+	// allow list (or a descriptor block), which decide before any rule;
+	// "" otherwise.
 	List string `json:"list,omitempty"`
+	// Decision is the answer a check of the descriptors would get now.
+	Decision ExplainDecision `json:"decision"`
 	// Rules are the rules whose match holds, in evaluation order.
 	Rules []RuleMatch `json:"rules"`
+}
+
+// ExplainDecision is the answer a check would get, in the terms of a
+// check's answer (docs/protocol.md): its numbers are rendered by the code
+// that renders a check's.
+type ExplainDecision struct {
+	// Status is "allowed", "limited", "blocked" or "error".
+	Status string `json:"status"`
+	// Code is the error's code when Status is "error", such as
+	// "cost_too_large".
+	Code string `json:"code,omitempty"`
+	// Rule is the deciding rule: a rule's name, "deny" or "allow" (the
+	// lists), or "" when no rule applies (as in a check's answer).
+	Rule    string `json:"rule"`
+	Allowed bool   `json:"allowed"`
+	// Limit, Remaining and ResetMs are the deciding limit's numbers, as
+	// a check's answer gives them (zero when no rule decided by a limit).
+	Limit     uint64 `json:"limit"`
+	Remaining uint64 `json:"remaining"`
+	ResetMs   int64  `json:"reset_ms"`
+	// RetryAfterMs is when to retry a limited check (at least 1). A
+	// rule's penalty or retry_jitter may lengthen a real refusal's.
+	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
+	// Message says what failed when Status is "error".
+	Message string `json:"message,omitempty"`
 }
 
 // RuleMatch is one rule that matches the descriptors.
@@ -72,7 +100,8 @@ type RuleMatch struct {
 	// joined by ",".
 	Key string `json:"key,omitempty"`
 	// Missing names a by descriptor the request lacks: the rule does not
-	// count such a request.
+	// apply to the request (it neither counts nor refuses it), and
+	// Status, Allowed, Remaining and ResetMs are absent.
 	Missing   string `json:"missing,omitempty"`
 	Tier      string `json:"tier,omitempty"`
 	Algorithm string `json:"algorithm"`
@@ -89,16 +118,25 @@ type RuleMatch struct {
 	// by descriptor): a key it does not enforce is counted, never refused.
 	Enforce  string `json:"enforce"`
 	Enforced bool   `json:"enforced"`
+	// Status is what this rule says on its own: "allowed", "limited",
+	// "blocked" or "error" (Code "cost_too_large" when the cost exceeds
+	// the limit's capacity, "internal" when its store failed); "" when
+	// the rule does not apply (Missing).
+	Status string `json:"status,omitempty"`
+	Code   string `json:"code,omitempty"`
 	// Overridden is set when an override sets Limit; Blocked when a
-	// block of the key is in force.
-	Overridden bool  `json:"overridden,omitempty"`
-	Blocked    bool  `json:"blocked,omitempty"`
-	Allowed    bool  `json:"allowed"`
-	Remaining  int64 `json:"remaining"`
-	ResetMs    int64 `json:"reset_ms"`
-	// RetryAfterMs is when a check of this cost would be admitted, if
-	// it would not be now; -1 means never (the cost exceeds the limit's
-	// capacity).
+	// block of the key is in force; Cooldown when the key is in the
+	// rule's penalty cooldown (refused until it ends).
+	Overridden bool `json:"overridden,omitempty"`
+	Blocked    bool `json:"blocked,omitempty"`
+	Cooldown   bool `json:"cooldown,omitempty"`
+	// Allowed, Remaining and ResetMs are what a check of this cost would
+	// get from the rule now; absent when the rule does not apply.
+	Allowed   *bool  `json:"allowed,omitempty"`
+	Remaining *int64 `json:"remaining,omitempty"`
+	ResetMs   *int64 `json:"reset_ms,omitempty"`
+	// RetryAfterMs is when a check of this cost would be admitted, if it
+	// is limited now.
 	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 	// Error is the store's error when it could not be read.
 	Error string `json:"error,omitempty"`
@@ -163,6 +201,10 @@ const (
 	// CodeUnauthorized: the caller did not authenticate (admin HTTP
 	// without a bearer token).
 	CodeUnauthorized Code = "unauthorized"
+	// CodeMethodNotAllowed: an admin HTTP request whose method the op
+	// does not take (GET of an op that changes state); the answer's
+	// Allow header names the method to use.
+	CodeMethodNotAllowed Code = "method_not_allowed"
 	// CodeInternal: the daemon failed.
 	CodeInternal Code = "internal"
 )
@@ -222,8 +264,41 @@ type Caller struct {
 	UID int
 	// Addr is the HTTP peer's address.
 	Addr string
-	// Token is set when the HTTP peer presented the right token.
+	// Token is set when the HTTP peer presented a valid token.
 	Token bool
+	// Role is what the face authorised the caller to do; the zero Role
+	// may run nothing.
+	Role Role
+}
+
+// Role is what an authorised admin caller may do.
+type Role uint8
+
+// Roles.
+const (
+	// RoleNone may run no op.
+	RoleNone Role = iota
+	// RoleRead may run the ops that change nothing (explain, top, list,
+	// config): admin.read_token_file, admin.read_socket_uids.
+	RoleRead
+	// RoleWrite may run every op: admin.token_file, admin.socket_uids.
+	RoleWrite
+)
+
+// String returns "read", "write" or "none".
+func (r Role) String() string {
+	switch r {
+	case RoleRead:
+		return "read"
+	case RoleWrite:
+		return "write"
+	}
+	return "none"
+}
+
+// Allows reports whether r may run op.
+func (r Role) Allows(op Op) bool {
+	return r == RoleWrite || (r == RoleRead && !op.Changes)
 }
 
 // String describes the caller for a log line: "uid=0" or
@@ -231,7 +306,7 @@ type Caller struct {
 func (c Caller) String() string {
 	if c.Face == "http" {
 		if c.Token {
-			return "http " + c.Addr + " (token)"
+			return "http " + c.Addr + " (" + c.Role.String() + " token)"
 		}
 		return "http " + c.Addr + " (no valid token)"
 	}
@@ -262,7 +337,7 @@ type Op struct {
 // Changes set, each group from its own file (state.go: reset, grant;
 // changes.go: overrides and blocks).
 var ops = []Op{
-	{Name: "explain", Help: "the rules that match descriptors, their keys, limits and remaining, consuming nothing",
+	{Name: "explain", Help: "the answer a check of descriptors would get, and each rule that matches: key, limit, what it says; consumes nothing",
 		call: func(ctx context.Context, s Service, raw json.RawMessage) (any, error) {
 			var a ExplainArgs
 			if err := decodeArgs(raw, &a); err != nil {
@@ -375,7 +450,7 @@ type Server struct {
 func (s *Server) Serve(ctx context.Context, who Caller, body []byte) Response {
 	var req Request
 	if err := strictUnmarshal(body, &req); err != nil {
-		return s.refused(who, "", Errorf(CodeBadRequest, "request is not {\"op\":...,\"args\":{...}}: %v", err))
+		return s.refused(who, "", ReasonBadRequest, Errorf(CodeBadRequest, "request is not {\"op\":...,\"args\":{...}}: %v", err))
 	}
 	return s.Run(ctx, who, req)
 }
@@ -384,7 +459,11 @@ func (s *Server) Serve(ctx context.Context, who Caller, body []byte) Response {
 func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 	op, ok := Lookup(req.Op)
 	if !ok {
-		return s.refused(who, req.Op, Errorf(CodeUnknownOp, "no admin op %q (the ops: %s)", req.Op, opNames()))
+		return s.refused(who, req.Op, ReasonUnknownOp, Errorf(CodeUnknownOp, "no admin op %q (the ops: %s)", req.Op, opNames()))
+	}
+	if !who.Role.Allows(op) {
+		return s.refused(who, op.Name, ReasonRole, Errorf(CodeForbidden,
+			"op %q changes state: the %s role may run only explain, top, list and config (a write token is admin.token_file's, a write uid is in admin.socket_uids)", op.Name, who.Role))
 	}
 	v, err := op.call(withCaller(ctx, who), s.Service, req.Args)
 	var res Response
@@ -410,6 +489,7 @@ func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 			s.Changed(who, op.Name, req.Args, res.Err)
 		}
 	case res.Err != nil:
+		refusedBy(Reason(res.Err.Code)).Inc()
 		s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op.Name), slog.Any("error", res.Err))
 	default:
 		s.logger().Debug("admin request", slog.Any("who", who), slog.String("op", op.Name))
@@ -417,15 +497,33 @@ func (s *Server) Run(ctx context.Context, who Caller, req Request) Response {
 	return res
 }
 
-// Refuse answers a request that the face did not authorise, and logs it
-// with its caller.
-func (s *Server) Refuse(who Caller, code Code, reason string) Response {
-	return s.refused(who, "", &Error{Code: code, Message: reason})
+// Refuse answers a request of op that the face did not authorise, logs
+// it with its caller and op, and counts it under reason in
+// rld_admin_refused_total. The face names op as the request does (the
+// URL's, or the body's "op"), or "" when it cannot tell.
+func (s *Server) Refuse(who Caller, op string, reason Reason, code Code, message string) Response {
+	return s.refused(who, op, reason, &Error{Code: code, Message: message})
 }
 
-func (s *Server) refused(who Caller, op string, e *Error) Response {
-	s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op), slog.Any("error", e))
+func (s *Server) refused(who Caller, op string, reason Reason, e *Error) Response {
+	refusedBy(reason).Inc()
+	if len(op) > maxNameLen {
+		op = op[:maxNameLen] + "…"
+	}
+	s.logger().Warn("admin request refused", slog.Any("who", who), slog.String("op", op),
+		slog.String("reason", string(reason)), slog.Any("error", e))
 	return Response{Err: e}
+}
+
+// OpOf returns the "op" of an admin request body, or "" when the body is
+// not a JSON object with a string op: for a refusal's log line, before
+// the request is read for running.
+func OpOf(body []byte) string {
+	var r struct {
+		Op string `json:"op"`
+	}
+	_ = json.Unmarshal(body, &r)
+	return r.Op
 }
 
 func (s *Server) logger() *slog.Logger {

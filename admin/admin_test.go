@@ -29,7 +29,7 @@ func TestServe(t *testing.T) {
 	var logs bytes.Buffer
 	f := &fake{}
 	s := &admin.Server{Service: f, Log: slog.New(slog.NewTextHandler(&logs, nil))}
-	who := admin.Caller{Face: "socket", UID: 1000}
+	who := admin.Caller{Face: "socket", UID: 1000, Role: admin.RoleWrite}
 	tests := []struct {
 		body, code, contains string
 	}{
@@ -84,5 +84,35 @@ func TestOpsTable(t *testing.T) {
 		if !ok || op.Changes || op.Help == "" {
 			t.Errorf("op %q: %+v, %v", name, op, ok)
 		}
+	}
+}
+
+// TestAdminRoles: the read role may run exactly the ops that change
+// nothing (explain, top, list, config), the write role every op, and no
+// role none; a read caller's change is refused forbidden and never
+// reaches the service.
+func TestAdminRoles(t *testing.T) {
+	reads := map[string]bool{"explain": true, "top": true, "list": true, "config": true}
+	for _, op := range admin.Ops() {
+		if got := admin.RoleRead.Allows(op); got != reads[op.Name] {
+			t.Errorf("read role allows %s: %v, want %v", op.Name, got, reads[op.Name])
+		}
+		if !admin.RoleWrite.Allows(op) || admin.RoleNone.Allows(op) {
+			t.Errorf("%s: write must run it, no role must not", op.Name)
+		}
+	}
+	f := &fake{}
+	s := &admin.Server{Service: f}
+	r := s.Serve(context.Background(), admin.Caller{Face: "socket", UID: 5}, []byte(`{"op":"explain","args":{"descriptors":[{"name":"a","value":"1"}]}}`))
+	if r.Err == nil || r.Err.Code != admin.CodeForbidden || len(f.explained) != 0 {
+		t.Errorf("no role: %+v, explained %d", r.Err, len(f.explained))
+	}
+	before := admin.Refused(admin.ReasonRole)
+	r = s.Serve(context.Background(), admin.Caller{Face: "socket", UID: 5, Role: admin.RoleRead}, []byte(`{"op":"config"}`))
+	if r.Err != nil {
+		t.Errorf("read role, config: %+v", r.Err)
+	}
+	if got := admin.Refused(admin.ReasonRole) - before; got != 0 {
+		t.Errorf("a read counted as refused %d times", got)
 	}
 }

@@ -110,6 +110,8 @@ func HTTPStatus(c Code) int {
 		return http.StatusUnauthorized
 	case CodeForbidden:
 		return http.StatusForbidden
+	case CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
 	}
 	return http.StatusInternalServerError
 }
@@ -117,7 +119,7 @@ func HTTPStatus(c Code) int {
 // WireCode is the code an ADMIN response frame carries for an error code.
 func WireCode(c Code) wire.Code {
 	switch c {
-	case CodeBadRequest:
+	case CodeBadRequest, CodeMethodNotAllowed:
 		return wire.CodeMalformed
 	case CodeUnknownOp:
 		return wire.CodeUnknownOp

@@ -47,7 +47,7 @@ func (f *formsFake) List(context.Context) (admin.ListResult, error) {
 func TestOneDescriptorForm(t *testing.T) {
 	f := &formsFake{}
 	s := &admin.Server{Service: f}
-	who := admin.Caller{Face: "http", UID: -1}
+	who := admin.Caller{Face: "http", UID: -1, Role: admin.RoleWrite}
 	serve := func(op, args string) *admin.Error {
 		t.Helper()
 		return s.Run(context.Background(), who, admin.Request{Op: op, Args: json.RawMessage(args)}).Err
@@ -243,7 +243,7 @@ func TestPage(t *testing.T) {
 	s := &admin.Server{Service: f}
 	for _, args := range []string{`{"cursor":"x"}`, `{"cursor":"o-"}`, `{"cursor":"o-12G"}`, `{"cursor":"q-12"}`,
 		`{"limit":-1}`, `{"limit":1001}`, `{"cursr":"o-1"}`} {
-		r := s.Run(context.Background(), admin.Caller{}, admin.Request{Op: "list", Args: json.RawMessage(args)})
+		r := s.Run(context.Background(), admin.Caller{Role: admin.RoleRead}, admin.Request{Op: "list", Args: json.RawMessage(args)})
 		if r.Err == nil || r.Err.Code != admin.CodeBadRequest {
 			t.Errorf("list %s: %+v, want bad_request", args, r)
 		}

@@ -48,7 +48,7 @@ func FuzzServe(f *testing.F) {
 	}
 	s := &admin.Server{Service: &formsFake{}}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		r := s.Serve(context.Background(), admin.Caller{Face: "socket"}, body)
+		r := s.Serve(context.Background(), admin.Caller{Face: "socket", Role: admin.RoleWrite}, body)
 		if r.Err == nil && r.Result == nil {
 			t.Fatalf("%q: neither a result nor an error", body)
 		}

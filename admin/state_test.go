@@ -45,7 +45,7 @@ func TestStateOps(t *testing.T) {
 				return "ok"
 			}()))
 		}}
-	who := admin.Caller{Face: "socket", UID: 7}
+	who := admin.Caller{Face: "socket", UID: 7, Role: admin.RoleWrite}
 	tests := []struct {
 		body, code, contains string
 	}{

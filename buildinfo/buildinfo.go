@@ -3,7 +3,7 @@
 //
 // `make build` sets them with the linker:
 //
-//	go build -ldflags "-X github.com/rld/rld/buildinfo.Version=v1.2.0 \
+//	go build -ldflags "-X github.com/rld/rld/buildinfo.Version=1.2.0 \
 //	  -X github.com/rld/rld/buildinfo.Commit=0123abc"
 //
 // A plain `go build` leaves Version "dev" and Commit "unknown", or takes
@@ -25,7 +25,8 @@ var (
 // Info is what the binary knows about its build.
 type Info struct {
 	// Version is the release, from `git describe --tags --always --dirty`
-	// ("v1.2.0", "v1.2.0-3-g0123abc-dirty"), or "dev".
+	// without the tag's "v" ("1.2.0" for the tag v1.2.0,
+	// "1.2.0-3-g0123abc-dirty" after it), or "dev".
 	Version string `json:"version"`
 	// Commit is the full commit hash, or "unknown".
 	Commit string `json:"commit"`

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -37,9 +38,18 @@ type Admin struct {
 	// request must carry; a trailing newline is ignored. It is read when
 	// the daemon starts.
 	TokenFile string `toml:"token_file"`
+	// ReadTokenFile names a file holding a second bearer token, of the
+	// read role: it may run the ops that change nothing (explain, top,
+	// list, config) and no other. The token of TokenFile has the write
+	// role: every op. Either file makes the admin HTTP API listen.
+	ReadTokenFile string `toml:"read_token_file"`
 	// SocketUIDs lists the peer uids allowed to send admin frames on the
-	// socket; an empty list allows none.
+	// socket, with the write role (every op); an empty list allows none.
 	SocketUIDs []int `toml:"socket_uids"`
+	// ReadSocketUIDs lists the peer uids allowed to send admin frames of
+	// the read role (the ops that change nothing). A uid in both lists
+	// has the write role.
+	ReadSocketUIDs []int `toml:"read_socket_uids"`
 	// StateFile is where the embedded store keeps the overrides and
 	// blocks in force, so that a restart keeps them; "" means the
 	// socket's path with ".changes.json" appended. Unused with Redis,
@@ -59,16 +69,27 @@ func (a *Admin) ChangesFile(socket string) string {
 // Token returns the content of TokenFile without its trailing newline,
 // or "" when TokenFile is not set.
 func (a *Admin) Token() (string, error) {
-	if a.TokenFile == "" {
+	return readToken("admin.token_file", a.TokenFile)
+}
+
+// ReadToken returns the content of ReadTokenFile without its trailing
+// newline, or "" when ReadTokenFile is not set.
+func (a *Admin) ReadToken() (string, error) {
+	return readToken("admin.read_token_file", a.ReadTokenFile)
+}
+
+// readToken returns the token in the file path, the setting key.
+func readToken(key, path string) (string, error) {
+	if path == "" {
 		return "", nil
 	}
-	b, err := os.ReadFile(a.TokenFile)
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("cannot read admin.token_file=%q: %w", a.TokenFile, err)
+		return "", fmt.Errorf("cannot read %s=%q: %w", key, path, err)
 	}
 	t := strings.TrimRight(string(b), "\r\n")
 	if t == "" {
-		return "", fmt.Errorf("admin.token_file=%q: %w", a.TokenFile, errEmptyToken)
+		return "", fmt.Errorf("%s=%q: %w", key, path, errEmptyToken)
 	}
 	return t, nil
 }
@@ -78,14 +99,16 @@ var errEmptyToken = errors.New("the file is empty: write a token (at least 16 ch
 // MinTokenLen is the shortest admin token accepted.
 const MinTokenLen = 16
 
-// AllowsUID reports whether uid may send admin frames on the socket.
+// AllowsUID reports whether uid may send admin frames on the socket,
+// of either role.
 func (a *Admin) AllowsUID(uid int) bool {
-	for _, u := range a.SocketUIDs {
-		if u == uid {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(a.SocketUIDs, uid) || slices.Contains(a.ReadSocketUIDs, uid)
+}
+
+// WritesUID reports whether uid has the write role on the socket (it is
+// in SocketUIDs).
+func (a *Admin) WritesUID(uid int) bool {
+	return slices.Contains(a.SocketUIDs, uid)
 }
 
 // Log is the [log] table: the decision log.
@@ -107,18 +130,39 @@ func (a *Admin) validate(p *problems) {
 			p.add("admin.http = %q: not host:port (\"\" disables the admin HTTP API): %v", a.HTTP, err)
 		}
 	}
-	if a.TokenFile != "" {
-		if t, err := a.Token(); err != nil {
-			p.add("admin.token_file = %q: %v", a.TokenFile, errors.Unwrap(err))
-		} else if len(t) < MinTokenLen {
-			p.add("admin.token_file = %q: the token has %d characters; at least %d are needed", a.TokenFile, len(t), MinTokenLen)
-		}
+	write := validToken(p, "admin.token_file", a.TokenFile, a.Token)
+	read := validToken(p, "admin.read_token_file", a.ReadTokenFile, a.ReadToken)
+	if write != "" && write == read {
+		p.add("admin.read_token_file = %q holds the token of admin.token_file: a token has one role; write another", a.ReadTokenFile)
 	}
 	for i, u := range a.SocketUIDs {
 		if u < 0 || u > 1<<32-1 {
 			p.add("admin.socket_uids[%d] = %d: not a uid (0 to 4294967295)", i, u)
 		}
 	}
+	for i, u := range a.ReadSocketUIDs {
+		if u < 0 || u > 1<<32-1 {
+			p.add("admin.read_socket_uids[%d] = %d: not a uid (0 to 4294967295)", i, u)
+		}
+	}
+}
+
+// validToken returns the token of the file path (setting key), read by
+// read, or "" after adding a problem when it is not a valid token.
+func validToken(p *problems, key, path string, read func() (string, error)) string {
+	if path == "" {
+		return ""
+	}
+	t, err := read()
+	switch {
+	case err != nil:
+		p.add("%s = %q: %v", key, path, errors.Unwrap(err))
+		return ""
+	case len(t) < MinTokenLen:
+		p.add("%s = %q: the token has %d characters; at least %d are needed", key, path, len(t), MinTokenLen)
+		return ""
+	}
+	return t
 }
 
 func (l *Log) validate(p *problems) {

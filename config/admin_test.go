@@ -42,6 +42,10 @@ func TestAdminAndLogInvalid(t *testing.T) {
 		{"[admin]\ntoken_file = \"" + short + "\"", "the token has 3 characters; at least 16"},
 		{"[admin]\ntoken_file = \"" + empty + "\"", "the file is empty"},
 		{"[admin]\nsocket_uids = [-1]", "admin.socket_uids[0] = -1: not a uid"},
+		{"[admin]\nread_socket_uids = [4294967296]", "admin.read_socket_uids[0] = 4294967296: not a uid"},
+		{"[admin]\nread_token_file = \"" + short + "\"", "admin.read_token_file = \"" + short + "\": the token has 3 characters"},
+		{"[admin]\nread_token_file = \"" + empty + "\"", "the file is empty"},
+		{"[admin]\ntoken_file = \"" + good + "\"\nread_token_file = \"" + good + "\"", "holds the token of admin.token_file: a token has one role"},
 		{"[log]\ndecisions = \"\"", `log.decisions = "": want "off", "stderr" or a file path`},
 		{"[log]\ndenied_rate = 1.5", "log.denied_rate = 1.5: must be from 0 to 1"},
 		{"[log]\nallowed_rate = -0.1", "log.allowed_rate = -0.1"},
@@ -66,4 +70,22 @@ func TestAdminAndLogInvalid(t *testing.T) {
 	assert.True(t, c.Admin.AllowsUID(1000))
 	assert.Zero(t, c.Server.ConfigPoll)
 	assert.False(t, strings.Contains(tok, "\n"))
+}
+
+// TestAdminRoles: a token file per role, and a uid list per role; a uid
+// in both lists writes.
+func TestAdminRoles(t *testing.T) {
+	dir := t.TempDir()
+	w, r := filepath.Join(dir, "w"), filepath.Join(dir, "r")
+	require.NoError(t, os.WriteFile(w, []byte("write-token-0123456789\n"), 0o600))
+	require.NoError(t, os.WriteFile(r, []byte("read-token-0123456789\n"), 0o600))
+	c, err := Parse([]byte("[admin]\ntoken_file = \""+w+"\"\nread_token_file = \""+r+"\"\nsocket_uids = [0, 7]\nread_socket_uids = [1000, 7]\n"), "t.toml")
+	require.NoError(t, err)
+	tok, err := c.Admin.ReadToken()
+	require.NoError(t, err)
+	assert.Equal(t, "read-token-0123456789", tok)
+	for uid, want := range map[int][2]bool{0: {true, true}, 7: {true, true}, 1000: {true, false}, 1001: {false, false}} {
+		assert.Equal(t, want[0], c.Admin.AllowsUID(uid), "uid %d allowed", uid)
+		assert.Equal(t, want[1], c.Admin.WritesUID(uid), "uid %d writes", uid)
+	}
 }

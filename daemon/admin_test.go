@@ -257,8 +257,12 @@ func TestAdminHTTPToken(t *testing.T) {
 	var e admin.ExplainResult
 	require.NoError(t, json.Unmarshal([]byte(body), &e))
 	require.Len(t, e.Rules, 1)
+	allowed, remaining := true, int64(2)
 	assert.Equal(t, admin.RuleMatch{Rule: "per-key", Key: "api_key=k1", Algorithm: "token_bucket", Limit: 3, Period: "1h",
-		Mode: "cached", Fail: "open", Enforce: "100%", Enforced: true, Allowed: true, Remaining: 2, ResetMs: e.Rules[0].ResetMs}, e.Rules[0])
+		Mode: "cached", Fail: "open", Enforce: "100%", Enforced: true, Status: "allowed",
+		Allowed: &allowed, Remaining: &remaining, ResetMs: e.Rules[0].ResetMs}, e.Rules[0])
+	assert.Equal(t, admin.ExplainDecision{Status: "allowed", Rule: "per-key", Allowed: true, Limit: 3, Remaining: 2,
+		ResetMs: e.Decision.ResetMs}, e.Decision)
 
 	// Bad requests get a clear error and change nothing.
 	code, body = post(token, "explain", `{"descriptors":[],"extra":1}`)
@@ -308,7 +312,8 @@ func TestAdminSocketUIDs(t *testing.T) {
 	require.Nil(t, aerr)
 	require.Len(t, e.Rules, 1)
 	assert.Equal(t, "api_key=k1", e.Rules[0].Key)
-	assert.Equal(t, int64(2), e.Rules[0].Remaining, "what a check of cost 1 would leave")
+	require.NotNil(t, e.Rules[0].Remaining)
+	assert.Equal(t, int64(2), *e.Rules[0].Remaining, "what a check of cost 1 would leave")
 
 	refusing := startLogged(t, t.TempDir(), uidConfig(fmt.Sprintf(oneRule, 3), uid+1))
 	_, aerr = refusing.explain(t, "api_key", "k1")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,20 +17,22 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rld/rld/admin"
-	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/header"
+	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
 )
 
 // opsState is the daemon's operations side: the configuration in force,
 // the decision observer, and the admin API's faces.
 type opsState struct {
-	loaded atomic.Pointer[loadedConfig]
-	obs    *observer
-	admin  *admin.Server
-	token  [sha256.Size]byte // SHA-256 of the admin token
-	hasTok bool              // a token file is configured
+	loaded    atomic.Pointer[loadedConfig]
+	obs       *observer
+	admin     *admin.Server
+	token     [sha256.Size]byte // SHA-256 of the write role's token (admin.token_file)
+	readToken [sha256.Size]byte // SHA-256 of the read role's token (admin.read_token_file)
+	hasTok    bool              // admin.token_file is configured
+	hasRead   bool              // admin.read_token_file is configured
 
 	httpLn  net.Listener
 	httpSrv *fasthttp.Server
@@ -55,9 +58,16 @@ func (d *Daemon) initOps(cfg *config.Config, data []byte) error {
 	if tok != "" {
 		d.ops.token, d.ops.hasTok = sha256.Sum256([]byte(tok)), true
 	}
+	if tok, err = cfg.Admin.ReadToken(); err != nil {
+		obs.close()
+		return err
+	}
+	if tok != "" {
+		d.ops.readToken, d.ops.hasRead = sha256.Sum256([]byte(tok)), true
+	}
 	d.ops.admin = &admin.Server{Service: adminService{d}, Log: d.log, Changed: obs.writeAdmin}
-	if u := unmappedUIDs(cfg.Admin.SocketUIDs); len(u) > 0 {
-		d.log.Warn("admin.socket_uids names uids that this process's user namespace does not map: their admin frames arrive as uid 65534 and are refused (under systemd, set PrivateUsers=no in a drop-in)",
+	if u := unmappedUIDs(append(slices.Clone(cfg.Admin.SocketUIDs), cfg.Admin.ReadSocketUIDs...)); len(u) > 0 {
+		d.log.Warn("admin.socket_uids or admin.read_socket_uids names uids that this process's user namespace does not map: their admin frames arrive as uid 65534 and are refused (under systemd, set PrivateUsers=no in a drop-in)",
 			slog.Any("uids", u))
 	}
 	d.setLoaded(data)
@@ -76,30 +86,65 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	e := s.d.policy.Load().Explain(ctx, time.Now(), descs, a.Cost)
-	res := admin.ExplainResult{List: e.List, Rules: make([]admin.RuleMatch, 0, len(e.Rules))}
-	for _, m := range e.Rules {
-		rm := admin.RuleMatch{
-			Rule: m.Rule, Key: m.Key, Missing: m.Missing, Tier: m.Tier,
-			Algorithm: m.Params.Kind.String(), Limit: m.Params.Limit, Period: config.Duration(m.Params.Period).String(),
-			Burst: m.Params.Burst, Mode: string(m.Mode), Fail: string(m.Fail), Shadow: m.Shadow,
-			Enforce: config.FormatShare(m.Enforce), Enforced: m.Enforced,
-			Overridden: m.Overridden, Blocked: m.Blocked,
-		}
-		switch {
-		case m.Err != nil:
-			rm.Error = m.Err.Error()
-		case m.Missing == "":
-			rm.Allowed, rm.Remaining = m.Result.Allowed, max(m.Result.Remaining, 0)
-			rm.ResetMs = m.Result.Reset.Milliseconds()
-			if m.Result.RetryAfter == algo.Never {
-				rm.RetryAfterMs = -1
-			} else if !m.Result.Allowed {
-				rm.RetryAfterMs = int64(header.Millis(m.Result.RetryAfter))
-			}
-		}
-		res.Rules = append(res.Rules, rm)
+	res := admin.ExplainResult{List: e.List, Decision: explainDecision(&e.Decision), Rules: make([]admin.RuleMatch, 0, len(e.Rules))}
+	for i := range e.Rules {
+		res.Rules = append(res.Rules, explainRule(&e.Rules[i]))
 	}
 	return res, nil
+}
+
+// explainDecision renders the decision a check would get with the code
+// that renders a check's answer (setAnswer), so that the two agree.
+func explainDecision(dec *policy.Decision) admin.ExplainDecision {
+	var a header.Answer
+	setAnswer(&a, dec)
+	out := admin.ExplainDecision{
+		Status: dec.Status.String(), Rule: dec.Rule, Allowed: dec.Status.Allowed(),
+		Limit: a.Limit, Remaining: a.Remaining, ResetMs: a.Reset.Milliseconds(),
+	}
+	if dec.Status == policy.StatusLimited {
+		out.RetryAfterMs = int64(header.Millis(a.Retry))
+	}
+	if dec.Status == policy.StatusError {
+		out.Code = dec.Code.String()
+		if dec.Err != nil {
+			out.Message = dec.Err.Error()
+		}
+	}
+	return out
+}
+
+// explainRule renders one rule of an explanation.
+func explainRule(m *policy.Match) admin.RuleMatch {
+	rm := admin.RuleMatch{
+		Rule: m.Rule, Key: m.Key, Missing: m.Missing, Tier: m.Tier,
+		Algorithm: m.Params.Kind.String(), Limit: m.Params.Limit, Period: config.Duration(m.Params.Period).String(),
+		Burst: m.Params.Burst, Mode: string(m.Mode), Fail: string(m.Fail), Shadow: m.Shadow,
+		Enforce: config.FormatShare(m.Enforce), Enforced: m.Enforced,
+		Overridden: m.Overridden, Blocked: m.Blocked, Cooldown: m.Cooldown,
+	}
+	if m.Missing != "" {
+		return rm // the rule does not apply
+	}
+	rm.Status = m.Status.String()
+	if m.Status == policy.StatusError {
+		rm.Code = m.Code.String()
+	}
+	if m.Err != nil {
+		rm.Error = m.Err.Error()
+		return rm
+	}
+	allowed := m.Status == policy.StatusAllowed
+	if m.Blocked {
+		rm.Allowed = &allowed // refused by the block: no numbers
+		return rm
+	}
+	remaining, reset := max(m.Result.Remaining, 0), m.Result.Reset.Milliseconds()
+	rm.Allowed, rm.Remaining, rm.ResetMs = &allowed, &remaining, &reset
+	if m.Status == policy.StatusLimited {
+		rm.RetryAfterMs = int64(header.Millis(max(m.Result.RetryAfter, time.Millisecond)))
+	}
+	return rm
 }
 
 // Top implements admin.Service.
@@ -129,14 +174,19 @@ func (d *Daemon) answerAdmin(ctx context.Context, c *net.UnixConn, f, out []byte
 	who := admin.Caller{Face: "socket", UID: -1}
 	var r admin.Response
 	uid, err := peerUID(c)
+	cfg := d.cfg().Admin
 	switch {
 	case err != nil:
-		r = d.ops.admin.Refuse(who, admin.CodeForbidden, fmt.Sprintf("admin frames need the peer's uid: %v", err))
-	case !d.cfg().Admin.AllowsUID(uid):
+		r = d.ops.admin.Refuse(who, admin.OpOf(req.Body), admin.ReasonUID, admin.CodeForbidden, fmt.Sprintf("admin frames need the peer's uid: %v", err))
+	case !cfg.AllowsUID(uid):
 		who.UID = uid
-		r = d.ops.admin.Refuse(who, admin.CodeForbidden, fmt.Sprintf("uid %d may not send admin frames (admin.socket_uids)", uid))
+		r = d.ops.admin.Refuse(who, admin.OpOf(req.Body), admin.ReasonUID, admin.CodeForbidden,
+			fmt.Sprintf("uid %d may not send admin frames (admin.socket_uids, admin.read_socket_uids)", uid))
 	default:
-		who.UID = uid
+		who.UID, who.Role = uid, admin.RoleRead
+		if cfg.WritesUID(uid) {
+			who.Role = admin.RoleWrite
+		}
 		r = d.ops.admin.Serve(ctx, who, req.Body)
 	}
 	return appendAdminAnswer(out, req.ID, r)
@@ -168,8 +218,8 @@ func (d *Daemon) startAdminHTTP() error {
 	switch {
 	case addr == "":
 		return nil
-	case !d.ops.hasTok:
-		d.log.Info("admin HTTP API off: no admin.token_file", slog.String("admin_addr", addr))
+	case !d.ops.hasTok && !d.ops.hasRead:
+		d.log.Info("admin HTTP API off: no admin.token_file nor admin.read_token_file", slog.String("admin_addr", addr))
 		return nil
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -219,46 +269,79 @@ func (d *Daemon) stopAdminHTTP() {
 }
 
 // serveAdminHTTP answers POST /v1/admin/OP with a JSON body of the op's
-// arguments (GET: its query, by queryArgs), for a request carrying the bearer token.
+// arguments, and GET of an op that changes nothing with its query (by
+// queryArgs), for a request carrying an admin bearer token: the write
+// role's may run every op, the read role's only those that change
+// nothing. A GET never changes state: GET of another op is answered 405
+// with Allow: POST.
 func (d *Daemon) serveAdminHTTP(ctx *fasthttp.RequestCtx) {
 	who := admin.Caller{Face: "http", UID: -1, Addr: ctx.RemoteAddr().String()}
-	var r admin.Response
-	auth := string(ctx.Request.Header.Peek("Authorization"))
-	tok, hasBearer := strings.CutPrefix(auth, "Bearer ")
-	sum := sha256.Sum256([]byte(tok))
 	op, isAdmin := strings.CutPrefix(string(ctx.Path()), "/v1/admin/")
-	switch {
-	case !hasBearer || tok == "":
-		r = d.ops.admin.Refuse(who, admin.CodeUnauthorized, "no bearer token: send Authorization: Bearer <the content of admin.token_file>")
-		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rld admin"`)
-	case subtle.ConstantTimeCompare(sum[:], d.ops.token[:]) != 1:
-		r = d.ops.admin.Refuse(who, admin.CodeForbidden, "wrong bearer token")
-	case !isAdmin || op == "" || strings.Contains(op, "/"):
-		who.Token = true
-		r = admin.Response{Err: admin.Errorf(admin.CodeNotFound, "no such endpoint %q: use /v1/admin/OP", ctx.Path())}
-	case !ctx.IsPost() && !ctx.IsGet():
-		who.Token = true
-		r = admin.Response{Err: admin.Errorf(admin.CodeBadRequest, "method %s: use POST with a JSON body of arguments, or GET", ctx.Method())}
-	case ctx.IsGet() && repeatedArg(ctx.QueryArgs()) != "":
-		who.Token = true
-		r = admin.Response{Err: admin.Errorf(admin.CodeBadRequest, "repeated query parameter %q: give each parameter once", repeatedArg(ctx.QueryArgs()))}
-	default:
-		who.Token = true
-		var args json.RawMessage
-		if body := ctx.PostBody(); ctx.IsPost() && len(strings.TrimSpace(string(body))) > 0 {
-			args = append(json.RawMessage(nil), body...)
-		} else if ctx.IsGet() && ctx.QueryArgs().Len() > 0 {
-			args = queryArgs(ctx.QueryArgs())
-		}
-		// Not ctx: a fasthttp.RequestCtx used as a context races with
-		// the server's shutdown.
-		r = d.ops.admin.Run(context.Background(), who, admin.Request{Op: op, Args: args})
-	}
+	r := d.adminHTTP(ctx, who, op, isAdmin)
 	ctx.SetContentType("application/json")
 	if r.Err != nil {
 		ctx.SetStatusCode(admin.HTTPStatus(r.Err.Code))
 	}
 	ctx.SetBody(append(r.Payload(), '\n'))
+}
+
+// adminHTTP authenticates an admin HTTP request of op (isAdmin: its path
+// is under /v1/admin/), checks its method, and runs it.
+func (d *Daemon) adminHTTP(ctx *fasthttp.RequestCtx, who admin.Caller, op string, isAdmin bool) admin.Response {
+	tok, hasBearer := bearerToken(ctx.Request.Header.Peek("Authorization"))
+	if !hasBearer {
+		ctx.Response.Header.Set("WWW-Authenticate", `Bearer realm="rld admin"`)
+		return d.ops.admin.Refuse(who, op, admin.ReasonNoToken, admin.CodeUnauthorized,
+			"no bearer token: send Authorization: Bearer <the content of admin.token_file or admin.read_token_file>")
+	}
+	if who.Role = d.roleOf(tok); who.Role == admin.RoleNone {
+		return d.ops.admin.Refuse(who, op, admin.ReasonWrongToken, admin.CodeForbidden, "wrong bearer token")
+	}
+	who.Token = true
+	o, known := admin.Lookup(op)
+	allow := "GET, POST"
+	if known && o.Changes {
+		allow = "POST"
+	}
+	switch {
+	case !isAdmin || op == "" || strings.Contains(op, "/"):
+		return d.ops.admin.Refuse(who, op, admin.ReasonNotFound, admin.CodeNotFound,
+			fmt.Sprintf("no such endpoint %q: use /v1/admin/OP", ctx.Path()))
+	case !ctx.IsPost() && !ctx.IsGet(), ctx.IsGet() && known && o.Changes:
+		ctx.Response.Header.Set("Allow", allow)
+		msg := fmt.Sprintf("method %s: use POST with a JSON body of arguments, or GET with a query", ctx.Method())
+		if allow == "POST" {
+			msg = fmt.Sprintf("method %s: %s changes state, and a GET never does: use POST with a JSON body of arguments", ctx.Method(), op)
+		}
+		return d.ops.admin.Refuse(who, op, admin.ReasonMethod, admin.CodeMethodNotAllowed, msg)
+	case ctx.IsGet() && repeatedArg(ctx.QueryArgs()) != "":
+		return d.ops.admin.Refuse(who, op, admin.ReasonBadRequest, admin.CodeBadRequest,
+			fmt.Sprintf("repeated query parameter %q: give each parameter once", repeatedArg(ctx.QueryArgs())))
+	}
+	var args json.RawMessage
+	if body := ctx.PostBody(); ctx.IsPost() && len(strings.TrimSpace(string(body))) > 0 {
+		args = append(json.RawMessage(nil), body...)
+	} else if ctx.IsGet() && ctx.QueryArgs().Len() > 0 {
+		args = queryArgs(ctx.QueryArgs())
+	}
+	// Not ctx: a fasthttp.RequestCtx used as a context races with the
+	// server's shutdown.
+	return d.ops.admin.Run(context.Background(), who, admin.Request{Op: op, Args: args})
+}
+
+// roleOf returns the role of the admin bearer token tok, compared in
+// constant time with each token configured: RoleNone when it is neither.
+func (d *Daemon) roleOf(tok string) admin.Role {
+	sum := sha256.Sum256([]byte(tok))
+	write := d.ops.hasTok && subtle.ConstantTimeCompare(sum[:], d.ops.token[:]) == 1
+	read := d.ops.hasRead && subtle.ConstantTimeCompare(sum[:], d.ops.readToken[:]) == 1
+	switch {
+	case write:
+		return admin.RoleWrite
+	case read:
+		return admin.RoleRead
+	}
+	return admin.RoleNone
 }
 
 // queryArgs turns a GET's query (?cursor=o-…&limit=50) into the op's

@@ -23,6 +23,7 @@ var metricHelp = map[string]string{
 	"rld_http_rejected_total":                "HTTP check requests refused with 400 (a malformed query, a bad cost or peek, a client address not given by a trusted proxy).",
 	"rld_http_check_duration_seconds":        "Time from an HTTP check's handler start to its answer built.",
 	"rld_auto_blocks_total":                  "Automatic blocks stored by a rule's block_after, by rule.",
+	"rld_admin_refused_total":                "Admin requests refused, by reason (no_token, wrong_token, uid, role, method, not_found, bad_request, unknown_op, internal).",
 	"rld_config_reloads_total":               "Configuration reloads by result.",
 	"rld_config_last_reload_successful":      "1 when the configuration in force is the file's (the last load or reload succeeded), 0 after a rejected reload.",
 	"rld_fleet_daemons":                      "Live daemons on the shared Redis at the last heartbeat.",

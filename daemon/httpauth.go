@@ -317,3 +317,17 @@ func (d *Daemon) trustedPeer(ctx *fasthttp.RequestCtx) bool {
 	}
 	return d.trust.unix
 }
+
+// bearerToken returns the token of an Authorization field value of the
+// Bearer scheme, whose name is case-insensitive (RFC 9110 §11.1): "Bearer
+// T", "bearer T" and "BEARER  T" all give T. It reports false for another
+// scheme, or no token.
+func bearerToken(auth []byte) (string, bool) {
+	const scheme = "bearer"
+	if len(auth) <= len(scheme) || !equalFoldString(auth[:len(scheme)], scheme) ||
+		(auth[len(scheme)] != ' ' && auth[len(scheme)] != '\t') {
+		return "", false
+	}
+	tok := strings.Trim(string(auth[len(scheme):]), " \t")
+	return tok, tok != ""
+}

@@ -121,7 +121,7 @@ func exitCode(t *testing.T, name string, args ...string) (int, string) {
 func leftovers(t *testing.T) []string {
 	t.Helper()
 	var found []string
-	for _, p := range []string{"/usr/bin/rld", "/etc/rld", "/run/rld", "/usr/share/doc/rld",
+	for _, p := range []string{"/usr/bin/rld", "/etc/rld", "/run/rld", "/var/lib/rld", "/usr/share/doc/rld",
 		"/usr/share/man/man1/rld.1.gz", "/usr/lib/systemd/system/rld.service", "/usr/lib/systemd/system/rld.socket"} {
 		if _, err := os.Lstat(p); err == nil {
 			found = append(found, p)
@@ -147,12 +147,31 @@ func leftovers(t *testing.T) []string {
 	return found
 }
 
-// installable fails the test unless the machine has no rld of its own:
-// the tests install and purge the package and must leave it as they found
-// it. An empty /run/rld, which an rld run by hand as root leaves behind,
-// is put back after the purge (which removes /run/rld).
+// runSocket is where the packaged rld, and `make run` as root, serve.
+const runSocket = "/run/rld/rld.sock"
+
+// runningDaemon reports whether something answers a connect to the Unix
+// socket path: an rld runs there.
+func runningDaemon(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// installable skips the test when an rld runs at /run/rld, and fails it
+// unless the machine has no rld of its own otherwise: the tests install
+// and purge the package and must leave it as they found it. An empty
+// /run/rld, which an rld run by hand as root leaves behind, is put back
+// after the purge (which removes /run/rld).
 func installable(t *testing.T) {
 	t.Helper()
+	if runningDaemon(runSocket) {
+		t.Skipf("an rld answers on %s (`make run` as root, or an installed rld): this test installs, "+
+			"runs and purges the package, which would take its place and remove /run/rld; stop it to run the packaging tests", runSocket)
+	}
 	if out, err := exec.Command("dpkg-query", "-W", "-f=${db:Status-Status}", "rld").Output(); err == nil && len(out) > 0 && string(out) != "not-installed" {
 		t.Fatalf("the rld package is %s on this machine; the tests would replace it: dpkg -P rld first", out)
 	}
@@ -233,8 +252,8 @@ func TestLintian(t *testing.T) {
 // as it was.
 func TestInstallRunRemovePurge(t *testing.T) {
 	needRoot(t)
+	installable(t) // before building: skip at once when an rld runs here
 	deb, version := buildDeb(t)
-	installable(t)
 	t.Cleanup(func() { purge(t) })
 
 	sh(t, "dpkg", "-i", deb)
@@ -242,15 +261,16 @@ func TestInstallRunRemovePurge(t *testing.T) {
 
 	// Files, owners and modes.
 	for path, want := range map[string]string{
-		"/usr/bin/rld":                        "0755 root:root",
-		"/etc/rld/rld.toml":                   "0640 root:rld",
-		"/usr/lib/systemd/system/rld.service": "0644 root:root",
-		"/usr/lib/systemd/system/rld.socket":  "0644 root:root",
-		"/usr/share/doc/rld/copyright":        "0644 root:root",
-		"/usr/share/doc/rld/changelog.gz":     "0644 root:root",
-		"/usr/share/doc/rld/README.md":        "0644 root:root",
-		"/usr/share/doc/rld/operations.md":    "0644 root:root",
-		"/usr/share/man/man1/rld.1.gz":        "0644 root:root",
+		"/usr/bin/rld":                           "0755 root:root",
+		"/etc/rld/rld.toml":                      "0640 root:rld",
+		"/usr/lib/systemd/system/rld.service":    "0644 root:root",
+		"/usr/lib/systemd/system/rld.socket":     "0644 root:root",
+		"/usr/share/doc/rld/copyright":           "0644 root:root",
+		"/usr/share/doc/rld/changelog.gz":        "0644 root:root",
+		"/usr/share/doc/rld/changelog.Debian.gz": "0644 root:root",
+		"/usr/share/doc/rld/README.md":           "0644 root:root",
+		"/usr/share/doc/rld/operations.md":       "0644 root:root",
+		"/usr/share/man/man1/rld.1.gz":           "0644 root:root",
 	} {
 		assert.Equal(t, want, mode(t, path), path)
 	}
@@ -293,7 +313,13 @@ func TestInstallRunRemovePurge(t *testing.T) {
 	_, err = user.Lookup("rld")
 	assert.NoError(t, err, "remove keeps the user")
 
-	// Purge: nothing of rld is left.
+	// Purge: nothing of rld is left, the unit's state directory neither
+	// (made here as systemd makes it, if the service did not run).
+	if _, err := os.Stat("/var/lib/rld"); err != nil {
+		require.NoError(t, os.Mkdir("/var/lib/rld", 0o700))
+		require.NoError(t, os.WriteFile("/var/lib/rld/rld.sock.changes.json", []byte("{}"), 0o600))
+		sh(t, "chown", "-R", "rld:rld", "/var/lib/rld")
+	}
 	sh(t, "dpkg", "-P", "rld")
 	assert.Empty(t, leftovers(t), "purge leaves the machine as it was")
 }
@@ -504,4 +530,20 @@ func TestUpgradeKeepsConfig(t *testing.T) {
 
 	sh(t, "dpkg", "-P", "rld")
 	assert.Empty(t, leftovers(t), "purge leaves the machine as it was")
+}
+
+// TestRunningDaemonSkips: the check that makes the install tests skip
+// finds a daemon by connecting: a listening socket is one, a socket file
+// nobody listens on or no file is none.
+func TestRunningDaemonSkips(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rld.sock")
+	assert.False(t, runningDaemon(path), "no file")
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	assert.True(t, runningDaemon(path), "a listener")
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	require.NoError(t, ln.Close())
+	assert.FileExists(t, path)
+	assert.False(t, runningDaemon(path), "a stale socket file")
 }

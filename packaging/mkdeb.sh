@@ -44,17 +44,20 @@ install -m 0644 "$top/contrib/grafana/rld.json" "$doc/examples/grafana-rld.json"
 install -m 0644 "$top/contrib/prometheus/rld-alerts.yml" "$doc/examples/rld-alerts.yml"
 when=$(date -u -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$top" log -1 --format=%ct 2>/dev/null || date +%s)}")
 commit=$("$top/scripts/version.sh" commit)
+# The package's own changelog (Debian's format), and the project's
+# CHANGELOG.md, what changed for users, as the upstream changelog.
 cat >"$tree/changelog" <<CHANGES
 rld ($version) unstable; urgency=medium
 
   * Built from commit $commit.
-    The changes are in the project's history and in README.md.
+    What changed for users is in /usr/share/doc/rld/changelog.gz.
 
  -- rld developers <rld@example.org>  $when
 CHANGES
-gzip -9n -c "$tree/changelog" >"$doc/changelog.gz"
+gzip -9n -c "$tree/changelog" >"$doc/changelog.Debian.gz"
 rm "$tree/changelog"
-chmod 0644 "$doc/changelog.gz"
+gzip -9n -c "$top/CHANGELOG.md" >"$doc/changelog.gz"
+chmod 0644 "$doc/changelog.Debian.gz" "$doc/changelog.gz"
 
 install -d -m 0755 "$tree/usr/share/man/man1"
 gzip -9n -c "$pkg/rld.1" >"$tree/usr/share/man/man1/rld.1.gz"

@@ -377,11 +377,18 @@ func allMatch(sels []selector, descs []wire.Descriptor) bool {
 
 // keyBlocked reports whether a block of r's key is in force at now.
 func (r *rule) keyBlocked(key []byte, now int64) bool {
+	_, ok := r.keyBlockEnd(key, now)
+	return ok
+}
+
+// keyBlockEnd returns the end of the block of r's key in force at now, if
+// there is one.
+func (r *rule) keyBlockEnd(key []byte, now int64) (int64, bool) {
 	if len(r.keyBlock) == 0 {
-		return false
+		return 0, false
 	}
 	exp, ok := r.keyBlock[string(key)]
-	return ok && now < exp
+	return exp, ok && now < exp
 }
 
 // limitIndex returns the params index (see paramsAt) of the limit in force

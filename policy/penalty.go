@@ -67,8 +67,27 @@ type penaltyEntry struct {
 	penal    bool  // in a cooldown: refused here until until
 	winStart int64 // the start of block_after's window
 	n        int64 // early refusals since winStart
-	blocked  int64 // an automatic block was asked that lasts until then
+	blocked  int64 // a block of the key lasts until then (asked by block_after, or seen); 0: none
 	within   int64 // the rule's block_after.within, for eviction
+}
+
+// blockOver reports whether a block of the key has ended by now: the
+// key's state then starts afresh (see Penalties.refused).
+func (e *penaltyEntry) blockOver(now int64) bool {
+	return e.blocked != 0 && now >= e.blocked
+}
+
+// sawBlock records that a check of r's key was refused by a block of the
+// key that lasts until end: when it ends, the key's cooldown ends and
+// its early refusals count from none again, as on the daemon whose
+// block_after made the block. Only a key with state is touched.
+func (ps *Penalties) sawBlock(key []byte, end int64) {
+	ps.mu.Lock()
+	if e, ok := ps.m[string(key)]; ok && e.blocked != end {
+		e.blocked = end
+		ps.m[string(key)] = e
+	}
+	ps.mu.Unlock()
 }
 
 // penaltyRule is the compiled penalty, block_after and retry_jitter of
@@ -120,6 +139,10 @@ func (pr *penaltyRule) jitterFor(retry time.Duration) time.Duration {
 func (ps *Penalties) cooldown(r *rule, key []byte, descs []wire.Descriptor, now int64, peek bool) (time.Duration, bool) {
 	ps.mu.Lock()
 	e, ok := ps.m[string(key)]
+	if ok && e.blockOver(now) {
+		delete(ps.m, string(key)) // the block was the punishment: start afresh
+		ok = false
+	}
 	ps.mu.Unlock()
 	if !ok || !e.penal || now >= e.until {
 		return 0, false
@@ -142,6 +165,9 @@ func (ps *Penalties) refused(r *rule, key []byte, descs []wire.Descriptor, now i
 	}
 	ps.mu.Lock()
 	e, ok := ps.m[string(key)]
+	if ok && e.blockOver(now) {
+		e, ok = penaltyEntry{}, false // the block was the punishment: start afresh
+	}
 	if !ok {
 		ps.makeRoom(now)
 	}

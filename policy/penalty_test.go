@@ -248,3 +248,78 @@ period = "1s"
 	}
 	assert.Zero(t, testing.AllocsPerRun(100, func() { pp.p.Check(ctx, now, greedy, 1, true, &sc) }), "a peek in a cooldown")
 }
+
+// TestPenaltyAfterBlockExpires: when the automatic block of a key ends,
+// the key starts afresh — its cooldown is over and its early refusals
+// toward block_after count from none — so the first check after the
+// block is judged by the limit alone, and retrying early again does not
+// re-block the key until it makes block_after's refusals anew. The same
+// holds on a daemon that did not ask for the block but saw it refuse the
+// key (its state learns the block's end from the refusal).
+func TestPenaltyAfterBlockExpires(t *testing.T) {
+	const rules = `
+[[rule]]
+name = "api"
+by = ["api_key"]
+algorithm = "token_bucket"
+limit = 1
+period = "1s"
+penalty = { after = 1, factor = 4, max = "1m" }
+block_after = { refusals = 5, within = "10m", for = "5s" }
+`
+	for _, asker := range []bool{true, false} {
+		name := map[bool]string{true: "the daemon that blocked", false: "another daemon"}[asker]
+		t.Run(name, func(t *testing.T) {
+			pp := newPenaltyPolicy(t, rules)
+			ctx := context.Background()
+			var sc Scratch
+			now := t0
+			k := descs("api_key=greedy")
+			require.Equal(t, StatusAllowed, pp.p.Check(ctx, now, k, 1, false, &sc).Status)
+			for i := 1; i <= 6; i++ { // the first refusal, then 5 early retries
+				now = now.Add(10 * time.Millisecond)
+				require.Equal(t, StatusLimited, pp.p.Check(ctx, now, k, 1, false, &sc).Status, "retry %d", i)
+			}
+			blocks := pp.blocks()
+			require.Len(t, blocks, 1, "blocked at the 5th early retry")
+			if !asker {
+				// Another daemon: the same early retries, but its own
+				// block_after is not what blocked the key (its state has
+				// no block): forget that it asked.
+				pp.st.Penalties.mu.Lock()
+				for key, e := range pp.st.Penalties.m {
+					e.blocked = 0
+					pp.st.Penalties.m[key] = e
+				}
+				pp.st.Penalties.mu.Unlock()
+			}
+			d := pp.p.Check(ctx, now, k, 1, true, &sc)
+			require.Equal(t, StatusLimited, d.Status)
+			require.Greater(t, d.Result.RetryAfter, 30*time.Second, "a cooldown longer than the block runs")
+
+			ch := &Changes{Blocks: []Block{{ID: "b-auto", Rule: "api", Key: blocks[0].Key, Expires: now.Add(blocks[0].For), Author: "rld"}}}
+			pp.compile(ch)
+			end := now.Add(blocks[0].For)
+			assert.Equal(t, StatusBlocked, pp.p.Check(ctx, now.Add(time.Second), k, 1, false, &sc).Status, "blocked")
+
+			// The block has ended (its entry is still compiled in, expired).
+			now = end
+			d = pp.p.Check(ctx, now, k, 1, false, &sc)
+			assert.Equal(t, StatusAllowed, d.Status, "the block is over, and with it the cooldown: the limit alone decides")
+			// Refused by the limit, then early retries again, counted
+			// from none: 4 do not block the key again, the 5th does.
+			for i := 1; i <= 6; i++ {
+				now = now.Add(10 * time.Millisecond)
+				d = pp.p.Check(ctx, now, k, 1, false, &sc)
+				require.Equal(t, StatusLimited, d.Status, "refusal %d after the block", i)
+				if i == 1 {
+					assert.LessOrEqual(t, d.Result.RetryAfter, time.Second, "the first refusal after the block is the limit's own")
+				}
+				if i < 6 {
+					assert.Len(t, pp.blocks(), 1, "refusal %d after the block: no new block yet", i)
+				}
+			}
+			assert.Len(t, pp.blocks(), 2, "5 new early retries block the key again")
+		})
+	}
+}

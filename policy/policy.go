@@ -556,7 +556,10 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 	ti := r.tier(c.descs)
 	if r.changed {
 		now := c.now.UnixNano()
-		if r.keyBlocked(key, now) {
+		if end, ok := r.keyBlockEnd(key, now); ok {
+			if r.pen != nil && r.pen.tracked && !c.peek {
+				p.pens.sawBlock(key, end)
+			}
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 			sc.count(r.m, decBlocked) // under the rule whose key is blocked
 			*d = Decision{Status: StatusBlocked, Rule: r.name}

@@ -179,6 +179,45 @@ func adminRequest(op string, args []string) (admin.Request, error) {
 	return req, nil
 }
 
+// printDecision prints the answer a check would get, as explain finds it.
+func printDecision(w io.Writer, d *admin.ExplainDecision) {
+	by := d.Rule
+	if by == "" {
+		by = "no rule"
+	}
+	fmt.Fprintf(w, "a check now: %s by %s", d.Status, by)
+	switch d.Status {
+	case "error":
+		fmt.Fprintf(w, " %s: %s\n", d.Code, d.Message)
+	case "limited":
+		fmt.Fprintf(w, " remaining=%d retry_after=%dms\n", d.Remaining, d.RetryAfterMs)
+	case "blocked":
+		fmt.Fprintln(w)
+	default:
+		fmt.Fprintf(w, " remaining=%d reset=%dms\n", d.Remaining, d.ResetMs)
+	}
+}
+
+// printRuleState ends an explained rule's line with what it says.
+func printRuleState(w io.Writer, m *admin.RuleMatch) {
+	switch {
+	case m.Blocked:
+		fmt.Fprintln(w, " blocked")
+	case m.Error != "":
+		fmt.Fprintf(w, " error: %s\n", m.Error)
+	case m.Code != "":
+		fmt.Fprintf(w, " %s\n", m.Code)
+	case m.Allowed == nil || m.Remaining == nil || m.ResetMs == nil:
+		fmt.Fprintf(w, " %s\n", m.Status)
+	case *m.Allowed:
+		fmt.Fprintf(w, " remaining=%d reset=%dms\n", *m.Remaining, *m.ResetMs)
+	case m.Cooldown:
+		fmt.Fprintf(w, " limited (penalty cooldown) retry_after=%dms\n", m.RetryAfterMs)
+	default:
+		fmt.Fprintf(w, " remaining=%d limited retry_after=%dms\n", *m.Remaining, m.RetryAfterMs)
+	}
+}
+
 // printAdmin prints an op's result for a reader.
 func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 	if ok, err := printChanges(w, op, result); ok {
@@ -193,13 +232,14 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 		if r.List != "" {
 			fmt.Fprintf(w, "%s list: matched; it decides before any rule\n", r.List)
 		}
+		printDecision(w, &r.Decision)
 		if len(r.Rules) == 0 {
 			fmt.Fprintln(w, "no rule matches")
 		}
 		for _, m := range r.Rules {
 			fmt.Fprintf(w, "%s: ", m.Rule)
 			if m.Missing != "" {
-				fmt.Fprintf(w, "not counted (no %s descriptor)\n", m.Missing)
+				fmt.Fprintf(w, "does not apply (no %s descriptor)\n", m.Missing)
 				continue
 			}
 			limit := fmt.Sprintf("%d/%s", m.Limit, m.Period)
@@ -223,17 +263,7 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 			if m.Overridden {
 				fmt.Fprint(w, " overridden")
 			}
-			if m.Blocked {
-				fmt.Fprint(w, " blocked")
-			}
-			switch {
-			case m.Error != "":
-				fmt.Fprintf(w, " error: %s\n", m.Error)
-			case m.Allowed:
-				fmt.Fprintf(w, " remaining=%d reset=%dms\n", m.Remaining, m.ResetMs)
-			default:
-				fmt.Fprintf(w, " remaining=%d limited retry_after=%dms\n", m.Remaining, m.RetryAfterMs)
-			}
+			printRuleState(w, &m)
 		}
 	case "reset", "grant":
 		return printState(w, result)

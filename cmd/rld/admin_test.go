@@ -87,11 +87,13 @@ period = "1m"
 	sock := serve(os.Getuid(), adminAddr)
 	out, errOut, code := rld("admin", "-socket", sock, "explain", "api_key=demo", "endpoint=/v1/search")
 	require.Equal(t, 0, code, errOut)
-	assert.Equal(t, "search: key api_key=demo token_bucket 30/1m cached fail=open remaining=29 reset=2000ms\n"+
-		"per-ip: not counted (no ip descriptor)\n", out)
+	assert.Equal(t, "a check now: allowed by search remaining=29 reset=2000ms\n"+
+		"search: key api_key=demo token_bucket 30/1m cached fail=open remaining=29 reset=2000ms\n"+
+		"per-ip: does not apply (no ip descriptor)\n", out)
 	out, errOut, code = rld("admin", "-socket", sock, "-json", "explain", "api_key=demo", "endpoint=/v1/search")
 	require.Equal(t, 0, code, errOut)
 	assert.Contains(t, out, `"rules":[{"rule":"search","key":"api_key=demo"`)
+	assert.Contains(t, out, `"decision":{"status":"allowed","rule":"search","allowed":true,"limit":30,"remaining":29,`)
 	out, _, code = rld("admin", "-socket", sock, "config")
 	require.Equal(t, 0, code)
 	assert.Contains(t, out, "2 rules")

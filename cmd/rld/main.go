@@ -180,7 +180,7 @@ func versionCmd(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	fs.Usage = flagUsage(fs, "rld version [-json]",
-		"Print the version (git describe of the source it was built from), the commit\n"+
+		"Print the version (the release tag without its v, or git describe of the\nsource it was built from), the commit "+
 			"and the Go version. /healthz and the metric rld_build_info say the same.")
 	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
 		return code
@@ -195,7 +195,7 @@ func versionCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, string(b))
 		return 0
 	}
-	fmt.Fprintf(stdout, "rld %s commit %s %s\n", bi.Version, bi.Commit, bi.GoVersion)
+	fmt.Fprintf(stdout, "rld %s (commit %s, %s)\n", bi.Version, bi.Commit, bi.GoVersion)
 	return 0
 }
 

@@ -69,10 +69,10 @@ func TestStampedVersion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := buildStamped(t, "v1.2.3-4-gabcdef0", "abcdef0123456789")
+	bin := buildStamped(t, "0.3.0", "abcdef0123456789")
 	out, err := exec.Command(bin, "version").Output()
 	require.NoError(t, err)
-	assert.Regexp(t, `^rld v1\.2\.3-4-gabcdef0 commit abcdef0123456789 go1\.\S+\n$`, string(out))
+	assert.Regexp(t, `^rld 0\.3\.0 \(commit abcdef0123456789, go1\.\S+\)\n$`, string(out))
 }
 
 // TestSocketActivation: systemd-socket-activate (systemd's own tool,
