@@ -41,8 +41,9 @@ const changesKey = "changes"
 //	    and tombstones are removed.
 //	version → {time, version, epoch}
 //	restore EPOCH KNOWN_VERSION N_TOMBS (ID EXPIRY_MS)×N (ID VALUE)… →
-//	    {time, version, epoch, created, restored}: sets the epoch to
-//	    EPOCH when the hash has none (created = 1), writes the tombstones
+//	    {time, version, epoch, began, restored}: sets the epoch to EPOCH
+//	    when the hash has none; began = 1 when it had none or its version
+//	    was below KNOWN_VERSION (no restore has raised it), writes the tombstones
 //	    and deletes their entries, adds each entry that is not expired,
 //	    not there and not deleted (restored counts them), sets the
 //	    version above KNOWN_VERSION and the hash's, and publishes it.
@@ -125,10 +126,13 @@ elseif op == 'restore' then
     end
     i = i + 2
   end
-  local v = math.max(tonumber(redis.call('HGET', key, 'v') or '0'), known) + 1
+  local hv = tonumber(redis.call('HGET', key, 'v') or '0')
+  local began = 0
+  if created == 1 or hv < known then began = 1 end
+  local v = math.max(hv, known) + 1
   redis.call('HSET', key, 'v', v)
   redis.call('PUBLISH', key, v)
-  return {now, v, redis.call('HGET', key, 'e'), created, restored}
+  return {now, v, redis.call('HGET', key, 'e'), began, restored}
 end
 return redis.error_reply('ERR unknown changes op ' .. tostring(op))
 `)
@@ -274,10 +278,11 @@ func parseTombs(m rueidis.RedisMessage) (map[string]time.Time, error) {
 
 // Restored is what a Restore did.
 type Restored struct {
-	// Created reports that the hash had no epoch: this Restore gave it
-	// one (Redis had lost the hash), rather than joining a restore that
-	// another daemon started.
-	Created bool
+	// Began reports that this Restore began the restore: the hash had
+	// no epoch (Redis had lost it), or a version below the caller's (it
+	// had lost writes), rather than one that another daemon's Restore
+	// had raised.
+	Began bool
 	// Entries is how many entries it wrote back: those that were not
 	// expired, not in the hash and not deleted.
 	Entries int
@@ -304,15 +309,15 @@ func (s *Changes) Restore(ctx context.Context, known int64, entries map[string]C
 		err = errors.New("bad reply")
 	}
 	if err == nil {
-		var created, n int64
+		var began, n int64
 		st.Epoch, err = arr[2].ToString()
 		if err == nil {
-			created, err = arr[3].AsInt64()
+			began, err = arr[3].AsInt64()
 		}
 		if err == nil {
 			n, err = arr[4].AsInt64()
 		}
-		res = Restored{Created: created == 1, Entries: int(n)}
+		res = Restored{Began: began == 1, Entries: int(n)}
 	}
 	if err != nil {
 		return Restored{}, st, fmt.Errorf("redisx: changes: restore: %w", err)

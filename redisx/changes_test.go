@@ -92,9 +92,9 @@ func TestChanges(t *testing.T) {
 
 // TestChangesRestore: on a hash that Redis lost, Restore writes back the
 // entries not expired and not deleted with their values and expiries,
-// keeps the tombstones, gives the hash a new epoch (Created) and a
-// version above the one the caller knew; a second Restore joins it
-// (not Created) and adds only what the hash lacks.
+// keeps the tombstones, gives the hash a new epoch and a version above
+// the one the caller knew (Began); a second Restore joins it (not Began)
+// and adds only what the hash lacks.
 func TestChangesRestore(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ch := redisx.NewChanges(newClient(t, redisx.Options{Addrs: []string{srv.Addr}, KeyPrefix: "t:"}))
@@ -125,13 +125,13 @@ func TestChangesRestore(t *testing.T) {
 	}
 	res, st, err := ch.Restore(ctx, 7, stale, nil)
 	require.NoError(t, err)
-	assert.Equal(t, redisx.Restored{Created: true, Entries: 1}, res, "o-2 back (no tombstone yet), o-3 expired")
+	assert.Equal(t, redisx.Restored{Began: true, Entries: 1}, res, "o-2 back (no tombstone yet), o-3 expired")
 	assert.NotEqual(t, epoch, st.Epoch)
 	assert.Equal(t, int64(8), st.Version)
 
 	res, st2, err := ch.Restore(ctx, 3, entries, tombs)
 	require.NoError(t, err)
-	assert.Equal(t, redisx.Restored{Created: false, Entries: 1}, res, "joins: o-1 back")
+	assert.Equal(t, redisx.Restored{Began: false, Entries: 1}, res, "joins: o-1 back")
 	assert.Equal(t, st.Epoch, st2.Epoch)
 	assert.Equal(t, int64(9), st2.Version)
 	got, gotTombs, _, err := ch.Load(ctx)
