@@ -103,8 +103,8 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 }
 
 // Top implements admin.Service.
-func (s adminService) Top(_ context.Context, a admin.TopArgs) (admin.TopResult, error) {
-	return s.d.ops.obs.top(s.d.policy.Load(), a)
+func (s adminService) Top(ctx context.Context, a admin.TopArgs) (admin.TopResult, error) {
+	return s.fleetTop(ctx, a)
 }
 
 // Config implements admin.Service.
