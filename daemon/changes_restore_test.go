@@ -220,6 +220,10 @@ func TestChangesRestoreAfterRedisRestart(t *testing.T) {
 	samp := sampleBlocks(ps, blocked[:3])
 	defer samp.end()
 	redistest.WaitFor(t, "the samplers to run", func() bool { return samp.checks.Load() >= 30 })
+	logsBefore := make([]int, len(ps))
+	for i, p := range ps {
+		logsBefore[i] = len(p.Logs())
+	}
 	srv.Kill()
 	srv.Start(t) // empty: no persistence
 	up := time.Now()
@@ -262,6 +266,15 @@ func TestChangesRestoreAfterRedisRestart(t *testing.T) {
 	samp.end()
 	t.Logf("blocked keys: %d checks on 3 daemons, %d not answered (Redis down), %d let through", samp.checks.Load(), samp.failed.Load(), samp.through.Load())
 	assert.Zero(t, samp.through.Load(), "a blocked key was let through: %v", samp.first.Load())
+
+	// The live daemons stay counted 3 while they beat again one by one
+	// on the empty Redis (a heartbeat's ttl after the restart).
+	time.Sleep(2 * time.Second) // the heartbeats of the seconds after the restart: nothing to poll for
+	for i, p := range ps {
+		after := p.Logs()[logsBefore[i]:]
+		assert.NotContains(t, after, "daemons=1", "daemon %d", i)
+		assert.NotContains(t, after, "daemons=2", "daemon %d", i)
+	}
 
 	var began, joined float64
 	lines := 0
