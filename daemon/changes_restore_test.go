@@ -28,16 +28,16 @@ import (
 // Redis has lost the fleet's changes and begins their restore.
 const restoreLine = "redis lost the fleet's overrides and blocks"
 
-// startMetricsFleet runs n daemon processes on the Redis at addr, each
+// startMetricsFleet runs n daemon processes of configuration cfg, each
 // serving HTTP (for /metrics) on a free port; it returns them and their
 // HTTP addresses.
-func startMetricsFleet(t *testing.T, addr string, n int) ([]*daemontest.Process, []string) {
+func startMetricsFleet(t *testing.T, cfg string, n int) ([]*daemontest.Process, []string) {
 	t.Helper()
 	var ps []*daemontest.Process
 	var https []string
 	for range n {
 		h := fmt.Sprintf("127.0.0.1:%d", redistest.FreePort(t, 0))
-		p, err := daemontest.StartProcess(fleetChangeConfig(addr), "-http", h)
+		p, err := daemontest.StartProcess(cfg, "-http", h)
 		require.NoError(t, err)
 		t.Cleanup(func() {
 			if t.Failed() {
@@ -147,7 +147,7 @@ func (s *blockSampler) end() {
 // every 10 ms); one daemon logs and counts that it began the restore.
 func TestChangesRestoreAfterRedisRestart(t *testing.T) {
 	srv := redistest.Standalone(t) // --save '' --appendonly no
-	ps, https := startMetricsFleet(t, srv.Addr, 3)
+	ps, https := startMetricsFleet(t, fleetChangeConfig(srv.Addr), 3)
 	short := map[string]bool{}
 	var deleted []string
 	for i := range 20 {
@@ -300,7 +300,7 @@ func TestChangesRestoreAfterRedisRestart(t *testing.T) {
 // logs and counts it.
 func TestChangesRestoreAfterLostWrites(t *testing.T) {
 	srv := redistest.Standalone(t)
-	ps, https := startMetricsFleet(t, srv.Addr, 3)
+	ps, https := startMetricsFleet(t, fleetChangeConfig(srv.Addr), 3)
 	var kept, lost admin.OverrideEntry
 	require.Nil(t, changeCall(t, ps[0].Socket, "override-set",
 		admin.OverrideArgs{Rule: "per-key", Key: map[string]string{"api_key": "a"}, Limit: 5, TTL: "1h", Author: "ops"}, &kept))
@@ -334,6 +334,67 @@ func TestChangesRestoreAfterLostWrites(t *testing.T) {
 	assert.Equal(t, "0", n, "the block deleted in the lost writes stays deleted")
 	for i := range ps {
 		assert.Equal(t, want, liveSet(t, ps[i].Socket), "daemon %d", i)
+	}
+	var began float64
+	for i := range ps {
+		began += scrapeMetric(t, https[i], `rld_changes_restores_total{role="began"}`)
+	}
+	assert.Equal(t, 1.0, began, "one daemon found the writes lost and restored them")
+}
+
+// TestChangesRestoreAfterSentinelFailover: three daemons on a Sentinel
+// primary and replica. The replica stops replicating (REPLICAOF a dead
+// port) before an override is set and a block lifted; the primary is
+// killed and the sentinels promote the replica, which lacks both writes.
+// The daemons find the version lower and write their set back: the
+// override is in Redis and in force again, the block stays lifted, and
+// one daemon counts that it began the restore.
+func TestChangesRestoreAfterSentinelFailover(t *testing.T) {
+	g := redistest.StartSentinel(t)
+	cfg := fleetChangeConfig("")
+	cfg = strings.Replace(cfg, `redis = [""]`, fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q", quotedList(g.SentinelAddrs()), g.MasterSet), 1)
+	ps, https := startMetricsFleet(t, cfg, 3)
+	var kept admin.OverrideEntry
+	var b admin.BlockEntry
+	require.Nil(t, changeCall(t, ps[0].Socket, "override-set",
+		admin.OverrideArgs{Rule: "per-key", Key: map[string]string{"api_key": "a"}, Limit: 5, TTL: "1h", Author: "ops"}, &kept))
+	require.Nil(t, changeCall(t, ps[1].Socket, "block",
+		admin.BlockArgs{Rule: "per-key", Key: map[string]string{"api_key": "bad"}, TTL: "1h", Author: "sec"}, &b))
+	redistest.WaitFor(t, "the replica to have both", func() bool {
+		n, err := redistest.Do(g.Replica().Addr, "HLEN", changesKey)
+		return err == nil && n == "4" // two entries, the version, the epoch
+	})
+	// The replica misses what follows.
+	_, err := redistest.Do(g.Replica().Addr, "REPLICAOF", "127.0.0.1", strconv.Itoa(redistest.FreePort(t, 0)))
+	require.NoError(t, err)
+	var lost admin.OverrideEntry
+	require.Nil(t, changeCall(t, ps[2].Socket, "override-set",
+		admin.OverrideArgs{Rule: "per-key", Key: map[string]string{"api_key": "b"}, Limit: 7, TTL: "1h", Author: "ops-2"}, &lost))
+	require.Nil(t, changeCall(t, ps[0].Socket, "unblock", admin.IDArgs{ID: b.ID}, nil))
+	var want map[string]any
+	untilAll(t, 3, 5*time.Second, func(d int) bool {
+		got := liveSet(t, ps[d].Socket)
+		if d == 0 {
+			want = got
+		}
+		return len(got) == 2 && got[lost.ID] != nil && got[kept.ID] != nil
+	})
+	n, err := redistest.Do(g.Replica().Addr, "HEXISTS", changesKey, lost.ID)
+	require.NoError(t, err)
+	require.Equal(t, "0", n, "the replica missed the override")
+
+	g.Primary().Kill()
+	promoted := g.WaitFailover(t)
+	redistest.WaitFor(t, "the lost override back in the promoted replica", func() bool {
+		n, err := redistest.Do(promoted.Addr, "HEXISTS", changesKey, lost.ID)
+		return err == nil && n == "1"
+	})
+	n, err = redistest.Do(promoted.Addr, "HEXISTS", changesKey, b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "0", n, "the block lifted in the lost writes stays lifted")
+	for i := range ps {
+		assert.Equal(t, want, liveSet(t, ps[i].Socket), "daemon %d", i)
+		assert.Equal(t, wire.StatusAllowed, checkStatus(t, clients(t, ps[i:i+1])[0], "bad"), "daemon %d: unblocked", i)
 	}
 	var began float64
 	for i := range ps {
