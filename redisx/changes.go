@@ -21,7 +21,9 @@ import (
 // the first change to the hash, which a Redis that lost the hash
 // (restarted without persistence) no longer has; a field "x:ID" is the
 // tombstone of the deleted entry ID, its value the entry's expiry (ms),
-// kept until then so that a restore does not bring the entry back; each
+// kept until then so that a restore does not bring the entry back (an
+// entry put again under that id, as an automatic block's is, has
+// another expiry and removes the tombstone); each
 // other field is an entry's id, its value "<expiry in Redis TIME ms>
 // <the entry's JSON>".
 const changesKey = "changes"
@@ -32,7 +34,8 @@ const changesKey = "changes"
 //
 //	put ID VALUE EXPIRY_MS TTL_MS EPOCH → {time, version, expiry}: expiry
 //	    is EXPIRY_MS, or TIME + TTL_MS when EXPIRY_MS is 0; refused when
-//	    not after TIME. Sets the epoch to EPOCH when the hash has none.
+//	    not after TIME. Removes ID's tombstone. Sets the epoch to EPOCH
+//	    when the hash has none.
 //	    Publishes the version on the channel (the key).
 //	del ID → {time, version, deleted}: publishes when deleted, and keeps
 //	    the entry's tombstone until its expiry.
@@ -43,10 +46,11 @@ const changesKey = "changes"
 //	restore EPOCH KNOWN_VERSION N_TOMBS (ID EXPIRY_MS)×N (ID VALUE)… →
 //	    {time, version, epoch, began, restored}: sets the epoch to EPOCH
 //	    when the hash has none; began = 1 when it had none or its version
-//	    was below KNOWN_VERSION (no restore has raised it), writes the tombstones
-//	    and deletes their entries, adds each entry that is not expired,
-//	    not there and not deleted (restored counts them), sets the
-//	    version above KNOWN_VERSION and the hash's, and publishes it.
+//	    was below KNOWN_VERSION (no restore has raised it), writes the
+//	    tombstones and deletes their entries (the entry of that id and
+//	    expiry), adds each entry that is not expired, not there and not
+//	    deleted (restored counts them), sets the version above
+//	    KNOWN_VERSION and the hash's, and publishes it.
 var changesScript = rueidis.NewLuaScript(`
 local key = KEYS[1]
 local t = redis.call('TIME')
@@ -61,6 +65,7 @@ if op == 'put' then
   if exp == 0 then exp = now + tonumber(ARGV[5]) end
   if exp <= now then return redis.error_reply('ERR expiry not after Redis TIME') end
   redis.call('HSET', key, ARGV[2], string.format('%d', exp) .. ' ' .. ARGV[3])
+  redis.call('HDEL', key, 'x:' .. ARGV[2])
   redis.call('HSETNX', key, 'e', ARGV[6])
   local v = redis.call('HINCRBY', key, 'v', 1)
   redis.call('PUBLISH', key, v)
@@ -113,14 +118,16 @@ elseif op == 'restore' then
     local id, exp = ARGV[i], tonumber(ARGV[i + 1])
     if exp > now then
       redis.call('HSET', key, 'x:' .. id, ARGV[i + 1])
-      redis.call('HDEL', key, id)
+      local cur = redis.call('HGET', key, id)
+      if cur and expiry(cur) == exp then redis.call('HDEL', key, id) end
     end
     i = i + 2
   end
   local restored = 0
   while i < #ARGV do
     local id, val = ARGV[i], ARGV[i + 1]
-    if expiry(val) > now and redis.call('HEXISTS', key, id) == 0 and redis.call('HEXISTS', key, 'x:' .. id) == 0 then
+    local tomb = tonumber(redis.call('HGET', key, 'x:' .. id) or '0')
+    if expiry(val) > now and tomb ~= expiry(val) and redis.call('HEXISTS', key, id) == 0 then
       redis.call('HSET', key, id, val)
       restored = restored + 1
     end

@@ -120,7 +120,7 @@ func TestChangesRestore(t *testing.T) {
 	// A daemon that missed the delete holds o-2 still; one holds an
 	// entry that has expired since.
 	stale := map[string]redisx.ChangeEntry{
-		"o-2": {Expires: time.Now().Add(time.Hour).Truncate(time.Millisecond), Value: `{"a":2}`},
+		"o-2": {Expires: tombs["o-2"], Value: `{"a":2}`}, // as it was before its delete
 		"o-3": {Expires: time.Now().Add(-time.Second).Truncate(time.Millisecond), Value: `{"a":3}`},
 	}
 	res, st, err := ch.Restore(ctx, 7, stale, nil)
@@ -138,4 +138,18 @@ func TestChangesRestore(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, entries, got, "o-1 as it was; o-2 deleted again by its tombstone")
 	assert.Equal(t, tombs, gotTombs)
+
+	// An entry put again under a deleted id (an automatic block's is
+	// the same for its key) ends the tombstone; a restore holding the
+	// old tombstone does not delete the new entry, whose expiry differs.
+	exp2, _, err := ch.Put(ctx, "o-2", `{"a":22}`, time.Time{}, 2*time.Hour)
+	require.NoError(t, err)
+	_, gotTombs, _, err = ch.Load(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, gotTombs)
+	_, _, err = ch.Restore(ctx, 0, nil, tombs)
+	require.NoError(t, err)
+	got, _, _, err = ch.Load(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, redisx.ChangeEntry{Expires: exp2, Value: `{"a":22}`}, got["o-2"])
 }
