@@ -186,7 +186,8 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 
 // peerCount smooths the heartbeat's count of live daemons: it follows a
 // rise at once and a fall once the higher count has not been seen for
-// heartbeatTTL (a daemon that stopped counts out within that anyway).
+// heartbeatTTL: a daemon that left is counted out that much later (a
+// share too small meanwhile, never too large).
 type peerCount struct {
 	n      int       // the count in force
 	highAt time.Time // when a count ≥ n was last seen
