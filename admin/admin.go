@@ -29,8 +29,9 @@ type Service interface {
 	// counter keys, limits and what a check would get now, consuming
 	// nothing.
 	Explain(ctx context.Context, args ExplainArgs) (ExplainResult, error)
-	// Top lists the most denied keys of each rule since the daemon
-	// started.
+	// Top lists the most denied keys of each rule: of the fleet on
+	// Redis (the daemons' published reports merged), or of this daemon
+	// since it started (args.Local, or without Redis).
 	Top(ctx context.Context, args TopArgs) (TopResult, error)
 	// Config describes the configuration in force.
 	Config(ctx context.Context) (ConfigResult, error)
@@ -149,6 +150,25 @@ type TopArgs struct {
 	Rule string `json:"rule,omitempty"`
 	// N is the most keys listed per rule; 0 means DefaultTopN.
 	N int `json:"n,omitempty"`
+	// Local asks for this daemon's denials only, not the fleet's.
+	Local Flag `json:"local,omitempty"`
+}
+
+// Flag is a JSON boolean that also reads "true"/"false" and 1/0, as a
+// GET's query gives it (?local=true, ?local=1).
+type Flag bool
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (f *Flag) UnmarshalJSON(b []byte) error {
+	switch strings.Trim(string(b), `"`) {
+	case "true", "1":
+		*f = true
+	case "false", "0":
+		*f = false
+	default:
+		return fmt.Errorf("%s is not a boolean: give true or false", b)
+	}
+	return nil
 }
 
 // DefaultTopN is how many keys top lists per rule by default.
@@ -157,6 +177,24 @@ const DefaultTopN = 10
 // TopResult is top's answer.
 type TopResult struct {
 	Rules []RuleTop `json:"rules"`
+	// Daemons are the daemons whose denials it counts: this one, and on
+	// Redis every other that published its report recently, with the
+	// report's age.
+	Daemons []DaemonSeen `json:"daemons"`
+	// Fleet reports that it merges the fleet's reports; false for one
+	// daemon's view (asked for, without Redis, or Redis failing).
+	Fleet bool `json:"fleet"`
+	// Warning says why a fleet view was asked for and not given.
+	Warning string `json:"warning,omitempty"`
+}
+
+// DaemonSeen is one daemon a top answer counts.
+type DaemonSeen struct {
+	Daemon string `json:"daemon"`
+	// AgeMs is how old its report is (0 for the daemon answering).
+	AgeMs int64 `json:"age_ms"`
+	// Self marks the daemon answering.
+	Self bool `json:"self,omitempty"`
 }
 
 // RuleTop is the most denied keys of one rule.
@@ -173,6 +211,15 @@ type KeyCount struct {
 	Key   string `json:"key"`
 	Count uint64 `json:"count"`
 	Error uint64 `json:"error"`
+	// By is each daemon's part of Count, most first: the daemons that
+	// denied the key.
+	By []DaemonCount `json:"by,omitempty"`
+}
+
+// DaemonCount is one daemon's denials of a key.
+type DaemonCount struct {
+	Daemon string `json:"daemon"`
+	Count  uint64 `json:"count"`
 }
 
 // ConfigResult is config's answer.

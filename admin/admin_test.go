@@ -19,7 +19,7 @@ func (f *fake) Explain(_ context.Context, a admin.ExplainArgs) (admin.ExplainRes
 	return admin.ExplainResult{Rules: []admin.RuleMatch{{Rule: "r"}}}, nil
 }
 func (f *fake) Top(_ context.Context, a admin.TopArgs) (admin.TopResult, error) {
-	return admin.TopResult{Rules: []admin.RuleTop{{Rule: "n=" + strings.Repeat("x", a.N)}}}, nil
+	return admin.TopResult{Rules: []admin.RuleTop{{Rule: "n=" + strings.Repeat("x", a.N)}}, Fleet: !bool(a.Local)}, nil
 }
 func (f *fake) Config(context.Context) (admin.ConfigResult, error) {
 	return admin.ConfigResult{Hash: "h"}, nil
@@ -45,6 +45,11 @@ func TestServe(t *testing.T) {
 		{`{"op":"explain","args":{"descriptors":[{"name":"ip","value":"1"}],"cost":-1}}`, "bad_request", "cost = -1"},
 		{`{"op":"explain","args":{"descriptors":[{"name":"","value":"1"}]}}`, "bad_request", "empty"},
 		{`{"op":"top","args":{"n":-1}}`, "bad_request", "n = -1"},
+		{`{"op":"top","args":{"local":true}}`, "", `"fleet":false`},
+		{`{"op":"top","args":{"local":"true"}}`, "", `"fleet":false`}, // a GET's ?local=true
+		{`{"op":"top","args":{"local":1}}`, "", `"fleet":false`},
+		{`{"op":"top","args":{"local":"0"}}`, "", `"fleet":true`},
+		{`{"op":"top","args":{"local":"maybe"}}`, "bad_request", "not a boolean"},
 		{`{"op":"config","args":{"x":1}}`, "bad_request", "unknown field"},
 	}
 	for _, tt := range tests {
@@ -66,8 +71,8 @@ func TestServe(t *testing.T) {
 	if len(f.explained) != 1 || f.explained[0].Cost != 2 {
 		t.Errorf("explain ran %d times (%+v): bad requests must not reach the service", len(f.explained), f.explained)
 	}
-	if n := strings.Count(logs.String(), "admin request refused"); n != 9 {
-		t.Errorf("%d refusals logged, want 9:\n%s", n, logs.String())
+	if n := strings.Count(logs.String(), "admin request refused"); n != 10 {
+		t.Errorf("%d refusals logged, want 10:\n%s", n, logs.String())
 	}
 	if !strings.Contains(logs.String(), `who="uid=1000"`) {
 		t.Errorf("refusals do not name the caller:\n%s", logs.String())

@@ -148,8 +148,8 @@ func explainRule(m *policy.Match) admin.RuleMatch {
 }
 
 // Top implements admin.Service.
-func (s adminService) Top(_ context.Context, a admin.TopArgs) (admin.TopResult, error) {
-	return s.d.ops.obs.top(s.d.policy.Load(), a)
+func (s adminService) Top(ctx context.Context, a admin.TopArgs) (admin.TopResult, error) {
+	return s.fleetTop(ctx, a)
 }
 
 // Config implements admin.Service.

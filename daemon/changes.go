@@ -52,7 +52,7 @@ var (
 // stored into the policy in force. New calls it once the policy is built.
 func (d *Daemon) openChanges(cfg *config.Config) {
 	if d.redis != nil {
-		d.chStore = newRedisChanges(d.redis)
+		d.chStore = newRedisChanges(d.redis, d.log)
 	} else {
 		d.chStore = &fileChanges{path: cfg.Admin.ChangesFile(cfg.Server.Socket), log: d.log}
 	}

@@ -132,7 +132,7 @@ func TestChangesCluster(t *testing.T) {
 	primary := cl.PrimaryFor(changesKey)
 	n, err := redistest.Do(primary.Addr, "HLEN", changesKey)
 	require.NoError(t, err)
-	assert.Equal(t, fmt.Sprint(2*rounds+1), n, "every override and block, and the version, in the one hash")
+	assert.Equal(t, fmt.Sprint(2*rounds+2), n, "every override and block, the version and the epoch, in the one hash")
 
 	// Failover of that slot: the replica had every entry (wait for it).
 	redistest.WaitFor(t, "the replica has the changes", func() bool {
@@ -191,7 +191,7 @@ func TestChangesSentinel(t *testing.T) {
 
 	redistest.WaitFor(t, "the replica has the changes", func() bool {
 		n, err := redistest.Do(g.Replica().Addr, "HLEN", changesKey)
-		return err == nil && n == fmt.Sprint(2*rounds+2)
+		return err == nil && n == fmt.Sprint(2*rounds+3) // with the version and the epoch
 	})
 	killed := time.Now()
 	g.Primary().Kill()

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,16 +23,38 @@ import (
 // daemon writes the changes it receives there, and applies every change
 // on the announcement, or at the next poll of the version when it missed
 // it. Expiries are in Redis TIME; skew is this daemon's offset to it.
+//
+// Each daemon keeps the set in force as Redis gave it, with the
+// tombstones of the entries deleted, and the epoch and version it came
+// with. A load that finds another epoch (Redis restarted without
+// persistence: the hash is gone, or begun again by a change since) or
+// the version lower (a failover to a replica that missed the last
+// writes) writes that set back (restore) before it applies anything, so
+// that the changes in force, blocks first, never lapse.
 type redisChanges struct {
 	rc      *redisx.Changes
+	log     *slog.Logger
 	skewNs  atomic.Int64
 	version atomic.Int64 // the version of the set in force; -1 before the first load
+
+	// Guarded by mu: the set in force as loaded, its tombstones and its
+	// epoch ("" before the first load that found one).
+	mu      sync.Mutex
+	epoch   string
+	entries map[string]redisx.ChangeEntry
+	tombs   map[string]time.Time
 }
 
 var (
 	changesLoadsAnnounced = metrics.NewCounter(`rld_changes_loads_total{via="announce"}`)
 	changesLoadsPolled    = metrics.NewCounter(`rld_changes_loads_total{via="poll"}`)
 	changesLoadErrors     = metrics.NewCounter(`rld_changes_load_errors_total`)
+	// changesLost counts the times this daemon found that Redis had
+	// lost the fleet's changes and began their restore; changesJoined
+	// the times it added its set to a restore another daemon began.
+	changesLost     = metrics.NewCounter(`rld_changes_restores_total{role="began"}`)
+	changesJoined   = metrics.NewCounter(`rld_changes_restores_total{role="joined"}`)
+	changesRestored = metrics.NewCounter(`rld_changes_restored_entries_total`)
 )
 
 // A change whose call times out or does not reach Redis is sent again
@@ -47,8 +70,8 @@ const (
 // again.
 const loadRetry = 250 * time.Millisecond
 
-func newRedisChanges(c *redisx.Client) *redisChanges {
-	s := &redisChanges{rc: redisx.NewChanges(c)}
+func newRedisChanges(c *redisx.Client, log *slog.Logger) *redisChanges {
+	s := &redisChanges{rc: redisx.NewChanges(c), log: log}
 	s.version.Store(-1)
 	return s
 }
@@ -64,12 +87,22 @@ func (s *redisChanges) skew() time.Duration { return time.Duration(s.skewNs.Load
 func (s *redisChanges) stamp(st redisx.Stamp) { s.skewNs.Store(int64(st.Skew())) }
 
 func (s *redisChanges) load(ctx context.Context) (*policy.Changes, error) {
-	entries, st, err := s.rc.Load(ctx)
+	entries, tombs, st, err := s.rc.Load(ctx)
+	if err == nil && s.forgot(st) {
+		// Not applied: what Redis has lost stays in force here until
+		// it has it back.
+		if err = s.restore(ctx, st); err == nil {
+			entries, tombs, st, err = s.rc.Load(ctx)
+		}
+	}
 	if err != nil {
 		changesLoadErrors.Inc()
 		return nil, fmt.Errorf("cannot load the overrides and blocks from redis: %w", err)
 	}
 	s.stamp(st)
+	s.mu.Lock()
+	s.epoch, s.entries, s.tombs = st.Epoch, entries, tombs
+	s.mu.Unlock()
 	ch := &policy.Changes{Skew: st.Skew()}
 	for id, e := range entries {
 		var re redisEntry
@@ -97,6 +130,61 @@ func (s *redisChanges) load(ctx context.Context) (*policy.Changes, error) {
 	})
 	s.version.Store(st.Version)
 	return ch, nil
+}
+
+// forgot reports whether Redis, at st, has lost changes of the set in
+// force: its epoch is not the set's (gone, or new), or its version is
+// below the set's.
+func (s *redisChanges) forgot(st redisx.Stamp) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.epoch == "" {
+		return false // nothing known yet, or a hash from before epochs
+	}
+	return st.Epoch != s.epoch || st.Version < s.version.Load()
+}
+
+// restore writes the set in force back to Redis, which at st has lost
+// changes of it, and logs and counts what it did.
+func (s *redisChanges) restore(ctx context.Context, st redisx.Stamp) error {
+	s.mu.Lock()
+	entries, tombs, epoch := s.entries, s.tombs, s.epoch
+	s.mu.Unlock()
+	known := s.version.Load()
+	res, after, err := s.rc.Restore(ctx, known, entries, tombs)
+	if err != nil {
+		s.log.Error("changes: redis has lost overrides and blocks, and they cannot be written back yet; those in force here stay in force",
+			slog.Any("error", err))
+		return err
+	}
+	changesRestored.Add(res.Entries)
+	overrides, blocks := countKinds(entries)
+	attrs := []any{
+		slog.Int("held_overrides", overrides), slog.Int("held_blocks", blocks),
+		slog.Int("deleted_held", len(tombs)), slog.Int("written_back", res.Entries),
+		slog.String("epoch_was", epoch), slog.String("epoch_found", st.Epoch), slog.String("epoch", after.Epoch),
+		slog.Int64("version_was", known), slog.Int64("version_found", st.Version), slog.Int64("version", after.Version),
+	}
+	if res.Began {
+		changesLost.Inc()
+		s.log.Error("changes: redis lost the fleet's overrides and blocks (restarted without persistence, or failed over to a replica that missed writes): restored them from this daemon's copy; give redis persistence (docs/operations.md)", attrs...)
+		return nil
+	}
+	changesJoined.Inc()
+	s.log.Warn("changes: redis lost the fleet's overrides and blocks and another daemon restored them: added this daemon's copy", attrs...)
+	return nil
+}
+
+// countKinds counts the overrides and the blocks of entries, by id.
+func countKinds(entries map[string]redisx.ChangeEntry) (overrides, blocks int) {
+	for id := range entries {
+		if strings.HasPrefix(id, "o-") {
+			overrides++
+		} else {
+			blocks++
+		}
+	}
+	return overrides, blocks
 }
 
 func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires *time.Time, ttl time.Duration) error {
@@ -163,6 +251,14 @@ func (s *redisChanges) remove(ctx context.Context, override bool, id string) (bo
 	return ok, nil
 }
 
+// current reports whether st is the version and epoch of the set in
+// force.
+func (s *redisChanges) current(st redisx.Stamp) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return st.Version == s.version.Load() && st.Epoch == s.epoch
+}
+
 // watchChanges applies the fleet's changes until ctx is done: at each
 // announcement on the pub/sub channel, at each (re)subscription (a
 // message may have been missed), and when a poll of the version every
@@ -207,7 +303,7 @@ func (d *Daemon) watchChanges(ctx context.Context, interval time.Duration) {
 		case via = <-kick:
 		case <-t.C:
 			st, err := rs.rc.Version(ctx)
-			if err != nil || st.Version == rs.version.Load() {
+			if err != nil || rs.current(st) {
 				if err == nil {
 					rs.stamp(st)
 				}

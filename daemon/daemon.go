@@ -53,6 +53,7 @@ type Daemon struct {
 	stores policy.Stores
 	mem    *memstore.Store // the embedded store; nil with Redis
 	redis  *redisx.Client  // nil without Redis
+	tops   *redisx.Tops    // where the fleet's heavy hitters are published; nil without Redis
 	fleet  *fleet          // the cache and heartbeats on Redis; nil without
 	// redisSilent: Redis did not answer at start; the daemon serves at
 	// once and loads the overrides and blocks when it does.
@@ -195,6 +196,7 @@ func (d *Daemon) openStore(sc *config.Store) error {
 		d.log.Info("using redis", slog.Any("redis", sc.Redis), slog.String("mode", string(sc.Mode)))
 	}
 	d.redis = c
+	d.tops = redisx.NewTops(c)
 	d.fleet = newFleet(c, sc)
 	d.stores = d.fleet.stores()
 	return nil
@@ -468,6 +470,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.fleet != nil {
 		d.fleet.start(d.log)
 		go d.watchChanges(sweepCtx, time.Duration(d.cfg().Store.ChangesPoll))
+		go d.publishTops(sweepCtx, d.tops)
 		if d.redisSilent {
 			go d.checkServerModeLater(sweepCtx)
 		}

@@ -145,18 +145,24 @@ func (f *fleet) start(log *slog.Logger) {
 }
 
 // heartbeat writes this daemon's heartbeat every heartbeatEvery and keeps
-// the count of live daemons; while Redis fails, the last count stands.
+// the count of live daemons; while Redis fails, the last count stands. A
+// lower count is taken only once no higher one has been seen for
+// heartbeatTTL (peerCount): a Redis that restarted empty counts 1, then
+// 2, … as the daemons beat again, and a divisor briefly too small would
+// give each daemon too large a share.
 // It also logs when Redis calls start and stop being refused (a circuit
 // breaker not closed), and drops the fallback's local state once unused.
 func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 	t := time.NewTicker(heartbeatEvery)
 	defer t.Stop()
 	degraded := false
+	var pc peerCount
 	for {
 		hctx, cancel := context.WithTimeout(ctx, syncTimeout)
 		n, err := f.rs.Heartbeat(hctx, f.id, heartbeatTTL)
 		cancel()
 		if err == nil && n > 0 {
+			n = pc.next(n, time.Now())
 			if old := f.peers.Swap(int64(n)); old != int64(n) {
 				log.Info("live daemons on redis", slog.Int("daemons", n))
 			}
@@ -178,6 +184,23 @@ func (f *fleet) heartbeat(ctx context.Context, log *slog.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+// peerCount smooths the heartbeat's count of live daemons: it follows a
+// rise at once and a fall once the higher count has not been seen for
+// heartbeatTTL: a daemon that left is counted out that much later (a
+// share too small meanwhile, never too large).
+type peerCount struct {
+	n      int       // the count in force
+	highAt time.Time // when a count ≥ n was last seen
+}
+
+// next returns the count in force after the heartbeat counted n at now.
+func (pc *peerCount) next(n int, now time.Time) int {
+	if n >= pc.n || now.Sub(pc.highAt) >= heartbeatTTL {
+		pc.n, pc.highAt = n, now
+	}
+	return pc.n
 }
 
 // watchRecalls hands the other daemons' lease recalls, and their

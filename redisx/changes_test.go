@@ -52,8 +52,10 @@ func TestChanges(t *testing.T) {
 	assert.True(t, at.Equal(exp2))
 	assert.Equal(t, int64(2), <-announced)
 
-	entries, st, err := ch.Load(ctx)
+	entries, tombs, st, err := ch.Load(ctx)
 	require.NoError(t, err)
+	assert.Empty(t, tombs)
+	assert.NotEmpty(t, st.Epoch, "the first put gave the hash an epoch")
 	assert.Equal(t, int64(2), st.Version)
 	assert.Equal(t, map[string]redisx.ChangeEntry{
 		"o-1": {Expires: exp, Value: `{"x":1}`},
@@ -64,12 +66,12 @@ func TestChanges(t *testing.T) {
 	assert.ErrorContains(t, err, "expiry not after Redis TIME")
 
 	redistest.WaitFor(t, "o-1 to expire", func() bool {
-		entries, _, err := ch.Load(ctx)
+		entries, _, _, err := ch.Load(ctx)
 		return err == nil && len(entries) == 1
 	})
 	n, err := redistest.Do(srv.Addr, "HLEN", "{t:changes}")
 	require.NoError(t, err)
-	assert.Equal(t, "2", n, "the expired entry is removed: b-2 and the version remain")
+	assert.Equal(t, "3", n, "the expired entry is removed: b-2, the version and the epoch remain")
 
 	ok, st, err := ch.Delete(ctx, "b-2")
 	require.NoError(t, err)
@@ -80,7 +82,74 @@ func TestChanges(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, ok, "deleting twice")
 	assert.Equal(t, int64(3), st.Version, "a delete of nothing changes nothing")
+	_, tombs, _, err = ch.Load(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]time.Time{"b-2": exp2}, tombs, "the deleted entry's tombstone lasts until its expiry")
 
 	cancel()
 	assert.NoError(t, <-done)
+}
+
+// TestChangesRestore: on a hash that Redis lost, Restore writes back the
+// entries not expired and not deleted with their values and expiries,
+// keeps the tombstones, gives the hash a new epoch and a version above
+// the one the caller knew (Began); a second Restore joins it (not Began)
+// and adds only what the hash lacks.
+func TestChangesRestore(t *testing.T) {
+	srv := redistest.Standalone(t)
+	ch := redisx.NewChanges(newClient(t, redisx.Options{Addrs: []string{srv.Addr}, KeyPrefix: "t:"}))
+	ctx := context.Background()
+	_, _, err := ch.Put(ctx, "o-1", `{"a":1}`, time.Time{}, time.Hour)
+	require.NoError(t, err)
+	_, _, err = ch.Put(ctx, "o-2", `{"a":2}`, time.Time{}, time.Hour)
+	require.NoError(t, err)
+	_, _, err = ch.Delete(ctx, "o-2")
+	require.NoError(t, err)
+	entries, tombs, st, err := ch.Load(ctx)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+	require.Len(t, tombs, 1)
+	epoch := st.Epoch
+
+	_, err = redistest.Do(srv.Addr, "FLUSHALL")
+	require.NoError(t, err)
+	st, err = ch.Version(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "", st.Epoch, "a hash Redis lost has no epoch")
+
+	// A daemon that missed the delete holds o-2 still; one holds an
+	// entry that has expired since.
+	stale := map[string]redisx.ChangeEntry{
+		"o-2": {Expires: tombs["o-2"], Value: `{"a":2}`}, // as it was before its delete
+		"o-3": {Expires: time.Now().Add(-time.Second).Truncate(time.Millisecond), Value: `{"a":3}`},
+	}
+	res, st, err := ch.Restore(ctx, 7, stale, nil)
+	require.NoError(t, err)
+	assert.Equal(t, redisx.Restored{Began: true, Entries: 1}, res, "o-2 back (no tombstone yet), o-3 expired")
+	assert.NotEqual(t, epoch, st.Epoch)
+	assert.Equal(t, int64(8), st.Version)
+
+	res, st2, err := ch.Restore(ctx, 3, entries, tombs)
+	require.NoError(t, err)
+	assert.Equal(t, redisx.Restored{Began: false, Entries: 1}, res, "joins: o-1 back")
+	assert.Equal(t, st.Epoch, st2.Epoch)
+	assert.Equal(t, int64(9), st2.Version)
+	got, gotTombs, _, err := ch.Load(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, entries, got, "o-1 as it was; o-2 deleted again by its tombstone")
+	assert.Equal(t, tombs, gotTombs)
+
+	// An entry put again under a deleted id (an automatic block's is
+	// the same for its key) ends the tombstone; a restore holding the
+	// old tombstone does not delete the new entry, whose expiry differs.
+	exp2, _, err := ch.Put(ctx, "o-2", `{"a":22}`, time.Time{}, 2*time.Hour)
+	require.NoError(t, err)
+	_, gotTombs, _, err = ch.Load(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, gotTombs)
+	_, _, err = ch.Restore(ctx, 0, nil, tombs)
+	require.NoError(t, err)
+	got, _, _, err = ch.Load(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, redisx.ChangeEntry{Expires: exp2, Value: `{"a":22}`}, got["o-2"])
 }

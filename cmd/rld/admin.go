@@ -96,7 +96,7 @@ func adminUsage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprintln(w, "-token-file. The flags above come before OP; each op's own flags after it.")
 	fmt.Fprintln(w, "\nops:")
 	fmt.Fprintln(w, "  explain [-cost N] name=value...   the rules that match, their keys, limits and remaining (consumes nothing)")
-	fmt.Fprintln(w, "  top [-rule NAME] [-n N]            the most denied keys of each rule")
+	fmt.Fprintln(w, "  top [-rule NAME] [-n N] [-local]   the most denied keys of each rule, of the fleet on Redis")
 	fmt.Fprintln(w, "  config                             the configuration in force: hash, path, load time, rules")
 	fmt.Fprintln(w, "  reset [-rule R] [-key n=v...] [name=value...]")
 	fmt.Fprintln(w, "                                     clear counters: every rule's that matches the descriptors, or one rule's")
@@ -149,10 +149,11 @@ func adminRequest(op string, args []string) (admin.Request, error) {
 	case "top":
 		rule := fs.String("rule", "", "only this rule")
 		n := fs.Int("n", 0, "keys per rule")
+		local := fs.Bool("local", false, "this daemon's denials only, not the fleet's")
 		if err := fs.Parse(args); err != nil {
 			return admin.Request{}, fmt.Errorf("top: %w", err)
 		}
-		v = admin.TopArgs{Rule: *rule, N: *n}
+		v = admin.TopArgs{Rule: *rule, N: *n, Local: admin.Flag(*local)}
 	default:
 		// config, and ops this CLI does not know: arguments are
 		// name=value pairs of a JSON object of strings.
@@ -272,15 +273,7 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 		if err := json.Unmarshal(result, &r); err != nil {
 			return fmt.Errorf("unreadable answer: %w", err)
 		}
-		if len(r.Rules) == 0 {
-			fmt.Fprintln(w, "no denials yet")
-		}
-		for _, rt := range r.Rules {
-			fmt.Fprintf(w, "%s: %d denied\n", rt.Rule, rt.Denied)
-			for _, k := range rt.Keys {
-				fmt.Fprintf(w, "  %d\t(±%d)\t%s\n", k.Count, k.Error, k.Key)
-			}
-		}
+		printTop(w, &r)
 	case "config":
 		var r admin.ConfigResult
 		if err := json.Unmarshal(result, &r); err != nil {
@@ -294,4 +287,41 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 		fmt.Fprintln(w, string(result))
 	}
 	return nil
+}
+
+// printTop prints top's answer: whose denials it counts, then each
+// rule's most denied keys, with the daemons that denied each.
+func printTop(w io.Writer, r *admin.TopResult) {
+	if r.Warning != "" {
+		fmt.Fprintf(w, "warning: %s\n", r.Warning)
+	}
+	what := "this daemon"
+	if r.Fleet {
+		what = fmt.Sprintf("the fleet: %d daemons heard from", len(r.Daemons))
+	}
+	fmt.Fprintf(w, "denials of %s\n", what)
+	for _, d := range r.Daemons {
+		if d.Self {
+			fmt.Fprintf(w, "  %s (this daemon)\n", d.Daemon)
+		} else {
+			fmt.Fprintf(w, "  %s (report %dms old)\n", d.Daemon, d.AgeMs)
+		}
+	}
+	if len(r.Rules) == 0 {
+		fmt.Fprintln(w, "no denials yet")
+	}
+	for _, rt := range r.Rules {
+		fmt.Fprintf(w, "%s: %d denied\n", rt.Rule, rt.Denied)
+		for _, k := range rt.Keys {
+			fmt.Fprintf(w, "  %d\t(±%d)\t%s", k.Count, k.Error, k.Key)
+			if r.Fleet {
+				by := make([]string, len(k.By))
+				for i, b := range k.By {
+					by[i] = fmt.Sprintf("%s=%d", b.Daemon, b.Count)
+				}
+				fmt.Fprintf(w, "\t[%s]", strings.Join(by, " "))
+			}
+			fmt.Fprintln(w)
+		}
+	}
 }

@@ -60,8 +60,9 @@ func Binary() (string, error) { return binary() }
 // StartProcess writes config to a new temporary directory and runs the
 // rld binary (built once per test process) on it, with its socket in that
 // directory and HTTP and the admin HTTP API off, and waits until it
-// answers a PING.
-func StartProcess(config string) (*Process, error) {
+// answers a PING. flags follow those and win over them ("-http",
+// "127.0.0.1:PORT" serves HTTP and /metrics).
+func StartProcess(config string, flags ...string) (*Process, error) {
 	bin, err := binary()
 	if err != nil {
 		return nil, err
@@ -76,7 +77,8 @@ func StartProcess(config string) (*Process, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("daemontest: %w", err)
 	}
-	p.cmd = exec.Command(bin, "serve", "-config", cfg, "-socket", p.Socket, "-http", "off", "-admin-http", "off")
+	args := append([]string{"serve", "-config", cfg, "-socket", p.Socket, "-http", "off", "-admin-http", "off"}, flags...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stderr = &syncWriter{w: &p.logs}
 	if err := p.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
