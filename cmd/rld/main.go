@@ -70,12 +70,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		if len(args) == 0 {
-			fmt.Fprintln(stderr, "rld config: want a subcommand: check FILE")
+			fmt.Fprintln(stderr, "rld config: want a subcommand: check FILE, or import-envoy FILE.yaml...")
 			fmt.Fprint(stderr, configCheckHelp)
 			return exitError
 		}
+		if args[0] == "import-envoy" {
+			return importEnvoy(args[1:], stdout, stderr)
+		}
 		if args[0] != "check" {
-			fmt.Fprintf(stderr, "rld config: unknown subcommand %q: want check FILE\n", args[0])
+			fmt.Fprintf(stderr, "rld config: unknown subcommand %q: want check FILE, or import-envoy FILE.yaml...\n", args[0])
 			fmt.Fprint(stderr, configCheckHelp)
 			return exitError
 		}
