@@ -416,15 +416,24 @@ func (t *trie) complement() []string {
 	slices.Sort(cs)
 	var class strings.Builder
 	for _, c := range cs {
-		fmt.Fprintf(&class, `\x%02x`, c)
+		class.WriteString(reByte(c))
 	}
 	alts = append(alts, "[^"+class.String()+"].*")
 	for _, c := range cs {
 		if sub := t.next[c].complement(); len(sub) > 0 {
-			alts = append(alts, fmt.Sprintf(`\x%02x(?:%s)`, c, strings.Join(sub, "|")))
+			alts = append(alts, reByte(c)+"(?:"+strings.Join(sub, "|")+")")
 		}
 	}
 	return alts
+}
+
+// reByte writes c for a regular expression, in a class or out: itself
+// when a letter or digit, else escaped as \xHH.
+func reByte(c byte) string {
+	if 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' {
+		return string(c)
+	}
+	return fmt.Sprintf(`\x%02x`, c)
 }
 
 // tomlString quotes s as a TOML basic string.
