@@ -260,4 +260,3 @@ func TestImportRefusesWithLine(t *testing.T) {
 	_, err := envoyrls.Import([]envoyrls.File{{Name: "a.yaml", Data: []byte("domain: d\n")}, {Name: "b.yaml", Data: []byte("domain: d\n")}})
 	assert.ErrorContains(t, err, `domain "d" is already defined in a.yaml`)
 }
-

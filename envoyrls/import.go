@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -466,17 +466,12 @@ func tomlKey(k string) string {
 }
 
 // ReadFiles reads the named files for Import.
-func ReadFiles(names []string, open func(string) (io.ReadCloser, error)) ([]File, error) {
-	var fs []File
+func ReadFiles(names []string) ([]File, error) {
+	fs := make([]File, 0, len(names))
 	for _, n := range names {
-		r, err := open(n)
+		b, err := os.ReadFile(n)
 		if err != nil {
-			return nil, err
-		}
-		b, err := io.ReadAll(r)
-		r.Close()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", n, err)
+			return nil, fmt.Errorf("cannot read %w", err)
 		}
 		fs = append(fs, File{Name: n, Data: b})
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/rld/rld/envoyrls"
 )
@@ -28,7 +27,7 @@ func importEnvoy(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, importEnvoyHelp)
 		return exitError
 	}
-	files, err := envoyrls.ReadFiles(args, func(n string) (io.ReadCloser, error) { return os.Open(n) })
+	files, err := envoyrls.ReadFiles(args)
 	if err != nil {
 		fmt.Fprintln(stderr, "rld:", err)
 		return exitError
