@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 
@@ -16,15 +17,20 @@ What rld cannot express is refused with its file and line, and nothing is
 printed. docs/envoy.md describes the mapping.
 `
 
+// configHelp is the help of both config subcommands (rld help config).
+const configHelp = configCheckHelp + "\n" + importEnvoyHelp
+
 // importEnvoy runs rld config import-envoy.
 func importEnvoy(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 1 && isHelp(args[0]) {
-		fmt.Fprint(stdout, importEnvoyHelp)
-		return 0
+	fs := flag.NewFlagSet("config import-envoy", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), configHelp) }
+	if code := parseFlags(fs, args, stdout, stderr); code >= 0 {
+		return code
 	}
+	args = fs.Args()
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "rld config import-envoy: want one or more FILE.yaml")
-		fmt.Fprint(stderr, importEnvoyHelp)
+		fmt.Fprint(stderr, configHelp)
 		return exitError
 	}
 	files, err := envoyrls.ReadFiles(args)
