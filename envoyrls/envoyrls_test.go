@@ -257,6 +257,13 @@ func TestImportRefusesWithLine(t *testing.T) {
 			assert.Contains(t, err.Error(), "x.yaml: line ", name)
 		}
 	}
-	_, err := envoyrls.Import([]envoyrls.File{{Name: "a.yaml", Data: []byte("domain: d\n")}, {Name: "b.yaml", Data: []byte("domain: d\n")}})
+	// The line of a nested node is its line in the file.
+	nested := "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          unit: minute\n          colour: 1\n"
+	_, err := envoyrls.Import([]envoyrls.File{{Name: "n.yaml", Data: []byte(nested)}})
+	assert.ErrorContains(t, err, `n.yaml: line 8: unknown field "colour"`)
+	nested = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          unit: month\n          requests_per_unit: 1\n"
+	_, err = envoyrls.Import([]envoyrls.File{{Name: "n.yaml", Data: []byte(nested)}})
+	assert.ErrorContains(t, err, `n.yaml: line 5: domain "d": unit "month"`)
+	_, err = envoyrls.Import([]envoyrls.File{{Name: "a.yaml", Data: []byte("domain: d\n")}, {Name: "b.yaml", Data: []byte("domain: d\n")}})
 	assert.ErrorContains(t, err, `domain "d" is already defined in a.yaml`)
 }

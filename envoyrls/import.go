@@ -37,18 +37,21 @@ type yamlNode struct {
 
 // yamlLimit is a descriptor's rate_limit.
 type yamlLimit struct {
-	Unit            string   `yaml:"unit"`
-	RequestsPerUnit uint32   `yaml:"requests_per_unit"`
-	Unlimited       bool     `yaml:"unlimited"`
-	Name            string   `yaml:"name"`
-	Replaces        []string `yaml:"replaces"`
+	Unit            string `yaml:"unit"`
+	RequestsPerUnit uint32 `yaml:"requests_per_unit"`
+	Unlimited       bool   `yaml:"unlimited"`
+	Name            string `yaml:"name"`
+	Replaces        []struct {
+		Name string `yaml:"name"`
+	} `yaml:"replaces"`
 }
 
 // UnmarshalYAML decodes a node strictly, keeping its line.
 func (n *yamlNode) UnmarshalYAML(v *yaml.Node) error {
 	type plain yamlNode
 	var p plain
-	if err := decodeStrict(v, &p); err != nil {
+	if err := decodeStrict(v, &p, "key", "value", "rate_limit", "descriptors", "shadow_mode",
+		"quota_mode", "detailed_metric", "value_to_metric", "share_threshold"); err != nil {
 		return err
 	}
 	*n = yamlNode(p)
@@ -56,18 +59,30 @@ func (n *yamlNode) UnmarshalYAML(v *yaml.Node) error {
 	return nil
 }
 
-// decodeStrict decodes v into out, refusing unknown fields.
-func decodeStrict(v *yaml.Node, out any) error {
-	b, err := yaml.Marshal(v)
-	if err != nil {
+// UnmarshalYAML decodes a rate_limit strictly.
+func (l *yamlLimit) UnmarshalYAML(v *yaml.Node) error {
+	type plain yamlLimit
+	var p plain
+	if err := decodeStrict(v, &p, "unit", "requests_per_unit", "unlimited", "name", "replaces"); err != nil {
 		return err
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(out); err != nil {
-		return fmt.Errorf("line %d: %w", v.Line, err)
-	}
+	*l = yamlLimit(p)
 	return nil
+}
+
+// decodeStrict decodes the mapping v into out, refusing a key that is not
+// one of known, with its line. v is the parsed document's own node, so
+// the nodes below it keep their lines too.
+func decodeStrict(v *yaml.Node, out any, known ...string) error {
+	if v.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: want a mapping", v.Line)
+	}
+	for i := 0; i+1 < len(v.Content); i += 2 {
+		if k := v.Content[i]; !slices.Contains(known, k.Value) {
+			return fmt.Errorf("line %d: unknown field %q (known: %s)", k.Line, k.Value, strings.Join(known, ", "))
+		}
+	}
+	return v.Decode(out)
 }
 
 // periods are the units a fixed window can hold exactly.
@@ -101,7 +116,7 @@ func Import(files []File) ([]byte, error) {
 		if len(root.Content) == 0 {
 			return nil, fmt.Errorf("%s: empty file", f.Name)
 		}
-		if err := decodeStrict(root.Content[0], &c); err != nil {
+		if err := decodeStrict(root.Content[0], &c, "domain", "descriptors"); err != nil {
 			return nil, fmt.Errorf("%s: %w", f.Name, err)
 		}
 		if c.Domain == "" {
@@ -268,7 +283,11 @@ func (w *importer) node(n *yamlNode, p []step) error {
 		return w.errf(n, "unit %q: rld's fixed windows are second, minute, hour, day or week", rl.Unit)
 	}
 	if rl.RequestsPerUnit == 0 {
-		return w.errf(n, "requests_per_unit 0 (always over limit) has no rld rule equivalent")
+		v := n.Value
+		if v == "" {
+			v = "*"
+		}
+		return w.errf(n, "requests_per_unit 0 (always over limit) has no rld rule equivalent; the deny list blocks an entry's value in every domain (deny = [\"%s=%s\"])", n.Key, v)
 	}
 	name := w.ruleName(rl.Name, p)
 	keys := make([]string, len(p))

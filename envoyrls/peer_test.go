@@ -143,6 +143,6 @@ func TestReplayPeerIntegration(t *testing.T) {
 		data, err := os.ReadFile(path)
 		require.NoError(t, err)
 		_, err = envoyrls.Import([]envoyrls.File{{Name: "reload.yaml", Data: data}})
-		assert.ErrorContains(t, err, "reload.yaml: line 7: domain \"reload\": requests_per_unit 0")
+		assert.ErrorContains(t, err, "reload.yaml: line 8: domain \"reload\": requests_per_unit 0")
 	})
 }
