@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,4 +147,40 @@ func TestReplayPeerIntegration(t *testing.T) {
 		_, err = envoyrls.Import([]envoyrls.File{{Name: "reload.yaml", Data: data}})
 		assert.ErrorContains(t, err, "reload.yaml: line 8: domain \"reload\": requests_per_unit 0")
 	})
+}
+
+// TestImportPeerReadmeExamples: every configuration example of the peer's
+// README imports, except the two docs/envoy.md lists as differences: a
+// block (requests_per_unit: 0, Example 3) and replaces (Example 7).
+func TestImportPeerReadmeExamples(t *testing.T) {
+	dir := peerDir(t)
+	b, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	require.NoError(t, err)
+	readme := string(b)
+	start, end := strings.Index(readme, "#### Example 1\n"), strings.Index(readme, "### File Based Configuration Loading")
+	require.True(t, start >= 0 && end > start, "the README's examples")
+	sections := regexp.MustCompile(`(?m)^#### Example (\d+)\n`).Split(readme[start:end], -1)[1:]
+	require.GreaterOrEqual(t, len(sections), 11)
+	yamlBlock := regexp.MustCompile("(?s)```yaml\n(.*?)```")
+	imported := 0
+	for i, sec := range sections {
+		for _, m := range yamlBlock.FindAllStringSubmatch(sec, -1) {
+			if !strings.Contains(m[1], "domain:") {
+				continue // Envoy's own configuration
+			}
+			name := fmt.Sprintf("example%d.yaml", i+1)
+			_, err := envoyrls.Import([]envoyrls.File{{Name: name, Data: []byte(m[1])}})
+			switch i + 1 {
+			case 3:
+				assert.ErrorContains(t, err, "requests_per_unit 0", name)
+			case 7:
+				assert.ErrorContains(t, err, "replaces has no rld equivalent", name)
+			default:
+				if assert.NoError(t, err, name) {
+					imported++
+				}
+			}
+		}
+	}
+	assert.GreaterOrEqual(t, imported, 10)
 }
