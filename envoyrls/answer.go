@@ -60,7 +60,7 @@ func descriptorStatus(dec *policy.Decision) (*pb.RateLimitResponse_DescriptorSta
 
 // currentLimit returns the deciding rule's limit as Envoy states one:
 // requests per unit. A rule whose sustained period is one unit (1s, 1m,
-// 1h, 24h, 168h) gives its limit per that unit; another period gives the
+// 1h, 24h, 168h, and the peer's 30-day month and 365-day year) gives its limit per that unit; another period gives the
 // limit per the largest unit that divides the period a whole number of
 // times into whole requests, else UNKNOWN with the limit per period. The
 // rule's name is the limit's name.
@@ -91,6 +91,8 @@ var units = []struct {
 	d    time.Duration
 	unit pb.RateLimitResponse_RateLimit_Unit
 }{
+	{365 * 24 * time.Hour, pb.RateLimitResponse_RateLimit_YEAR},
+	{30 * 24 * time.Hour, pb.RateLimitResponse_RateLimit_MONTH},
 	{7 * 24 * time.Hour, pb.RateLimitResponse_RateLimit_WEEK},
 	{24 * time.Hour, pb.RateLimitResponse_RateLimit_DAY},
 	{time.Hour, pb.RateLimitResponse_RateLimit_HOUR},

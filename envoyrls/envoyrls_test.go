@@ -245,7 +245,7 @@ func TestImportRefusesWithLine(t *testing.T) {
 		"quota_mode":  "domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
 		"replaces":    "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1, replaces: [{name: x}]}\n",
 		"block":       "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 0}\n",
-		"month":       "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: month, requests_per_unit: 1}\n",
+		"unit":        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
 		"unknown":     "domain: d\ndescriptors:\n  - key: a\n    colour: red\n",
 		"duplicate":   "domain: d\ndescriptors:\n  - key: a\n  - key: a\n",
 		"dotted key":  "domain: d\ndescriptors:\n  - key: a.b\n",
@@ -261,9 +261,9 @@ func TestImportRefusesWithLine(t *testing.T) {
 	nested := "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          unit: minute\n          colour: 1\n"
 	_, err := envoyrls.Import([]envoyrls.File{{Name: "n.yaml", Data: []byte(nested)}})
 	assert.ErrorContains(t, err, `n.yaml: line 8: unknown field "colour"`)
-	nested = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          unit: month\n          requests_per_unit: 1\n"
+	nested = "domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit:\n          unit: fortnight\n          requests_per_unit: 1\n"
 	_, err = envoyrls.Import([]envoyrls.File{{Name: "n.yaml", Data: []byte(nested)}})
-	assert.ErrorContains(t, err, `n.yaml: line 5: domain "d": unit "month"`)
+	assert.ErrorContains(t, err, `n.yaml: line 5: domain "d": unit "fortnight"`)
 	_, err = envoyrls.Import([]envoyrls.File{{Name: "a.yaml", Data: []byte("domain: d\n")}, {Name: "b.yaml", Data: []byte("domain: d\n")}})
 	assert.ErrorContains(t, err, `domain "d" is already defined in a.yaml`)
 }

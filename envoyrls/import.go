@@ -89,6 +89,8 @@ func decodeStrict(v *yaml.Node, out any, known ...string) error {
 var periods = map[string]time.Duration{
 	"second": time.Second, "minute": time.Minute, "hour": time.Hour,
 	"day": 24 * time.Hour, "week": 7 * 24 * time.Hour,
+	// The peer's month and year are fixed too: 30 and 365 days.
+	"month": 30 * 24 * time.Hour, "year": 365 * 24 * time.Hour,
 }
 
 // File is one ratelimit YAML configuration to import: its name (for
@@ -280,7 +282,7 @@ func (w *importer) node(n *yamlNode, p []step) error {
 	}
 	period, ok := periods[strings.ToLower(rl.Unit)]
 	if !ok {
-		return w.errf(n, "unit %q: rld's fixed windows are second, minute, hour, day or week", rl.Unit)
+		return w.errf(n, "unit %q: want second, minute, hour, day, week, month or year", rl.Unit)
 	}
 	if rl.RequestsPerUnit == 0 {
 		v := n.Value

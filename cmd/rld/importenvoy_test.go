@@ -43,12 +43,12 @@ descriptors:
 	assert.Equal(t, int64(500), cfg.Rules[0].Limit)
 
 	bad := filepath.Join(dir, "bad.yaml")
-	require.NoError(t, os.WriteFile(bad, []byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: month\n      requests_per_unit: 1\n"), 0o644))
+	require.NoError(t, os.WriteFile(bad, []byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n"), 0o644))
 	out.Reset()
 	errOut.Reset()
 	assert.Equal(t, exitError, run([]string{"config", "import-envoy", bad}, &out, &errOut))
 	assert.Empty(t, out.String())
-	assert.Contains(t, errOut.String(), "bad.yaml: line 3: domain \"d\": unit \"month\"")
+	assert.Contains(t, errOut.String(), "bad.yaml: line 3: domain \"d\": unit \"fortnight\"")
 
 	errOut.Reset()
 	assert.Equal(t, exitError, run([]string{"config", "import-envoy"}, &out, &errOut))
