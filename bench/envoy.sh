@@ -29,7 +29,7 @@ descriptors:
   - key: remote_address
     rate_limit:
       unit: hour
-      requests_per_unit: 4000000000
+      requests_per_unit: 1000000000
 YAML
 
 echo "building rld and the load generator"
