@@ -28,8 +28,8 @@ domain: bench
 descriptors:
   - key: remote_address
     rate_limit:
-      unit: hour
-      requests_per_unit: 1000000000
+      unit: second
+      requests_per_unit: 100000000
 YAML
 
 echo "building rld and the load generator"

@@ -62,6 +62,7 @@ func run(addr, domain, key string, keys uint64, inflight, nconns int, dur time.D
 	var mu sync.Mutex
 	var lat []time.Duration
 	var errs, over int
+	var firstErr error
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := range inflight {
@@ -74,6 +75,7 @@ func run(addr, domain, key string, keys uint64, inflight, nconns int, dur time.D
 			}
 			var mine []time.Duration
 			var myErrs, myOver int
+			var myFirst error
 			for ctx.Err() == nil {
 				v := "hot"
 				if z != nil {
@@ -87,6 +89,9 @@ func run(addr, domain, key string, keys uint64, inflight, nconns int, dur time.D
 				mine = append(mine, time.Since(t0))
 				if err != nil {
 					myErrs++
+					if myFirst == nil {
+						myFirst = err
+					}
 				} else if r.Code != "OK" {
 					myOver++
 				}
@@ -95,6 +100,9 @@ func run(addr, domain, key string, keys uint64, inflight, nconns int, dur time.D
 			lat = append(lat, mine...)
 			errs += myErrs
 			over += myOver
+			if firstErr == nil {
+				firstErr = myFirst
+			}
 			mu.Unlock()
 		})
 	}
@@ -116,6 +124,9 @@ func run(addr, domain, key string, keys uint64, inflight, nconns int, dur time.D
 	}
 	fmt.Printf("%-28s decisions/s=%-9.0f p50=%-9s p99=%-9s cpu/decision=%-8s calls=%d errors=%d over_limit=%d\n",
 		label, float64(n)/elapsed.Seconds(), pct(0.50).Round(time.Microsecond), pct(0.99).Round(time.Microsecond), cpuPer, n, errs, over)
+	if firstErr != nil {
+		fmt.Printf("%-28s first error: %v\n", "", firstErr)
+	}
 	return nil
 }
 
