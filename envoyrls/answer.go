@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -125,14 +126,30 @@ func (h *headerPick) consider(dec *policy.Decision) {
 // headers renders the chosen decision as X-RateLimit-*, RateLimit-Policy,
 // RateLimit and, on a refusal, Retry-After (package header), for Envoy to
 // add to the client's response.
-func (h *headerPick) headers(now time.Time) []*corev3.HeaderValue {
+// The fields are rendered into scr's buffers; the strings of the
+// response are one allocation, and the HeaderValues another.
+func (h *headerPick) headers(now time.Time, scr *scratch) []*corev3.HeaderValue {
 	if !h.set {
 		return nil
 	}
-	fields, _ := header.AppendFields(nil, nil, h.a, now)
-	out := make([]*corev3.HeaderValue, len(fields))
-	for i, f := range fields {
-		out[i] = &corev3.HeaderValue{Key: f.Name, Value: string(f.Value)}
+	scr.fields, scr.hbuf = header.AppendFields(scr.fields[:0], scr.hbuf[:0], h.a, now)
+	n := 0
+	for _, f := range scr.fields {
+		n += len(f.Value)
+	}
+	var sb strings.Builder
+	sb.Grow(n)
+	for _, f := range scr.fields {
+		sb.Write(f.Value)
+	}
+	all := sb.String() // every value, back to back, in field order
+	vals := make([]corev3.HeaderValue, len(scr.fields))
+	out := make([]*corev3.HeaderValue, len(scr.fields))
+	off := 0
+	for i, f := range scr.fields {
+		vals[i].Key, vals[i].Value = f.Name, all[off:off+len(f.Value)]
+		off += len(f.Value)
+		out[i] = &vals[i]
 	}
 	return out
 }

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 )
 
@@ -48,9 +49,11 @@ type Server struct {
 
 // scratch holds one call's reusable buffers.
 type scratch struct {
-	m   mapper
-	sc  policy.Scratch
-	dec policy.Decision
+	m      mapper
+	sc     policy.Scratch
+	dec    policy.Decision
+	fields []header.Field // the response's header fields
+	hbuf   []byte         // their values
 }
 
 // New returns a Server with its gRPC server built; Serve starts it.
@@ -97,12 +100,12 @@ func (s *Server) Drain(ctx context.Context) {
 // and takes nothing; a store failure that no rule's fail mode decides
 // gets Unavailable (Envoy's failure_mode_deny then decides).
 func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
-	if err := validate(req); err != nil {
+	scr := s.scratch.Get().(*scratch)
+	defer s.scratch.Put(scr)
+	if err := validate(req, &scr.m); err != nil {
 		requestsInvalid.Inc()
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	scr := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(scr)
 	p := s.policy()
 	now := s.now()
 	resp := &pb.RateLimitResponse{
@@ -127,7 +130,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) 
 		}
 		hdr.consider(&scr.dec)
 	}
-	resp.ResponseHeadersToAdd = hdr.headers(now)
+	resp.ResponseHeadersToAdd = hdr.headers(now, scr)
 	if resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT {
 		requestsOverLimit.Inc()
 	} else {
@@ -137,15 +140,14 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) 
 }
 
 // validate checks what mapDescriptor would refuse, for every descriptor,
-// before any is checked: a bad request takes nothing.
-func validate(req *pb.RateLimitRequest) error {
+// before any is checked: a bad request takes nothing. It maps with m.
+func validate(req *pb.RateLimitRequest, m *mapper) error {
 	if req.GetDomain() == "" {
 		return errors.New("domain must not be empty")
 	}
 	if len(req.GetDescriptors()) == 0 {
 		return errors.New("descriptor list must not be empty")
 	}
-	var m mapper
 	for i, d := range req.Descriptors {
 		if d.GetIsNegativeHits() {
 			return fmt.Errorf("descriptor %d: is_negative_hits is not supported: a request cannot give quota back", i)
