@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/envoyrls"
+	"github.com/rld/rld/redistest"
 )
 
 // PeerModule is envoyproxy/ratelimit at the version whose test cases
@@ -67,6 +69,33 @@ func TestReplayPeerIntegration(t *testing.T) {
 	dir := peerDir(t)
 	clk := newClock()
 	c := dial(t, serve(t, peerConfig(t, dir), clk))
+	exact := func(t *testing.T, unit, got time.Duration) {
+		t.Helper()
+		assert.Equal(t, peerReset(clk.now(), unit), got, "duration until reset of a %s window", unit)
+	}
+	replay(t, c, exact, func(d time.Duration) { clk.add(d) })
+
+	t.Run("reload.yaml refused", func(t *testing.T) {
+		path := filepath.Join(dir, "test/integration/runtime/current/ratelimit/reload.yaml")
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		_, err = envoyrls.Import([]envoyrls.File{{Name: "reload.yaml", Data: data}})
+		assert.ErrorContains(t, err, "reload.yaml: line 8: domain \"reload\": requests_per_unit 0")
+	})
+}
+
+// peerReset is envoyproxy/ratelimit's duration until reset at now for a
+// window of unit (utils.CalculateReset): the unit less the whole seconds
+// since the window, aligned on the epoch, started.
+func peerReset(now time.Time, unit time.Duration) time.Duration {
+	u := int64(unit / time.Second)
+	return time.Duration(u-now.Unix()%u) * time.Second
+}
+
+// replay runs the peer's scenarios on c. resetOK judges a duration until
+// reset for a window of unit; advance moves the server's clock (nil: the
+// scenario that needs it is skipped).
+func replay(t *testing.T, c *envoyrls.Client, resetOK func(t *testing.T, unit, got time.Duration), advance func(time.Duration)) {
 	ctx := context.Background()
 	check := func(domain string, descs [][]envoyrls.Entry) envoyrls.Response {
 		t.Helper()
@@ -74,12 +103,16 @@ func TestReplayPeerIntegration(t *testing.T) {
 		require.NoError(t, err)
 		return r
 	}
-	st := func(code string, limit uint32, unit string, remaining uint32, reset time.Duration) envoyrls.Status {
-		return envoyrls.Status{Code: code, Limit: limit, Unit: unit, Remaining: remaining, Reset: reset}
+	units := map[string]time.Duration{"SECOND": time.Second, "MINUTE": time.Minute, "HOUR": time.Hour, "DAY": 24 * time.Hour}
+	// eq compares a status with the peer's expectation; the duration
+	// until reset goes to resetOK.
+	eq := func(t *testing.T, code string, limit uint32, unit string, remaining uint32, got envoyrls.Status, msg string, args ...any) {
+		t.Helper()
+		reset := got.Reset
+		got.Reset = 0
+		assert.Equal(t, envoyrls.Status{Code: code, Limit: limit, Unit: unit, Remaining: remaining}, got, append([]any{msg}, args...)...)
+		resetOK(t, units[unit], reset)
 	}
-	// 10.5 s into the minute, hour and day: the peer's duration until
-	// reset is the unit less the whole seconds elapsed.
-	const toMinute, toHour, toDay = 50 * time.Second, time.Hour - 10*time.Second, 24*time.Hour - 10*time.Hour - 10*time.Second
 	for n, suffix := range []string{"", "_local"} {
 		t.Run("keys"+suffix, func(t *testing.T) {
 			r := check("foo", one("hello"+suffix, "world"))
@@ -87,20 +120,20 @@ func TestReplayPeerIntegration(t *testing.T) {
 
 			r = check("basic", one("key1"+suffix, "foo"))
 			assert.Equal(t, "OK", r.Code)
-			assert.Equal(t, st("OK", 50, "SECOND", 49, time.Second), r.Statuses[0])
+			eq(t, "OK", 50, "SECOND", 49, r.Statuses[0], "key1")
 
-			rnd := fmt.Sprint(1000 + n)
+			rnd := fmt.Sprint(time.Now().UnixNano() + int64(n))
 			for i := range 25 {
 				r = check("another", one("key2"+suffix, rnd))
-				want := st("OK", 20, "MINUTE", uint32(20-(i+1)), toMinute)
+				code, rem := "OK", uint32(20-(i+1))
 				if i >= 20 {
-					want = st("OVER_LIMIT", 20, "MINUTE", 0, toMinute)
+					code, rem = "OVER_LIMIT", 0
 				}
-				assert.Equal(t, want.Code, r.Code, "key2 #%d", i)
-				assert.Equal(t, want, r.Statuses[0], "key2 #%d", i)
+				assert.Equal(t, code, r.Code, "key2 #%d", i)
+				eq(t, code, 20, "MINUTE", rem, r.Statuses[0], "key2 #%d", i)
 			}
 
-			rnd = fmt.Sprint(2000 + n)
+			rnd = fmt.Sprint(time.Now().UnixNano() + int64(n))
 			for i := range 15 {
 				r = check("another", [][]envoyrls.Entry{
 					{{Key: "key2" + suffix, Value: rnd}}, {{Key: "key3" + suffix, Value: rnd}},
@@ -112,16 +145,19 @@ func TestReplayPeerIntegration(t *testing.T) {
 				assert.Equal(t, code, r.Code, "key2+key3 #%d", i)
 				// The peer's default (no STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT):
 				// each descriptor is counted on its own.
-				assert.Equal(t, st("OK", 20, "MINUTE", uint32(20-(i+1)), toMinute), r.Statuses[0], "key2 #%d", i)
-				assert.Equal(t, st(code, 10, "HOUR", rem2, toHour), r.Statuses[1], "key3 #%d", i)
+				eq(t, "OK", 20, "MINUTE", uint32(20-(i+1)), r.Statuses[0], "key2 #%d", i)
+				eq(t, code, 10, "HOUR", rem2, r.Statuses[1], "key3 #%d", i)
 			}
 
+			if advance == nil {
+				return
+			}
 			r1 := check("another", one("key4"+suffix, "durTest"))
-			clk.add(2 * time.Second)
+			eq(t, "OK", 20, "DAY", 19, r1.Statuses[0], "key4")
+			advance(2 * time.Second)
 			r2 := check("another", one("key4"+suffix, "durTest"))
-			assert.Equal(t, st("OK", 20, "DAY", 19, toDay), r1.Statuses[0])
 			assert.Less(t, r2.Statuses[0].Reset, r1.Statuses[0].Reset)
-			clk.add(-2 * time.Second)
+			advance(-2 * time.Second)
 		})
 	}
 
@@ -129,23 +165,16 @@ func TestReplayPeerIntegration(t *testing.T) {
 		const domain = "share-threshold-test"
 		for i := range 10 {
 			r := check(domain, one("files", fmt.Sprintf("files/%d.pdf", i%2)))
-			assert.Equal(t, st("OK", 10, "HOUR", uint32(9-i), toHour), r.Statuses[0], "files #%d", i)
+			eq(t, "OK", 10, "HOUR", uint32(9-i), r.Statuses[0], "files #%d", i)
 		}
 		r := check(domain, one("files", "files/b.csv"))
 		assert.Equal(t, "OVER_LIMIT", r.Code)
-		assert.Equal(t, st("OVER_LIMIT", 10, "HOUR", 0, toHour), r.Statuses[0])
+		eq(t, "OVER_LIMIT", 10, "HOUR", 0, r.Statuses[0], "files/b.csv")
+		base := time.Now().UnixNano()
 		for i := range 10 {
-			r := check(domain, one("files_no_share", fmt.Sprintf("files_no_share/%d", i)))
-			assert.Equal(t, st("OK", 10, "HOUR", 9, toHour), r.Statuses[0], "files_no_share #%d", i)
+			r := check(domain, one("files_no_share", fmt.Sprintf("files_no_share/%d-%d", base, i)))
+			eq(t, "OK", 10, "HOUR", 9, r.Statuses[0], "files_no_share #%d", i)
 		}
-	})
-
-	t.Run("reload.yaml refused", func(t *testing.T) {
-		path := filepath.Join(dir, "test/integration/runtime/current/ratelimit/reload.yaml")
-		data, err := os.ReadFile(path)
-		require.NoError(t, err)
-		_, err = envoyrls.Import([]envoyrls.File{{Name: "reload.yaml", Data: data}})
-		assert.ErrorContains(t, err, "reload.yaml: line 8: domain \"reload\": requests_per_unit 0")
 	})
 }
 
@@ -183,4 +212,33 @@ func TestImportPeerReadmeExamples(t *testing.T) {
 		}
 	}
 	assert.GreaterOrEqual(t, imported, 10)
+}
+
+// TestReplayPeerIntegrationRedis replays the same scenarios against an rld
+// daemon on Redis, as the peer runs on Redis: the imported configuration
+// with a [store] table, the daemon's own clock (Redis TIME), the gRPC
+// listener of its [envoy] table. The durations until reset are the
+// peer's within a second; the scenario that moves the clock is the
+// embedded store's alone.
+func TestReplayPeerIntegrationRedis(t *testing.T) {
+	dir := peerDir(t)
+	srv := redistest.Standalone(t)
+	conf := strings.Replace(peerConfig(t, dir), `listen = "127.0.0.1:8081"`, `listen = "127.0.0.1:0"`, 1)
+	conf += fmt.Sprintf("\n[store]\nredis = [%q]\n", srv.Addr)
+	// Start clear of a minute's end: each scenario's counters live in one
+	// window, as the peer's test assumes of its minute and hour limits.
+	if s := time.Now().Second(); s > 45 {
+		time.Sleep(time.Duration(61-s) * time.Second)
+	}
+	d, err := daemontest.Start(conf)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	addrs := d.Daemon.EnvoyAddrs()
+	require.Len(t, addrs, 1)
+	c := dial(t, addrs[0])
+	near := func(t *testing.T, unit, got time.Duration) {
+		t.Helper()
+		assert.InDelta(t, peerReset(time.Now(), unit).Seconds(), got.Seconds(), 1, "duration until reset of a %s window", unit)
+	}
+	replay(t, c, near, nil)
 }
