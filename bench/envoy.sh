@@ -33,7 +33,7 @@ descriptors:
 YAML
 
 echo "building rld and the load generator"
-(cd "$ROOT" && CGO_ENABLED=0 go build -o "$TMP/rld" ./cmd/rld && go build -o "$TMP/envoyload" ./bench/envoyload)
+(cd "$ROOT" && CGO_ENABLED=0 go build -tags grpcnotrace -o "$TMP/rld" ./cmd/rld && go build -o "$TMP/envoyload" ./bench/envoyload)
 
 PEER_PORT=$(freeport)
 PEER_DIR=$(go mod download -json "$PEER" 2>/dev/null | python3 -c 'import json,sys;print(json.load(sys.stdin).get("Dir",""))' || true)
