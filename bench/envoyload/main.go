@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rld/rld/envoyrls"
@@ -57,8 +58,11 @@ func run(addr, domain, key string, keys uint64, inflight, nconns int, dur time.D
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dur)
-	defer cancel()
+	// Calls carry no deadline (Envoy's own is its filter's timeout): the
+	// run ends when each worker sees the end time after a call.
+	ctx := context.Background()
+	var stop atomic.Bool
+	time.AfterFunc(dur, func() { stop.Store(true) })
 	var mu sync.Mutex
 	var lat []time.Duration
 	var errs, over int
@@ -76,16 +80,13 @@ func run(addr, domain, key string, keys uint64, inflight, nconns int, dur time.D
 			var mine []time.Duration
 			var myErrs, myOver int
 			var myFirst error
-			for ctx.Err() == nil {
+			for !stop.Load() {
 				v := "hot"
 				if z != nil {
 					v = "k" + strconv.FormatUint(z.Uint64(), 10)
 				}
 				t0 := time.Now()
 				r, err := c.Check(ctx, domain, [][]envoyrls.Entry{{{Key: key, Value: v}}}, 1)
-				if ctx.Err() != nil {
-					break
-				}
 				mine = append(mine, time.Since(t0))
 				if err != nil {
 					myErrs++
