@@ -19,6 +19,10 @@ VERSION     ?= $(shell scripts/version.sh version)
 COMMIT      ?= $(shell scripts/version.sh commit)
 DEB_VERSION ?= $(shell scripts/version.sh deb $(VERSION))
 DEB_OUT     ?= bin
+# grpcnotrace leaves out gRPC's golang.org/x/net/trace, whose html/template
+# makes the linker keep every exported method of the binary (30.7 MB
+# instead of 14.2 MB).
+TAGS        ?= grpcnotrace
 LDFLAGS     := -s -w -X github.com/rld/rld/buildinfo.Version=$(VERSION) -X github.com/rld/rld/buildinfo.Commit=$(COMMIT)
 
 .PHONY: all build deb image release run test deps bench bench-go fuzz soak lint clean
@@ -26,7 +30,7 @@ LDFLAGS     := -s -w -X github.com/rld/rld/buildinfo.Version=$(VERSION) -X githu
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rld
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rld
 
 # deb builds the Debian package $(DEB_OUT)/rld_<version>_<arch>.deb with
 # dpkg-deb (packaging/mkdeb.sh); install it with dpkg -i (docs/operations.md).

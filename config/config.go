@@ -145,6 +145,8 @@ type Config struct {
 	// Request says how descriptors are derived from the attributes of a
 	// request that a client sends (package derive).
 	Request Request `toml:"request"`
+	// Envoy is the Envoy rate limit service face (package envoyrls).
+	Envoy Envoy `toml:"envoy"`
 	// Rules are evaluated in this order.
 	Rules []Rule `toml:"rule"`
 }
@@ -184,6 +186,18 @@ type Server struct {
 	// and reloads it when the content changed; 0 turns polling off
 	// (SIGHUP still reloads).
 	ConfigPoll Duration `toml:"config_poll"`
+}
+
+// Envoy is the [envoy] table: Envoy's rate limit service
+// (envoy.service.ratelimit.v3, gRPC) beside the binary protocol. Both
+// listeners are off by default; docs/envoy.md describes the mapping.
+type Envoy struct {
+	// Listen is the host:port of the gRPC listener; "" disables it.
+	Listen string `toml:"listen"`
+	// Socket is the path of a Unix socket serving the same gRPC service;
+	// "" disables it. Its directory is created; its mode is
+	// server.socket_mode.
+	Socket string `toml:"socket"`
 }
 
 // Store is the [store] table: the embedded store's bounds, or the Redis

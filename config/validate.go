@@ -40,6 +40,7 @@ func (c *Config) validate() []string {
 	c.Store.validate(&p)
 	c.Admin.validate(&p)
 	c.Log.validate(&p)
+	c.Envoy.validate(&p)
 	seen := make(map[string]int, len(c.Rules))
 	for i := range c.Rules {
 		r := &c.Rules[i]
@@ -54,6 +55,17 @@ func (c *Config) validate() []string {
 		}
 	}
 	return p
+}
+
+func (e *Envoy) validate(p *problems) {
+	if e.Listen != "" {
+		if _, _, err := net.SplitHostPort(e.Listen); err != nil {
+			p.add("envoy.listen = %q: not host:port (\"\" disables it): %v", e.Listen, err)
+		}
+	}
+	if len(e.Socket) > MaxSocketPath {
+		p.add("envoy.socket = %q: %d bytes, longer than the kernel allows for a Unix socket path (%d)", e.Socket, len(e.Socket), MaxSocketPath)
+	}
 }
 
 func (s *Server) validate(p *problems) {

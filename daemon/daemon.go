@@ -85,6 +85,7 @@ type Daemon struct {
 	// server.trusted_proxies (both fixed at start).
 	httpSockLn *net.UnixListener
 	trust      trustList
+	envoy      *envoyFace // [envoy]; nil when off (envoy.go)
 
 	ops opsState // config hash, decision log, admin API
 
@@ -428,6 +429,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}
 	d.ln = ln
+	if err := d.startEnvoy(); err != nil {
+		ln.Close()
+		return err
+	}
+	defer d.stopEnvoy() // on the error returns below; shutdown drains it first
 	if srv.HTTP != "" {
 		hl, err := net.Listen("tcp", srv.HTTP)
 		if err != nil {
@@ -603,6 +609,7 @@ func (d *Daemon) shutdown(acceptDone <-chan struct{}) {
 		d.connsMu.Unlock()
 		<-done
 	}
+	d.stopEnvoy()
 	if d.httpSrv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(d.cfg().Server.DrainTimeout))
 		_ = d.httpSrv.ShutdownWithContext(ctx)

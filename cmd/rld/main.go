@@ -6,6 +6,7 @@
 //	rld release [-socket P] [-json] LEASE
 //	rld settle [-socket P] [-json] LEASE COST
 //	rld config check F
+//	rld config import-envoy F.yaml…
 //	rld admin [-socket P | -http URL -token-file F] [-json] OP [args…]
 //	rld version
 //
@@ -66,17 +67,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return settle(args, stdout, stderr)
 	case "config":
 		if len(args) > 0 && isHelp(args[0]) {
-			fmt.Fprint(stdout, configCheckHelp)
+			fmt.Fprint(stdout, configHelp)
 			return 0
 		}
 		if len(args) == 0 {
-			fmt.Fprintln(stderr, "rld config: want a subcommand: check FILE")
-			fmt.Fprint(stderr, configCheckHelp)
+			fmt.Fprintln(stderr, "rld config: want a subcommand: check FILE, or import-envoy FILE.yaml...")
+			fmt.Fprint(stderr, configHelp)
 			return exitError
 		}
+		if args[0] == "import-envoy" {
+			return importEnvoy(args[1:], stdout, stderr)
+		}
 		if args[0] != "check" {
-			fmt.Fprintf(stderr, "rld config: unknown subcommand %q: want check FILE\n", args[0])
-			fmt.Fprint(stderr, configCheckHelp)
+			fmt.Fprintf(stderr, "rld config: unknown subcommand %q: want check FILE, or import-envoy FILE.yaml...\n", args[0])
+			fmt.Fprint(stderr, configHelp)
 			return exitError
 		}
 		return configCheck(args[1:], stdout, stderr)
@@ -114,6 +118,8 @@ usage:
   rld settle [-socket PATH] [-json] [-timeout D] LEASE COST
                                      charge or refund an acquire to its actual COST, release it; exit as release
   rld config check FILE              validate a configuration file; exit 0 valid, 2 invalid
+  rld config import-envoy FILE.yaml...
+                                     print an rld.toml for envoyproxy/ratelimit YAML (docs/envoy.md)
   rld admin [-socket PATH | -http URL -token-file FILE] [-json] [-timeout D] OP [ARGS...]
                                      run an admin op: explain, top, config, reset, grant, override,
                                      block, unblock, list; exit 0 ok, 1 refused or not found, 2 error
@@ -416,12 +422,12 @@ func printResult(cmd string, res client.Result, err error, asJSON bool, stdout, 
 
 func configCheck(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 1 && isHelp(args[0]) {
-		fmt.Fprint(stdout, configCheckHelp)
+		fmt.Fprint(stdout, configHelp)
 		return 0
 	}
 	if len(args) != 1 {
 		fmt.Fprintf(stderr, "rld config check: want one FILE, got %d arguments\n", len(args))
-		fmt.Fprint(stderr, configCheckHelp)
+		fmt.Fprint(stderr, configHelp)
 		return exitError
 	}
 	cfg, err := config.Load(args[0])

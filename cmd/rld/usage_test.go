@@ -21,7 +21,7 @@ func commands(t *testing.T) map[string]string {
 	var out, errOut bytes.Buffer
 	require.Equal(t, 0, run([]string{"help"}, &out, &errOut), errOut.String())
 	cmds := map[string]string{}
-	re := regexp.MustCompile(`^  rld (\[serve\]|config check|[a-z]+)(?: |$)`)
+	re := regexp.MustCompile(`^  rld (\[serve\]|config check|config import-envoy|[a-z]+)(?: |$)`)
 	for _, line := range strings.Split(out.String(), "\n") {
 		m := re.FindStringSubmatch(line)
 		if m == nil {
@@ -188,7 +188,7 @@ func TestOperationsCommands(t *testing.T) {
 	doc = doc[start+1:]
 	doc = doc[:strings.Index(doc[1:], "\n## ")+1]
 	rows := map[string]string{}
-	for _, m := range regexp.MustCompile("(?m)^\\| `rld (\\[serve\\]|config check|[a-z]+)[ `](.*)$").FindAllStringSubmatch(doc, -1) {
+	for _, m := range regexp.MustCompile("(?m)^\\| `rld (\\[serve\\]|config check|config import-envoy|[a-z]+)[ `](.*)$").FindAllStringSubmatch(doc, -1) {
 		rows[strings.Trim(m[1], "[]")] = m[0]
 	}
 	for name := range commands(t) {
