@@ -97,7 +97,7 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 // that renders a check's answer (setAnswer), so that the two agree.
 func explainDecision(dec *policy.Decision) admin.ExplainDecision {
 	var a header.Answer
-	setAnswer(&a, dec)
+	dec.SetAnswer(&a)
 	out := admin.ExplainDecision{
 		Status: dec.Status.String(), Rule: dec.Rule, Allowed: dec.Status.Allowed(),
 		Limit: a.Limit, Remaining: a.Remaining, ResetMs: a.Reset.Milliseconds(),

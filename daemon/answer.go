@@ -1,9 +1,6 @@
 package daemon
 
 import (
-	"time"
-
-	"github.com/rld/rld/algo"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
@@ -15,42 +12,8 @@ import (
 // which a client renders the same fields.
 func answerOf(dec *policy.Decision) header.Answer {
 	var a header.Answer
-	setAnswer(&a, dec)
+	dec.SetAnswer(&a)
 	return a
-}
-
-// setAnswer sets a to answerOf(dec). It sets each field in place: a
-// composite literal returned by value is built in a temporary and copied,
-// twice, and the copies' wide loads of its narrow stores stall the
-// processor on the hot path (fillResponse).
-func setAnswer(a *header.Answer, dec *policy.Decision) {
-	q, w := algo.Sustained(dec.Params)
-	a.Rule = dec.Rule
-	a.Limit = uint64(max(dec.Result.Limit, 0))
-	a.Quota = uint64(max(q, 0))
-	// The quota a client pacing itself evenly can sustain.
-	a.QuotaWindow = w
-	if dec.Params.Kind == algo.Concurrency {
-		// Slots in flight are no quota over a window: a concurrency
-		// limit advertises no RateLimit-Policy (docs/protocol.md).
-		a.Quota, a.QuotaWindow = 0, 0
-	}
-	a.Remaining = uint64(max(dec.Result.Remaining, 0))
-	a.Window = dec.Period
-	a.Reset = dec.Result.Reset
-	a.Retry = 0
-	a.Next = algo.Next(dec.Params, &dec.Result)
-	if dec.Status == policy.StatusLimited {
-		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
-	}
-	if dec.Degraded {
-		// Decided on this daemon's share of the limit (or by a fail
-		// mode), not the limit itself: only the retry-after is known.
-		a.Next = -1
-		if dec.Status == policy.StatusLimited {
-			a.Next = a.Retry
-		}
-	}
 }
 
 // fillResponse copies a policy decision into a wire response, reusing the
@@ -67,7 +30,7 @@ func fillResponse(res *wire.Response, dec *policy.Decision) {
 	res.Message = res.Message[:0]
 	res.Status = wireStatus[dec.Status]
 	var a header.Answer
-	setAnswer(&a, dec)
+	dec.SetAnswer(&a)
 	header.SetResponse(res, &a)
 	if dec.Status == policy.StatusError {
 		res.Code = wireCode[dec.Code]

@@ -119,7 +119,7 @@ func (h *headerPick) consider(dec *policy.Decision) {
 	if h.set && !denied && dec.Result.Remaining >= int64(h.a.Remaining) {
 		return
 	}
-	setAnswer(&h.a, dec)
+	dec.SetAnswer(&h.a)
 	h.set, h.denied = true, denied
 }
 
@@ -152,31 +152,4 @@ func (h *headerPick) headers(now time.Time, scr *scratch) []*corev3.HeaderValue 
 		out[i] = &vals[i]
 	}
 	return out
-}
-
-// setAnswer sets a to the numbers of dec as the daemon's other faces
-// render them (daemon's setAnswer, of which this is the copy for a face
-// that daemon imports).
-func setAnswer(a *header.Answer, dec *policy.Decision) {
-	q, w := algo.Sustained(dec.Params)
-	a.Rule = dec.Rule
-	a.Limit = uint64(max(dec.Result.Limit, 0))
-	a.Quota, a.QuotaWindow = uint64(max(q, 0)), w
-	if dec.Params.Kind == algo.Concurrency {
-		a.Quota, a.QuotaWindow = 0, 0
-	}
-	a.Remaining = uint64(max(dec.Result.Remaining, 0))
-	a.Window = dec.Period
-	a.Reset = dec.Result.Reset
-	a.Retry = 0
-	a.Next = algo.Next(dec.Params, &dec.Result)
-	if dec.Status == policy.StatusLimited {
-		a.Retry = max(dec.Result.RetryAfter, time.Millisecond)
-	}
-	if dec.Degraded {
-		a.Next = -1
-		if dec.Status == policy.StatusLimited {
-			a.Next = a.Retry
-		}
-	}
 }
