@@ -46,13 +46,7 @@ denied_per_second = 0
 		} else {
 			assert.Equal(t, wire.StatusAllowed, res.Status, c.Name)
 		}
-		var got []reqcorpus.Logged
-		require.Eventually(t, func() bool {
-			l, err := dl.Next()
-			require.NoError(t, err)
-			got = append(got, l...)
-			return len(got) > 0
-		}, 5*time.Second, time.Millisecond, c.Name)
+		got := nextLogged(t, &dl)
 		require.Len(t, got, 1, c.Name)
 		if !c.Oversize {
 			assert.Equal(t, reqcorpus.Lines(c.Want), reqcorpus.Lines(got[0].Descs), "%s (line %d)", c.Name, c.Line)
@@ -142,6 +136,19 @@ period = "1h"
 	}
 }
 
+// nextLogged waits for the decision lines written since the last call.
+func nextLogged(t *testing.T, dl *reqcorpus.DecisionLog) []reqcorpus.Logged {
+	t.Helper()
+	var got []reqcorpus.Logged
+	require.Eventually(t, func() bool {
+		l, err := dl.Next()
+		require.NoError(t, err)
+		got = append(got, l...)
+		return len(got) > 0
+	}, 5*time.Second, time.Millisecond)
+	return got
+}
+
 func hdr(name, value string) []reqcorpus.Header {
 	return []reqcorpus.Header{{Name: name, Value: value}}
 }
@@ -170,13 +177,7 @@ allowed_rate = 1.0
 		c := reqcorpus.Case{Peer: "127.0.0.9", Method: "GET", Target: "/", Headers: hdr("Authorization", "Bearer "+tok)}
 		rc.write(attrFrame(1, &c))
 		rc.mustRead()
-		var got []reqcorpus.Logged
-		require.Eventually(t, func() bool {
-			l, err := dl.Next()
-			require.NoError(t, err)
-			got = append(got, l...)
-			return len(got) > 0
-		}, 5*time.Second, time.Millisecond)
+		got := nextLogged(t, &dl)
 		for _, d := range got[len(got)-1].Descs {
 			if d.Name == "user" {
 				return d.Value
@@ -221,13 +222,7 @@ denied_per_second = 0
 		if resp.StatusCode == http.StatusBadRequest {
 			return resp.StatusCode, nil
 		}
-		var got []reqcorpus.Logged
-		require.Eventually(t, func() bool {
-			l, err := dl.Next()
-			require.NoError(t, err)
-			got = append(got, l...)
-			return len(got) > 0
-		}, 5*time.Second, time.Millisecond)
+		got := nextLogged(t, &dl)
 		return resp.StatusCode, got[len(got)-1].Descs
 	}
 	code, descs := get("/v1/auth", "X-Rld-Peer", "127.0.0.5", "X-Rld-Method", "GET", "X-Rld-Host", "Api.Example.com",
