@@ -539,6 +539,9 @@ const minSyncRate = 4
 func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 	if op.Err != nil {
 		syncErrors.Inc()
+		if notSent(op.Err) && c.keep(op, ref) {
+			return
+		}
 		if op.Kind == algo.OpRefund {
 			// The units may or may not be back: counted as lost, never
 			// as admitted.
@@ -572,6 +575,40 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 		c.schedule(ref.sh, e, c.tick(e.leaseUntil-3*int64(c.o.SyncInterval)))
 	}
 	c.learn(e, op.Result, sent)
+}
+
+// keep takes back into its entry what op, of ref, did not send (a
+// circuit breaker refused it): the spent units it was to report, and a
+// return's units while the lease they came from is the entry's and has
+// not lapsed, so that a later op sends them; an orphan's op is queued
+// again. It reports whether op's units were kept. Dropped, they would
+// stay counted out at the store with no daemon holding them (see
+// Cache.unsent).
+func (c *Cache) keep(op *algo.Op, ref syncRef) bool {
+	if ref.sh == nil {
+		if op.Kind != algo.OpRefund {
+			return false
+		}
+		retry := *op
+		retry.Key, retry.Err = bytes.Clone(op.Key), nil
+		c.orphanMu.Lock()
+		c.orphans = append(c.orphans, retry)
+		c.orphanMu.Unlock()
+		return true
+	}
+	ref.sh.mu.Lock()
+	defer ref.sh.mu.Unlock()
+	e := ref.sh.m[ref.key]
+	if e != ref.e || e.p != op.Params {
+		return false
+	}
+	e.spent += op.Spent
+	if op.Kind != algo.OpRefund || op.TakenAt != e.leaseAt || c.o.Clock().UnixNano() >= e.leaseUntil {
+		return false
+	}
+	e.lease += op.N
+	c.schedule(ref.sh, e, 0)
+	return true
 }
 
 // returnable reports whether e's lease should go back now: the key saw
