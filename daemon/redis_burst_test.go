@@ -317,7 +317,8 @@ func TestCachedFullBurstsDefaultTimeout(t *testing.T) {
 				assert.Zero(t, o.errs.Load(), name)
 				assert.Zero(t, o.onTime(), "%s: refused while Redis answered within store.timeout", name)
 			}
-			t.Logf("%s: recalls sent %d, admitted after a recall %d; late answers %d", k, sent2-sent, admitted2-admitted, lateAnswers()-late)
+			t.Logf("%s: recalls sent %d, admitted after a recall %d; late answers %d; units counted out on lease in Redis after the run %d (capacity %d)",
+				k, sent2-sent, admitted2-admitted, lateAnswers()-late, unitsOut(t, srv.Addr, key), burstLimit)
 		})
 	}
 }
@@ -357,6 +358,26 @@ func waitPeers(t *testing.T, fleet []*daemontest.Server) {
 		}
 		return true
 	}, 10*time.Second, 10*time.Millisecond, "every daemon counts %d live daemons", len(fleet))
+}
+
+// unitsOut returns the units the daemons have out on lease, as Redis at
+// addr counts them, of the cached rule's keys whose counter key holds
+// key (docs/cache.md: the key's hash <key>:out).
+func unitsOut(t *testing.T, addr, key string) int64 {
+	keys, err := redistest.Do(addr, "KEYS", "*"+key+"*:out")
+	require.NoError(t, err)
+	var n int64
+	for _, k := range strings.Fields(keys) {
+		v, err := redistest.Do(addr, "HGETALL", k)
+		require.NoError(t, err)
+		for _, f := range strings.Fields(v) {
+			if units, _, ok := strings.Cut(f, ":"); ok {
+				u, _ := strconv.ParseInt(units, 10, 64)
+				n += u
+			}
+		}
+	}
+	return n
 }
 
 // lateAnswers returns rld_cache_late_answers_total, counted by the
