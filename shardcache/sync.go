@@ -577,37 +577,39 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 	c.learn(e, op.Result, sent)
 }
 
-// keep takes back into its entry what op, of ref, did not send (a
-// circuit breaker refused it): the spent units it was to report, and a
-// return's units while the lease they came from is the entry's and has
-// not lapsed, so that a later op sends them; an orphan's op is queued
-// again. It reports whether op's units were kept. Dropped, they would
-// stay counted out at the store with no daemon holding them (see
-// Cache.unsent).
+// keep takes back what op, of ref, did not send (a circuit breaker
+// refused it), so that a later op sends it: a return's units go back
+// into the entry's lease while it is the lease they came from and has
+// not lapsed, with the spent units the op was to report; otherwise the
+// return is queued as an orphan, sent again at the next sync. Another
+// op's spent units go back into the entry. It reports whether op's
+// units were kept. Dropped, they would stay counted out at the store
+// with no daemon holding them (see Cache.unsent).
 func (c *Cache) keep(op *algo.Op, ref syncRef) bool {
-	if ref.sh == nil {
-		if op.Kind != algo.OpRefund {
-			return false
+	var e *entry
+	if ref.sh != nil {
+		ref.sh.mu.Lock()
+		defer ref.sh.mu.Unlock()
+		if e = ref.sh.m[ref.key]; e != ref.e || e.p != op.Params {
+			e = nil
 		}
+	}
+	switch {
+	case op.Kind == algo.OpRefund && e != nil && op.TakenAt == e.leaseAt && c.o.Clock().UnixNano() < e.leaseUntil:
+		e.lease += op.N
+		e.spent += op.Spent
+		c.schedule(ref.sh, e, 0)
+	case op.Kind == algo.OpRefund:
 		retry := *op
 		retry.Key, retry.Err = bytes.Clone(op.Key), nil
 		c.orphanMu.Lock()
 		c.orphans = append(c.orphans, retry)
 		c.orphanMu.Unlock()
-		return true
-	}
-	ref.sh.mu.Lock()
-	defer ref.sh.mu.Unlock()
-	e := ref.sh.m[ref.key]
-	if e != ref.e || e.p != op.Params {
+	case e != nil:
+		e.spent += op.Spent
+	default:
 		return false
 	}
-	e.spent += op.Spent
-	if op.Kind != algo.OpRefund || op.TakenAt != e.leaseAt || c.o.Clock().UnixNano() >= e.leaseUntil {
-		return false
-	}
-	e.lease += op.N
-	c.schedule(ref.sh, e, 0)
 	return true
 }
 
