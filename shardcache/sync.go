@@ -2,6 +2,7 @@ package shardcache
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -728,9 +729,17 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 	go func() {
 		defer c.running.Add(-1)
 		ops := []algo.Op{op}
-		err := c.b.Sync(context.Background(), ops)
+		err := cmp.Or(c.b.Sync(context.Background(), ops), ops[0].Err)
 		switch {
-		case err != nil || ops[0].Err != nil:
+		case err != nil && notSent(err) && op.Kind == algo.OpRefund:
+			// Sent again by the next sync, as an orphan's return: its
+			// entry has let it go.
+			syncErrors.Inc()
+			ops[0].Err = nil
+			c.orphanMu.Lock()
+			c.orphans = append(c.orphans, ops[0])
+			c.orphanMu.Unlock()
+		case err != nil:
 			syncErrors.Inc()
 			if op.Kind == algo.OpRefund {
 				leasesLost.Add(int(op.N))
