@@ -120,8 +120,9 @@ type Cache struct {
 	syncN atomic.Int64 // Syncs started: an entry's rates are smoothed up to e.synced of them
 	half  int64        // half a sync interval, ns: the sync loop's tick and the wheel's slot
 
-	closed  atomic.Bool
-	running atomic.Int64 // runMiss calls in progress
+	closed    atomic.Bool
+	running   atomic.Int64 // runMiss calls in progress
+	slowUntil atomic.Int64 // unix ns: until then, take-with-leases are waited for off the flight (see takeLeaseOrLate)
 }
 
 type shard struct {
@@ -815,6 +816,10 @@ func notSent(err error) bool {
 // lost a few grants a second (calls answered in up to 80 ms).
 func (c *Cache) lateWait() time.Duration { return max(2*c.o.SyncInterval, c.o.Timeout) }
 
+// slowFor is how long after a slow take-with-lease (see
+// takeLeaseOrLate) the cache waits for such calls off the key's flight.
+const slowFor = 10 * time.Second
+
 // lateCall is a take-with-lease sent by takeLeaseOrLate: its outcome,
 // and who handles it, the run that sent it or, once the run stopped
 // waiting, the call's own goroutine.
@@ -845,9 +850,24 @@ const (
 // that the key's bucket or window lacked those units, and each refused
 // check of the key recalled them in vain and waited RecallWait, holding
 // the key's flight while the checks behind it timed out.
+//
+// Waiting off the flight costs a goroutine and its hand-off (about 20
+// µs a miss on a loaded two-core host: BenchmarkTakeMiss), so the cache
+// does so only while the store is slow: for slowFor after a
+// take-with-lease took more than half the timeout or failed. The call
+// that shows the store slow is waited for in line and may still lose
+// its grant.
 func (c *Cache) takeLeaseOrLate(ctx context.Context, key string, p algo.Params, costs []int64, want, spent, spentAt int64, life time.Duration) (admitted int, leased, parked int64, r algo.Result, err error) {
 	if want <= 0 {
 		return c.takeLease(ctx, key, p, costs, want, spent, spentAt, life)
+	}
+	start := time.Now()
+	if start.UnixNano() >= c.slowUntil.Load() {
+		admitted, leased, parked, r, err = c.takeLease(ctx, key, p, costs, want, spent, spentAt, life)
+		if err != nil || time.Since(start) > c.o.Timeout/2 {
+			c.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
+		}
+		return admitted, leased, parked, r, err
 	}
 	lc := &lateCall{done: make(chan struct{})}
 	c.running.Add(1) // Close waits for the units to go back
@@ -856,6 +876,9 @@ func (c *Cache) takeLeaseOrLate(ctx context.Context, key string, p algo.Params, 
 		lctx, cancel := context.WithTimeout(context.Background(), c.lateWait())
 		defer cancel()
 		lc.admitted, lc.leased, lc.parked, lc.r, lc.err = c.takeLease(lctx, key, p, costs, want, spent, spentAt, life)
+		if lc.err != nil || time.Since(start) > c.o.Timeout/2 {
+			c.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
+		}
 		if lc.state.CompareAndSwap(callRunning, callAnswered) {
 			close(lc.done)
 			return
