@@ -463,7 +463,7 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		storeCalls.Inc()
 		batchSize.Update(float64(len(costs)))
 		if err != nil {
-			c.unsent(sh, key, p, spent, err)
+			c.unsent(sh, key, p, spent, spentAt, err)
 			return err
 		}
 		if admitted < len(costs) && parked > 0 && r.RetryAfter != algo.Never && mayRecall {
@@ -778,25 +778,34 @@ func (c *Cache) takeLease(ctx context.Context, key string, p algo.Params, costs 
 	return o.Admitted, o.Granted, o.Parked, r, nil
 }
 
-// unsent puts back into key's entry in sh the spent units that a call
-// that failed with err was to report, when err says the call was not
-// sent (a circuit breaker refused it: see notSent); they are reported
-// by the key's next op. Counted as reported instead, they would stay
+// unsent puts back into key's entry in sh the spent units, of the lease
+// taken at spentAt, that a call that failed with err was to report,
+// when err says the call was not sent (a circuit breaker refused it:
+// see notSent); they are reported by the key's next op (see mayRespend). Counted as reported instead, they would stay
 // counted out at the store with no daemon holding them, for the
 // lifetime of the holder's leases of the key (a warm one's: 5 min):
 // quota that every refused check of the key would recall in vain. A
 // call that may have been run (a timeout) counts as having reported
 // them: the store then counts too many units out, never too few. No
 // shard lock is held.
-func (c *Cache) unsent(sh *shard, key string, p algo.Params, spent int64, err error) {
+func (c *Cache) unsent(sh *shard, key string, p algo.Params, spent, spentAt int64, err error) {
 	if spent == 0 || !notSent(err) {
 		return
 	}
 	sh.mu.Lock()
-	if e := sh.m[key]; e != nil && e.p == p {
+	if e := sh.m[key]; e != nil && e.p == p && mayRespend(e, spentAt) {
 		e.spent += spent
 	}
 	sh.mu.Unlock()
+}
+
+// mayRespend reports whether units spent from the lease taken at
+// spentAt (store µs) may be reported with e's next op, which reports
+// them as of e's lease: a bucket's always, a window's only while e's
+// lease is that one (reported against a later window's lease, they
+// would take from its units out). The caller holds e's shard lock.
+func mayRespend(e *entry, spentAt int64) bool {
+	return !windowed(e.p.Kind) || e.leaseAt == spentAt
 }
 
 // notSent reports whether a store call's err says that the call was not
@@ -963,7 +972,7 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 		a, _, parked, r2, err := c.takeLease(ctx, key, p, rest, 0, spent, spentAt, c.leaseLife())
 		storeCalls.Inc()
 		if err != nil {
-			c.unsent(sh, key, p, spent, err)
+			c.unsent(sh, key, p, spent, spentAt, err)
 			return admitted, r
 		}
 		admitted, r = admitted+a, r2

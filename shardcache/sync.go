@@ -596,7 +596,7 @@ func (c *Cache) keep(op *algo.Op, ref syncRef) bool {
 		}
 	}
 	switch {
-	case op.Kind == algo.OpRefund && e != nil && op.TakenAt == e.leaseAt && c.o.Clock().UnixNano() < e.leaseUntil:
+	case op.Kind == algo.OpRefund && e != nil && op.TakenAt == e.leaseAt && op.SpentAt == e.leaseAt && c.o.Clock().UnixNano() < e.leaseUntil:
 		e.lease += op.N
 		e.spent += op.Spent
 		c.schedule(ref.sh, e, 0)
@@ -606,7 +606,7 @@ func (c *Cache) keep(op *algo.Op, ref syncRef) bool {
 		c.orphanMu.Lock()
 		c.orphans = append(c.orphans, retry)
 		c.orphanMu.Unlock()
-	case e != nil:
+	case e != nil && mayRespend(e, op.SpentAt):
 		e.spent += op.Spent
 	default:
 		return false
