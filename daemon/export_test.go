@@ -20,3 +20,12 @@ func (d *Daemon) StoreAutoBlock(ab policy.AutoBlock) {
 	defer d.reloadMu.Unlock()
 	d.storeAutoBlocksLocked([]policy.AutoBlock{ab})
 }
+
+// LivePeers returns the live daemons this daemon counted at its last
+// heartbeat (0 without Redis).
+func (d *Daemon) LivePeers() int {
+	if d.fleet == nil {
+		return 0
+	}
+	return d.fleet.Peers()
+}

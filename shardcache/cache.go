@@ -1,6 +1,7 @@
 package shardcache
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -119,8 +120,9 @@ type Cache struct {
 	syncN atomic.Int64 // Syncs started: an entry's rates are smoothed up to e.synced of them
 	half  int64        // half a sync interval, ns: the sync loop's tick and the wheel's slot
 
-	closed  atomic.Bool
-	running atomic.Int64 // runMiss calls in progress
+	closed    atomic.Bool
+	running   atomic.Int64 // runMiss calls in progress
+	slowUntil atomic.Int64 // unix ns: until then, take-with-leases are waited for off the flight (see takeLeaseOrLate)
 }
 
 type shard struct {
@@ -457,10 +459,11 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 			costs[k] = reqs[i+k].cost
 		}
 		sent := c.o.Clock().UnixNano()
-		admitted, leased, parked, r, err := c.takeLease(ctx, key, p, costs, want, spent, spentAt, c.lifeFor(warm))
+		admitted, leased, parked, r, err := c.takeLeaseOrLate(ctx, key, p, costs, want, spent, spentAt, c.lifeFor(warm))
 		storeCalls.Inc()
 		batchSize.Update(float64(len(costs)))
 		if err != nil {
+			c.unsent(sh, key, p, spent, spentAt, err)
 			return err
 		}
 		if admitted < len(costs) && parked > 0 && r.RetryAfter != algo.Never && mayRecall {
@@ -775,6 +778,164 @@ func (c *Cache) takeLease(ctx context.Context, key string, p algo.Params, costs 
 	return o.Admitted, o.Granted, o.Parked, r, nil
 }
 
+// unsent puts back into key's entry in sh the spent units, of the lease
+// taken at spentAt, that a call that failed with err was to report,
+// when err says the call was not sent (a circuit breaker refused it:
+// see notSent); they are reported by the key's next op (see mayRespend). Counted as reported instead, they would stay
+// counted out at the store with no daemon holding them, for the
+// lifetime of the holder's leases of the key (a warm one's: 5 min):
+// quota that every refused check of the key would recall in vain. A
+// call that may have been run (a timeout) counts as having reported
+// them: the store then counts too many units out, never too few. No
+// shard lock is held.
+func (c *Cache) unsent(sh *shard, key string, p algo.Params, spent, spentAt int64, err error) {
+	if spent == 0 || !notSent(err) {
+		return
+	}
+	sh.mu.Lock()
+	if e := sh.m[key]; e != nil && e.p == p && mayRespend(e, spentAt) {
+		e.spent += spent
+	}
+	sh.mu.Unlock()
+}
+
+// mayRespend reports whether units spent from the lease taken at
+// spentAt (store µs) may be reported with e's next op, which reports
+// them as of e's lease: a bucket's always, a window's only while e's
+// lease is that one (reported against a later window's lease, they
+// would take from its units out). The caller holds e's shard lock.
+func mayRespend(e *entry, spentAt int64) bool {
+	return !windowed(e.p.Kind) || e.leaseAt == spentAt
+}
+
+// notSent reports whether a store call's err says that the call was not
+// sent: a refusal of a circuit breaker, which tells when the store may
+// next be tried (breaker.OpenError's NextTry).
+func notSent(err error) bool {
+	var nt interface{ NextTry() time.Time }
+	return errors.As(err, &nt)
+}
+
+// lateWait is how long a take-with-lease whose checks stopped waiting
+// (store.timeout) is still waited for, off the key's flight, so that
+// the units it leased are given back rather than left out (see
+// takeLeaseOrLate): two sync intervals, as long as a sync's own calls
+// wait and as long as an ordinary lease is used. With half an interval,
+// a loaded two-core host running the burst tests under -race still
+// lost a few grants a second (calls answered in up to 80 ms).
+func (c *Cache) lateWait() time.Duration { return max(2*c.o.SyncInterval, c.o.Timeout) }
+
+// slowFor is how long after a slow take-with-lease (see
+// takeLeaseOrLate) the cache waits for such calls off the key's flight.
+const slowFor = 10 * time.Second
+
+// lateCall is a take-with-lease sent by takeLeaseOrLate: its outcome,
+// and who handles it, the run that sent it or, once the run stopped
+// waiting, the call's own goroutine.
+type lateCall struct {
+	state    atomic.Int32 // callRunning, then callAnswered or callAbandoned
+	done     chan struct{}
+	admitted int
+	leased   int64
+	parked   int64
+	r        algo.Result
+	err      error
+}
+
+// The states of a lateCall.
+const (
+	callRunning = iota
+	callAnswered
+	callAbandoned
+)
+
+// takeLeaseOrLate is takeLease for a call that asks for a lease (want
+// above 0), whose answer is not lost when it comes after ctx ends: the
+// checks get ctx's error then, as from takeLease, but the call goes on
+// for up to lateWait, and the units its answer leased go back to the
+// store at once (giveBackLate). A call that timed out has usually been
+// run: without this, its grant was counted out at the store for the
+// lease's lifetime (a warm one's: 5 min) with no daemon holding it, so
+// that the key's bucket or window lacked those units, and each refused
+// check of the key recalled them in vain and waited RecallWait, holding
+// the key's flight while the checks behind it timed out.
+//
+// Waiting off the flight costs a goroutine and its hand-off (about 20
+// µs a miss on a loaded two-core host: BenchmarkTakeMiss), so the cache
+// does so only while the store is slow: for slowFor after a
+// take-with-lease took more than half the timeout or failed. The call
+// that shows the store slow is waited for in line and may still lose
+// its grant.
+func (c *Cache) takeLeaseOrLate(ctx context.Context, key string, p algo.Params, costs []int64, want, spent, spentAt int64, life time.Duration) (admitted int, leased, parked int64, r algo.Result, err error) {
+	if want <= 0 {
+		return c.takeLease(ctx, key, p, costs, want, spent, spentAt, life)
+	}
+	start := time.Now()
+	if start.UnixNano() >= c.slowUntil.Load() {
+		admitted, leased, parked, r, err = c.takeLease(ctx, key, p, costs, want, spent, spentAt, life)
+		if err != nil || time.Since(start) > c.o.Timeout/2 {
+			c.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
+		}
+		return admitted, leased, parked, r, err
+	}
+	lc := &lateCall{done: make(chan struct{})}
+	c.running.Add(1) // Close waits for the units to go back
+	go func() {
+		defer c.running.Add(-1)
+		lctx, cancel := context.WithTimeout(context.Background(), c.lateWait())
+		defer cancel()
+		lc.admitted, lc.leased, lc.parked, lc.r, lc.err = c.takeLease(lctx, key, p, costs, want, spent, spentAt, life)
+		if lc.err != nil || time.Since(start) > c.o.Timeout/2 {
+			c.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
+		}
+		if lc.state.CompareAndSwap(callRunning, callAnswered) {
+			close(lc.done)
+			return
+		}
+		c.giveBackLate(key, p, lc)
+	}()
+	select {
+	case <-lc.done:
+	case <-ctx.Done():
+		if lc.state.CompareAndSwap(callRunning, callAbandoned) {
+			return 0, 0, 0, algo.Result{}, fmt.Errorf("takelease: %w", ctx.Err())
+		}
+		<-lc.done // answered as ctx ended
+	}
+	return lc.admitted, lc.leased, lc.parked, lc.r, lc.err
+}
+
+// giveBackLate returns the units leased by lc, a take-with-lease that
+// answered after its checks stopped waiting (their answers came from
+// the rule's fail mode), in one call of its own. The checks it admitted
+// stay counted (they may have been admitted locally meanwhile).
+func (c *Cache) giveBackLate(key string, p algo.Params, lc *lateCall) {
+	lateAnswers.Inc()
+	if lc.err != nil || lc.leased <= 0 {
+		return
+	}
+	leasesGranted.Add(int(lc.leased))
+	ops := []algo.Op{{Kind: algo.OpRefund, Key: []byte(key), Params: p, N: lc.leased, TakenAt: lc.r.At}}
+	if c.o.Holder != "" {
+		ops[0].Holder, ops[0].LeaseLife = c.o.Holder, c.leaseLife()
+	}
+	if err := cmp.Or(c.b.Sync(context.Background(), ops), ops[0].Err); err != nil {
+		syncErrors.Inc()
+		if notSent(err) {
+			// Sent by the next sync (see Cache.keep).
+			ops[0].Err = nil
+			c.orphanMu.Lock()
+			c.orphans = append(c.orphans, ops[0])
+			c.orphanMu.Unlock()
+			return
+		}
+		leasesLost.Add(int(lc.leased))
+		return
+	}
+	leasesReturn.Add(int(lc.leased))
+	lateReturned.Add(int(lc.leased))
+}
+
 // recallPoll is the first wait of a refused take for recalled units;
 // each next wait doubles, up to maxRecallPoll.
 const (
@@ -811,6 +972,7 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 		a, _, parked, r2, err := c.takeLease(ctx, key, p, rest, 0, spent, spentAt, c.leaseLife())
 		storeCalls.Inc()
 		if err != nil {
+			c.unsent(sh, key, p, spent, spentAt, err)
 			return admitted, r
 		}
 		admitted, r = admitted+a, r2

@@ -17,6 +17,11 @@ var (
 	leasesReturn  = metrics.NewCounter(`rld_cache_lease_units_total{event="returned"}`)
 	leasesLost    = metrics.NewCounter(`rld_cache_lease_units_total{event="lost"}`)
 	evictions     = metrics.NewCounter(`rld_cache_evictions_total`)
+	// Late answers: take-with-leases answered after their checks
+	// stopped waiting (store.timeout), and the units they leased, given
+	// back at once (see takeLeaseOrLate).
+	lateAnswers  = metrics.NewCounter(`rld_cache_late_answers_total`)
+	lateReturned = metrics.NewCounter(`rld_cache_late_units_returned_total`)
 	// Recalls: sent when a take is refused while other daemons hold
 	// parked units of its key (admitted: the take then got them);
 	// received from other daemons (returned: with units to give back).

@@ -2,6 +2,7 @@ package shardcache
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -539,6 +540,9 @@ const minSyncRate = 4
 func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 	if op.Err != nil {
 		syncErrors.Inc()
+		if notSent(op.Err) && c.keep(op, ref) {
+			return
+		}
 		if op.Kind == algo.OpRefund {
 			// The units may or may not be back: counted as lost, never
 			// as admitted.
@@ -572,6 +576,42 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 		c.schedule(ref.sh, e, c.tick(e.leaseUntil-3*int64(c.o.SyncInterval)))
 	}
 	c.learn(e, op.Result, sent)
+}
+
+// keep takes back what op, of ref, did not send (a circuit breaker
+// refused it), so that a later op sends it: a return's units go back
+// into the entry's lease while it is the lease they came from and has
+// not lapsed, with the spent units the op was to report; otherwise the
+// return is queued as an orphan, sent again at the next sync. Another
+// op's spent units go back into the entry. It reports whether op's
+// units were kept. Dropped, they would stay counted out at the store
+// with no daemon holding them (see Cache.unsent).
+func (c *Cache) keep(op *algo.Op, ref syncRef) bool {
+	var e *entry
+	if ref.sh != nil {
+		ref.sh.mu.Lock()
+		defer ref.sh.mu.Unlock()
+		if e = ref.sh.m[ref.key]; e != ref.e || e.p != op.Params {
+			e = nil
+		}
+	}
+	switch {
+	case op.Kind == algo.OpRefund && e != nil && op.TakenAt == e.leaseAt && op.SpentAt == e.leaseAt && c.o.Clock().UnixNano() < e.leaseUntil:
+		e.lease += op.N
+		e.spent += op.Spent
+		c.schedule(ref.sh, e, 0)
+	case op.Kind == algo.OpRefund:
+		retry := *op
+		retry.Key, retry.Err = bytes.Clone(op.Key), nil
+		c.orphanMu.Lock()
+		c.orphans = append(c.orphans, retry)
+		c.orphanMu.Unlock()
+	case e != nil && mayRespend(e, op.SpentAt):
+		e.spent += op.Spent
+	default:
+		return false
+	}
+	return true
 }
 
 // returnable reports whether e's lease should go back now: the key saw
@@ -689,9 +729,17 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 	go func() {
 		defer c.running.Add(-1)
 		ops := []algo.Op{op}
-		err := c.b.Sync(context.Background(), ops)
+		err := cmp.Or(c.b.Sync(context.Background(), ops), ops[0].Err)
 		switch {
-		case err != nil || ops[0].Err != nil:
+		case err != nil && notSent(err) && op.Kind == algo.OpRefund:
+			// Sent again by the next sync, as an orphan's return: its
+			// entry has let it go.
+			syncErrors.Inc()
+			ops[0].Err = nil
+			c.orphanMu.Lock()
+			c.orphans = append(c.orphans, ops[0])
+			c.orphanMu.Unlock()
+		case err != nil:
 			syncErrors.Inc()
 			if op.Kind == algo.OpRefund {
 				leasesLost.Add(int(op.N))
