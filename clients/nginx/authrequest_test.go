@@ -3,10 +3,6 @@
 package nginx_test
 
 import (
-	"bufio"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -151,25 +147,6 @@ func TestAuthRequest(t *testing.T) {
 	assert.Equal(t, 429, get(t, n.URL+"/limited", "X-API-Key", "k3").Status)
 }
 
-// rawFrom sends the raw request req (request line and header fields,
-// without the final empty line) to addr from the loopback address src and
-// returns the answer.
-func rawFrom(t *testing.T, src, addr, req string) nginxtest.Reply {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-	c, err := d.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
-	_, err = io.WriteString(c, req+"\r\nConnection: close\r\n\r\n")
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err, "answer to %.80q", req)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return nginxtest.Reply{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}
-}
-
 // abuse: an address refused by a per-IP rule (127.0.0.2, an untrusted
 // peer) stays refused whatever it adds to the request: long API keys (the
 // 100 KB one nginx itself refuses, never 2xx), doubled slashes, dot
@@ -180,7 +157,7 @@ func rawFrom(t *testing.T, src, addr, req string) nginxtest.Reply {
 func abuse(t *testing.T, n *nginxtest.Nginx) {
 	const abuser = "127.0.0.2"
 	for i := 1; i <= 3; i++ {
-		r := rawFrom(t, abuser, n.Addr, "GET /free HTTP/1.1\r\nHost: h")
+		r := nginxtest.RawFrom(t, abuser, n.Addr, "GET /free HTTP/1.1\r\nHost: h")
 		require.Equal(t, 200, r.Status, "request %d: %s\n%s", i, r.Body, n.ErrorLog())
 		assert.Equal(t, "3", r.Header.Get("X-RateLimit-Limit"))
 	}
@@ -200,7 +177,7 @@ func abuse(t *testing.T, n *nginxtest.Nginx) {
 		{"other host", "GET /free HTTP/1.1\r\nHost: other.test"},
 		{"a key", "GET /free HTTP/1.1\r\nHost: h\r\nX-API-Key: fresh"},
 	} {
-		r := rawFrom(t, abuser, n.Addr, c.req)
+		r := nginxtest.RawFrom(t, abuser, n.Addr, c.req)
 		assert.True(t, r.Status >= 400 && r.Status < 500, "%s: %d %s", c.name, r.Status, r.Body)
 		if r.Status == 429 {
 			assert.Contains(t, r.Header.Get("RateLimit"), `"perip"`, c.name)
@@ -209,12 +186,12 @@ func abuse(t *testing.T, n *nginxtest.Nginx) {
 		}
 	}
 	for _, src := range []string{"127.0.0.3", "127.0.0.4", "127.0.0.3", "127.0.0.4"} {
-		r := rawFrom(t, src, n.Addr, "GET /keyed HTTP/1.1\r\nHost: h")
+		r := nginxtest.RawFrom(t, src, n.Addr, "GET /keyed HTTP/1.1\r\nHost: h")
 		assert.Equal(t, 200, r.Status, "keyless from %s", src)
 		assert.Empty(t, r.Header.Get("RateLimit"), "no rule applies to a keyless request of /keyed")
 	}
-	r := rawFrom(t, "127.0.0.3", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1")
+	r := nginxtest.RawFrom(t, "127.0.0.3", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1")
 	assert.Equal(t, 200, r.Status)
 	assert.Contains(t, r.Header.Get("RateLimit"), `"keyed"`)
-	assert.Equal(t, 429, rawFrom(t, "127.0.0.4", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1").Status)
+	assert.Equal(t, 429, nginxtest.RawFrom(t, "127.0.0.4", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1").Status)
 }

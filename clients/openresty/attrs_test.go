@@ -1,7 +1,6 @@
 package openresty_test
 
 import (
-	"bufio"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"crypto/x509"
@@ -10,9 +9,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -47,25 +43,6 @@ func token(t *testing.T, key ed25519.PrivateKey, sub string, exp time.Time) stri
 	require.NoError(t, err)
 	signing := enc.EncodeToString([]byte(`{"alg":"EdDSA","typ":"JWT"}`)) + "." + enc.EncodeToString(claims)
 	return signing + "." + enc.EncodeToString(ed25519.Sign(key, []byte(signing)))
-}
-
-// rawFrom sends the raw request req (request line and header fields,
-// without the final empty line) to addr from the loopback address src,
-// as a client at src would, and returns the answer.
-func rawFrom(t *testing.T, src, addr, req string) nginxtest.Reply {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
-	c, err := d.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
-	_, err = io.WriteString(c, req+"\r\nConnection: close\r\n\r\n")
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	require.NoError(t, err, "answer to %.80q", req)
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return nginxtest.Reply{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}
 }
 
 // TestAttributes: rld.attributes is what nginx saw, raw: the peer, the
@@ -149,7 +126,7 @@ func TestAttributes(t *testing.T) {
 			[]string{":peer=127.0.0.1", ":method=POST", ":host=h", ":target=/a", "user=u1"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := rawFrom(t, c.src, n.Addr, c.req)
+			r := nginxtest.RawFrom(t, c.src, n.Addr, c.req)
 			require.Equal(t, 200, r.Status, "%s\n%s", r.Body, n.ErrorLog())
 			assert.Equal(t, strings.Join(c.want, "\n")+"\n", r.Body)
 		})
@@ -195,7 +172,7 @@ func TestLuaAbuse(t *testing.T) {
 	_, n := startLua(t, "")
 	const abuser = "127.0.0.2"
 	for i := 1; i <= 3; i++ {
-		r := rawFrom(t, abuser, n.Addr, "GET /free HTTP/1.1\r\nHost: h")
+		r := nginxtest.RawFrom(t, abuser, n.Addr, "GET /free HTTP/1.1\r\nHost: h")
 		require.Equal(t, 200, r.Status, "request %d: %s\n%s", i, r.Body, n.ErrorLog())
 		assert.Equal(t, "3", r.Header.Get("X-RateLimit-Limit"))
 	}
@@ -220,7 +197,7 @@ func TestLuaAbuse(t *testing.T) {
 		{"other host", "GET /free HTTP/1.1\r\nHost: other.test"},
 		{"a key", "GET /free HTTP/1.1\r\nHost: h\r\nX-API-Key: fresh"},
 	} {
-		r := rawFrom(t, abuser, n.Addr, c.req)
+		r := nginxtest.RawFrom(t, abuser, n.Addr, c.req)
 		assert.True(t, r.Status >= 400 && r.Status < 500, "%s: %d %s", c.name, r.Status, r.Body)
 		if r.Status == 429 {
 			assert.Contains(t, r.Header.Get("RateLimit"), `"perip"`, c.name)
@@ -232,12 +209,12 @@ func TestLuaAbuse(t *testing.T) {
 
 	// Keyless: no shared empty-key bucket; the keyed rule does not apply.
 	for _, src := range []string{"127.0.0.3", "127.0.0.4", "127.0.0.3", "127.0.0.4"} {
-		r := rawFrom(t, src, n.Addr, "GET /keyed HTTP/1.1\r\nHost: h")
+		r := nginxtest.RawFrom(t, src, n.Addr, "GET /keyed HTTP/1.1\r\nHost: h")
 		assert.Equal(t, 200, r.Status, "keyless from %s", src)
 		assert.Empty(t, r.Header.Get("RateLimit"), "no rule applies to a keyless request of /keyed")
 	}
-	r := rawFrom(t, "127.0.0.3", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1")
+	r := nginxtest.RawFrom(t, "127.0.0.3", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1")
 	assert.Equal(t, 200, r.Status)
 	assert.Contains(t, r.Header.Get("RateLimit"), `"keyed"`)
-	assert.Equal(t, 429, rawFrom(t, "127.0.0.4", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1").Status)
+	assert.Equal(t, 429, nginxtest.RawFrom(t, "127.0.0.4", n.Addr, "GET /keyed HTTP/1.1\r\nHost: h\r\nX-API-Key: k1").Status)
 }

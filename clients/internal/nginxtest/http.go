@@ -1,7 +1,9 @@
 package nginxtest
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -90,4 +92,23 @@ func KillUnderLoad(t *testing.T, url, wantBody string, every int64, progress tim
 	stop.Store(true)
 	wg.Wait()
 	assert.Zero(t, bad.Load(), "of %d requests; first: %v", total.Load(), firstBad.Load())
+}
+
+// RawFrom sends the raw request req (request line and header fields,
+// without the final empty line) to addr from the loopback address src,
+// as a client at src would, and returns the answer.
+func RawFrom(t testing.TB, src, addr, req string) Reply {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.WriteString(c, req+"\r\nConnection: close\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err, "answer to %.80q", req)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return Reply{Status: resp.StatusCode, Header: resp.Header, Body: string(b)}
 }
