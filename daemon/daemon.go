@@ -20,6 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/rld/rld/buildinfo"
+	"github.com/rld/rld/changestore"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/derive"
 	"github.com/rld/rld/memstore"
@@ -71,10 +72,10 @@ type Daemon struct {
 	// last, "" when the last reload did not fail: the poll does not try
 	// it again, and a file back at the content in force clears it.
 	failedConfig string
-	configPolls  atomic.Int64 // the config file's polls so far (tests wait on it)
-	chStore      changeStore  // the overrides and blocks (changes.go)
-	autoBl       autoBlocks   // the automatic blocks' queue (penalty.go)
-	compiles     atomic.Int64 // policies compiled for a change of the overrides and blocks
+	configPolls  atomic.Int64      // the config file's polls so far (tests wait on it)
+	chStore      changestore.Store // the overrides and blocks (changes.go)
+	autoBl       autoBlocks        // the automatic blocks' queue (penalty.go)
+	compiles     atomic.Int64      // policies compiled for a change of the overrides and blocks
 
 	draining atomic.Bool
 	ready    chan struct{}

@@ -109,12 +109,12 @@ func (d *Daemon) storeAutoBlocksLocked(batch []policy.AutoBlock) {
 			ID: autoBlockID(ab), Rule: ab.Rule, Key: ab.Key, Reason: ab.Reason,
 			Author: autoBlockAuthor, Created: time.Now(), Expires: time.Now().Add(ab.For),
 		}
-		now := time.Now().Add(d.chStore.skew())
+		now := time.Now().Add(d.chStore.Skew())
 		v := b
 		v.Expires = now.Add(ab.For)
 		err := d.policy.Load().ValidateBlock(&v, now)
 		if err == nil {
-			err = d.chStore.addBlock(ctx, &b, ab.For)
+			err = d.chStore.AddBlock(ctx, &b, ab.For)
 		}
 		if err != nil {
 			d.log.Warn("cannot store an automatic block", slog.String("rule", ab.Rule),

@@ -1,4 +1,4 @@
-package daemon
+package changestore
 
 import (
 	"cmp"
@@ -19,7 +19,7 @@ import (
 	"github.com/rld/rld/redisx"
 )
 
-// redisChanges keeps a fleet's changes in Redis (redisx.Changes): each
+// Redis keeps a fleet's changes in Redis (redisx.Changes): each
 // daemon writes the changes it receives there, and applies every change
 // on the announcement, or at the next poll of the version when it missed
 // it. Expiries are in Redis TIME; skew is this daemon's offset to it.
@@ -31,7 +31,7 @@ import (
 // the version lower (a failover to a replica that missed the last
 // writes) writes that set back (restore) before it applies anything, so
 // that the changes in force, blocks first, never lapse.
-type redisChanges struct {
+type Redis struct {
 	rc      *redisx.Changes
 	log     *slog.Logger
 	skewNs  atomic.Int64
@@ -58,7 +58,7 @@ var (
 )
 
 // A change whose call times out or does not reach Redis is sent again
-// until its context ends (an admin op has changeTimeout), waiting putRetry, then
+// until its context ends (the daemon bounds an admin op), waiting putRetry, then
 // twice as long each time up to putRetryMax: a Cluster failover takes a
 // few seconds to reach every client's topology.
 const (
@@ -66,12 +66,14 @@ const (
 	putRetryMax = time.Second
 )
 
-// loadRetry is how soon a load of the changes that failed is tried
+// LoadRetry is how soon a load of the changes that failed is tried
 // again.
-const loadRetry = 250 * time.Millisecond
+const LoadRetry = 250 * time.Millisecond
 
-func newRedisChanges(c *redisx.Client, log *slog.Logger) *redisChanges {
-	s := &redisChanges{rc: redisx.NewChanges(c), log: log}
+// NewRedis returns the store of the changes of the fleet on c; log gets
+// its restores and the failures of Watch.
+func NewRedis(c *redisx.Client, log *slog.Logger) *Redis {
+	s := &Redis{rc: redisx.NewChanges(c), log: log}
 	s.version.Store(-1)
 	return s
 }
@@ -82,11 +84,15 @@ type redisEntry struct {
 	B *policy.Block    `json:"b,omitempty"`
 }
 
-func (s *redisChanges) skew() time.Duration { return time.Duration(s.skewNs.Load()) }
+// Skew implements Store: Redis TIME minus the local clock, as of the
+// last call.
+func (s *Redis) Skew() time.Duration { return time.Duration(s.skewNs.Load()) }
 
-func (s *redisChanges) stamp(st redisx.Stamp) { s.skewNs.Store(int64(st.Skew())) }
+func (s *Redis) stamp(st redisx.Stamp) { s.skewNs.Store(int64(st.Skew())) }
 
-func (s *redisChanges) load(ctx context.Context) (*policy.Changes, error) {
+// Load implements Store. When Redis has lost changes of the set
+// loaded before, it writes that set back first (see Redis).
+func (s *Redis) Load(ctx context.Context) (*policy.Changes, error) {
 	entries, tombs, st, err := s.rc.Load(ctx)
 	if err == nil && s.forgot(st) {
 		// Not applied: what Redis has lost stays in force here until
@@ -135,7 +141,7 @@ func (s *redisChanges) load(ctx context.Context) (*policy.Changes, error) {
 // forgot reports whether Redis, at st, has lost changes of the set in
 // force: its epoch is not the set's (gone, or new), or its version is
 // below the set's.
-func (s *redisChanges) forgot(st redisx.Stamp) bool {
+func (s *Redis) forgot(st redisx.Stamp) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.epoch == "" {
@@ -146,7 +152,7 @@ func (s *redisChanges) forgot(st redisx.Stamp) bool {
 
 // restore writes the set in force back to Redis, which at st has lost
 // changes of it, and logs and counts what it did.
-func (s *redisChanges) restore(ctx context.Context, st redisx.Stamp) error {
+func (s *Redis) restore(ctx context.Context, st redisx.Stamp) error {
 	s.mu.Lock()
 	entries, tombs, epoch := s.entries, s.tombs, s.epoch
 	s.mu.Unlock()
@@ -187,7 +193,7 @@ func countKinds(entries map[string]redisx.ChangeEntry) (overrides, blocks int) {
 	return overrides, blocks
 }
 
-func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires *time.Time, ttl time.Duration) error {
+func (s *Redis) put(ctx context.Context, id string, e redisEntry, expires *time.Time, ttl time.Duration) error {
 	v, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("cannot encode the change: %w", err)
@@ -231,15 +237,20 @@ func (s *redisChanges) put(ctx context.Context, id string, e redisEntry, expires
 	return nil
 }
 
-func (s *redisChanges) addOverride(ctx context.Context, o *policy.Override, ttl time.Duration) error {
+// AddOverride implements Store; a call that times out or does not
+// reach Redis is sent again until ctx ends.
+func (s *Redis) AddOverride(ctx context.Context, o *policy.Override, ttl time.Duration) error {
 	return s.put(ctx, o.ID, redisEntry{O: o}, &o.Expires, ttl)
 }
 
-func (s *redisChanges) addBlock(ctx context.Context, b *policy.Block, ttl time.Duration) error {
+// AddBlock implements Store as AddOverride.
+func (s *Redis) AddBlock(ctx context.Context, b *policy.Block, ttl time.Duration) error {
 	return s.put(ctx, b.ID, redisEntry{B: b}, &b.Expires, ttl)
 }
 
-func (s *redisChanges) remove(ctx context.Context, override bool, id string) (bool, error) {
+// Remove implements Store: an id without the prefix of its kind
+// ("o-", "b-") names nothing.
+func (s *Redis) Remove(ctx context.Context, override bool, id string) (bool, error) {
 	if prefix := map[bool]string{true: "o-", false: "b-"}[override]; !strings.HasPrefix(id, prefix) {
 		return false, nil
 	}
@@ -253,22 +264,19 @@ func (s *redisChanges) remove(ctx context.Context, override bool, id string) (bo
 
 // current reports whether st is the version and epoch of the set in
 // force.
-func (s *redisChanges) current(st redisx.Stamp) bool {
+func (s *Redis) current(st redisx.Stamp) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return st.Version == s.version.Load() && st.Epoch == s.epoch
 }
 
-// watchChanges applies the fleet's changes until ctx is done: at each
-// announcement on the pub/sub channel, at each (re)subscription (a
-// message may have been missed), and when a poll of the version every
-// interval finds it moved (the subscription may be lost without anyone
-// knowing). Without Redis it does nothing.
-func (d *Daemon) watchChanges(ctx context.Context, interval time.Duration) {
-	rs, ok := d.chStore.(*redisChanges)
-	if !ok {
-		return
-	}
+// Watch calls apply, which loads the changes from s and installs them,
+// until ctx is done: at each announcement on the pub/sub channel, at
+// each (re)subscription (a message may have been missed), and when a
+// poll of the version every interval finds it moved (the subscription
+// may be lost without anyone knowing). A failed apply is logged and
+// tried again after LoadRetry.
+func (s *Redis) Watch(ctx context.Context, interval time.Duration, apply func(ctx context.Context) error) {
 	kick := make(chan *metrics.Counter, 1)
 	signal := func(via *metrics.Counter) {
 		select {
@@ -277,20 +285,20 @@ func (d *Daemon) watchChanges(ctx context.Context, interval time.Duration) {
 		}
 	}
 	go redisx.Resubscribe(ctx, func(subscribed func()) error {
-		return rs.rc.Subscribe(ctx, subscribed, func(v int64) {
-			if v != rs.version.Load() {
+		return s.rc.Subscribe(ctx, subscribed, func(v int64) {
+			if v != s.version.Load() {
 				signal(changesLoadsAnnounced)
 			}
 		})
 	}, func(again bool) {
 		if again {
-			d.log.Info("changes: subscribed to the announcements again", slog.String("channel", rs.rc.Key()))
+			s.log.Info("changes: subscribed to the announcements again", slog.String("channel", s.rc.Key()))
 		}
 		signal(changesLoadsAnnounced)
 	}, func(err error, first bool) {
 		if first {
-			d.log.Warn("changes: no subscription to the announcements; the poll of the version applies changes meanwhile",
-				slog.String("channel", rs.rc.Key()), slog.Duration("poll", interval), slog.Any("error", err))
+			s.log.Warn("changes: no subscription to the announcements; the poll of the version applies changes meanwhile",
+				slog.String("channel", s.rc.Key()), slog.Duration("poll", interval), slog.Any("error", err))
 		}
 	})
 	t := time.NewTicker(interval)
@@ -302,26 +310,23 @@ func (d *Daemon) watchChanges(ctx context.Context, interval time.Duration) {
 			return
 		case via = <-kick:
 		case <-t.C:
-			st, err := rs.rc.Version(ctx)
-			if err != nil || rs.current(st) {
+			st, err := s.rc.Version(ctx)
+			if err != nil || s.current(st) {
 				if err == nil {
-					rs.stamp(st)
+					s.stamp(st)
 				}
 				continue
 			}
 			via = changesLoadsPolled
 		}
-		d.reloadMu.Lock()
-		err := d.reloadChangesLocked(ctx)
-		d.reloadMu.Unlock()
-		if err != nil {
+		if err := apply(ctx); err != nil {
 			if !errors.Is(err, context.Canceled) {
-				d.log.Warn("changes: cannot apply the fleet's changes; keeping those in force, trying again soon", slog.Any("error", err))
+				s.log.Warn("changes: cannot apply the fleet's changes; keeping those in force, trying again soon", slog.Any("error", err))
 			}
 			// Again soon, not at the next poll only: Redis may be
 			// back in a moment (the announcement that failed is not
 			// sent again).
-			time.AfterFunc(loadRetry, func() { signal(via) })
+			time.AfterFunc(LoadRetry, func() { signal(via) })
 			continue
 		}
 		via.Inc()
