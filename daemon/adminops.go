@@ -18,6 +18,7 @@ import (
 
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/decisions"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
@@ -27,7 +28,7 @@ import (
 // the decision observer, and the admin API's faces.
 type opsState struct {
 	loaded    atomic.Pointer[loadedConfig]
-	obs       *observer
+	obs       *decisions.Observer
 	admin     *admin.Server
 	token     [sha256.Size]byte // SHA-256 of the write role's token (admin.token_file)
 	readToken [sha256.Size]byte // SHA-256 of the read role's token (admin.read_token_file)
@@ -45,27 +46,27 @@ func (d *Daemon) initOps(cfg *config.Config, data []byte) error {
 	if d.fleet != nil {
 		id = d.fleet.id
 	}
-	obs, err := newObserver(cfg.Log, id)
+	obs, err := decisions.New(cfg.Log, id)
 	if err != nil {
 		return err
 	}
 	d.ops.obs = obs
 	tok, err := cfg.Admin.Token()
 	if err != nil {
-		obs.close()
+		obs.Close()
 		return err
 	}
 	if tok != "" {
 		d.ops.token, d.ops.hasTok = sha256.Sum256([]byte(tok)), true
 	}
 	if tok, err = cfg.Admin.ReadToken(); err != nil {
-		obs.close()
+		obs.Close()
 		return err
 	}
 	if tok != "" {
 		d.ops.readToken, d.ops.hasRead = sha256.Sum256([]byte(tok)), true
 	}
-	d.ops.admin = &admin.Server{Service: adminService{d}, Log: d.log, Changed: obs.writeAdmin}
+	d.ops.admin = &admin.Server{Service: adminService{d}, Log: d.log, Changed: obs.WriteAdmin}
 	if u := unmappedUIDs(append(slices.Clone(cfg.Admin.SocketUIDs), cfg.Admin.ReadSocketUIDs...)); len(u) > 0 {
 		d.log.Warn("admin.socket_uids or admin.read_socket_uids names uids that this process's user namespace does not map: their admin frames arrive as uid 65534 and are refused (under systemd, set PrivateUsers=no in a drop-in)",
 			slog.Any("uids", u))
@@ -149,7 +150,7 @@ func explainRule(m *policy.Match) admin.RuleMatch {
 
 // Top implements admin.Service.
 func (s adminService) Top(ctx context.Context, a admin.TopArgs) (admin.TopResult, error) {
-	return s.fleetTop(ctx, a)
+	return s.d.ops.obs.FleetTop(ctx, s.d.policy.Load(), s.d.tops, syncTimeout, a, s.d.log)
 }
 
 // Config implements admin.Service.

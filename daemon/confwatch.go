@@ -54,7 +54,7 @@ func (d *Daemon) setLoaded(data []byte) {
 	configLoadedAt.Set(float64(lc.at.UnixMilli()) / 1000)
 	lastReloadOK.Set(1)
 	if d.ops.obs != nil {
-		d.ops.obs.writeConfig(lc.hash, lc.path, len(d.cfg().Rules))
+		d.ops.obs.WriteConfig(lc.hash, lc.path, len(d.cfg().Rules))
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rld/rld/decisions"
 	"github.com/rld/rld/derive"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
@@ -85,8 +86,8 @@ type frameState struct {
 	res      wire.Response
 	dec      policy.Decision
 	sc       policy.Scratch
-	obs      *observer
-	os       obsScratch
+	obs      *decisions.Observer
+	os       decisions.Scratch
 	out      []byte // a handed-off frame's answer
 
 	// A frame handed to a worker: a copy of it (its request's fields
@@ -98,7 +99,7 @@ type frameState struct {
 	now   time.Time
 }
 
-func newFrameState(obs *observer) frameState {
+func newFrameState(obs *decisions.Observer) frameState {
 	return frameState{
 		req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)},
 		sc:  policy.Scratch{Batch: true}, // counted when the answers are written
@@ -538,7 +539,7 @@ func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.T
 // out; the decision of a check or an acquire is observed first.
 func (fs *frameState) respond(p *policy.Policy, now time.Time, out []byte) []byte {
 	if fs.req.Op == wire.OpCheck || fs.req.Op == wire.OpAcquire {
-		fs.obs.observe(p, &fs.dec, fs.descs, now, &fs.os)
+		fs.obs.Observe(p, &fs.dec, fs.descs, now, &fs.os)
 	}
 	res := &fs.res
 	fillResponse(res, &fs.dec)

@@ -477,7 +477,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.fleet != nil {
 		d.fleet.start(d.log)
 		go d.watchChanges(sweepCtx, time.Duration(d.cfg().Store.ChangesPoll))
-		go d.publishTops(sweepCtx, d.tops)
+		go d.ops.obs.Publish(sweepCtx, d.tops, syncTimeout, d.log)
 		if d.redisSilent {
 			go d.checkServerModeLater(sweepCtx)
 		}
@@ -623,6 +623,6 @@ func (d *Daemon) shutdown(acceptDone <-chan struct{}) {
 		// Every answer is out: give the leases back for the others.
 		d.fleet.close(d.log)
 	}
-	d.ops.obs.close()
+	d.ops.obs.Close()
 	d.log.Info("stopped")
 }

@@ -1,6 +1,9 @@
 package daemon
 
-import "github.com/rld/rld/policy"
+import (
+	"github.com/rld/rld/decisions"
+	"github.com/rld/rld/policy"
+)
 
 // AnswerOf exposes answerOf to the external tests.
 var AnswerOf = answerOf
@@ -12,7 +15,7 @@ var FillResponse = fillResponse
 func (d *Daemon) ConfigPolls() int64 { return d.configPolls.Load() }
 
 // DecisionLogLines returns rld_decision_log_lines_total of kind.
-func DecisionLogLines(kind string) uint64 { return decisionLines[kind].Get() }
+func DecisionLogLines(kind string) uint64 { return decisions.LinesWritten(kind) }
 
 // StoreAutoBlock stores ab as the automatic blocks' goroutine does.
 func (d *Daemon) StoreAutoBlock(ab policy.AutoBlock) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rld/rld/breaker"
 	"github.com/rld/rld/buildinfo"
+	"github.com/rld/rld/decisions"
 	"github.com/rld/rld/derive"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
@@ -27,7 +28,7 @@ type httpScratch struct {
 	fields []header.Field
 	vals   []byte
 	body   []byte
-	os     obsScratch
+	os     decisions.Scratch
 	lease  []byte // an acquire's lease, for its answer
 }
 
@@ -243,7 +244,7 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		descs = r.Descs
 		if r.Oversize {
 			dec = oversizeDecision
-			d.ops.obs.observe(p, &dec, descs, now, &s.os)
+			d.ops.obs.Observe(p, &dec, descs, now, &s.os)
 			d.writeAnswer(ctx, s, now, &dec)
 			return
 		}
@@ -259,7 +260,7 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		dec = p.Check(context.Background(), now, descs, cost, peek, &s.sc)
 	}
 	if !peek {
-		d.ops.obs.observe(p, &dec, descs, now, &s.os)
+		d.ops.obs.Observe(p, &dec, descs, now, &s.os)
 	}
 	d.writeAnswer(ctx, s, now, &dec)
 	httpCheckDuration.UpdateDuration(now)

@@ -25,7 +25,7 @@ func BenchmarkProcessDenied(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer d.ops.obs.close()
+	defer d.ops.obs.Close()
 	cn := d.newConn(nil)
 	var batch []byte
 	for i := range 64 {

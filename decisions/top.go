@@ -1,4 +1,4 @@
-package daemon
+package decisions
 
 import (
 	"cmp"
@@ -32,7 +32,7 @@ type topReport struct {
 
 // report returns the observer's denials of each rule that denied, at
 // most n keys each.
-func (o *observer) report(n int) topReport {
+func (o *Observer) report(n int) topReport {
 	tops := *o.tops.Load()
 	r := topReport{Rules: make([]admin.RuleTop, 0, len(tops))}
 	for name, s := range tops {
@@ -46,23 +46,23 @@ func (o *observer) report(n int) topReport {
 	return r
 }
 
-// publishTops publishes this daemon's report every topEvery until ctx is
-// done; a failure is counted, logged once per run of failures, and the
-// next tick tries again.
-func (d *Daemon) publishTops(ctx context.Context, tops *redisx.Tops) {
+// Publish publishes o's report to tops every topEvery until ctx is done,
+// each call bounded by timeout; a failure is counted, logged to log once
+// per run of failures, and the next tick tries again.
+func (o *Observer) Publish(ctx context.Context, tops *redisx.Tops, timeout time.Duration, log *slog.Logger) {
 	t := time.NewTicker(topEvery)
 	defer t.Stop()
 	failing := false
 	for {
-		b, _ := json.Marshal(d.ops.obs.report(TopKeys))
-		pctx, cancel := context.WithTimeout(ctx, syncTimeout)
-		err := tops.Publish(pctx, d.ops.obs.id, string(b), topTTL)
+		b, _ := json.Marshal(o.report(TopKeys))
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		err := tops.Publish(pctx, o.id, string(b), topTTL)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
 			topPublishErrors.Inc()
 			if !failing {
-				d.log.Warn("top: cannot publish this daemon's denials; the fleet's top lacks them meanwhile", slog.Any("error", err))
+				log.Warn("top: cannot publish this daemon's denials; the fleet's top lacks them meanwhile", slog.Any("error", err))
 			}
 			failing = true
 		case err == nil:
@@ -76,29 +76,29 @@ func (d *Daemon) publishTops(ctx context.Context, tops *redisx.Tops) {
 	}
 }
 
-// fleetTop answers top for the fleet: this daemon's denials now, merged
-// with the reports the others published. Without Redis, or when asked,
-// it is this daemon's alone; when Redis fails, too, with a warning.
-func (s adminService) fleetTop(ctx context.Context, a admin.TopArgs) (admin.TopResult, error) {
-	d := s.d
-	p := d.policy.Load()
-	self := admin.DaemonSeen{Daemon: d.ops.obs.id, Self: true}
-	if a.Local || d.tops == nil {
-		res, err := d.ops.obs.top(p, a)
+// FleetTop answers top for the fleet: o's denials now, merged with the
+// reports the others published to tops, read within timeout. Without
+// Redis (tops nil), or when asked, it is o's alone; when Redis fails,
+// too, with a warning. log gets the reports that cannot be read.
+func (o *Observer) FleetTop(ctx context.Context, p *policy.Policy, tops *redisx.Tops, timeout time.Duration,
+	a admin.TopArgs, log *slog.Logger) (admin.TopResult, error) {
+	self := admin.DaemonSeen{Daemon: o.id, Self: true}
+	if a.Local || tops == nil {
+		res, err := o.Top(p, a)
 		res.Daemons = []admin.DaemonSeen{self}
 		return res, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, syncTimeout)
-	reps, err := d.tops.Reports(rctx, topTTL)
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	reps, err := tops.Reports(rctx, topTTL)
 	cancel()
 	if err != nil {
-		res, terr := d.ops.obs.top(p, a)
+		res, terr := o.Top(p, a)
 		res.Daemons = []admin.DaemonSeen{self}
 		res.Warning = "this daemon's denials only: cannot read the fleet's from redis: " + err.Error()
 		return res, terr
 	}
 	m := newTopMerge()
-	m.add(self.Daemon, d.ops.obs.report(TopKeys))
+	m.add(self.Daemon, o.report(TopKeys))
 	seen := []admin.DaemonSeen{self}
 	for _, r := range reps {
 		if r.Daemon == self.Daemon {
@@ -106,7 +106,7 @@ func (s adminService) fleetTop(ctx context.Context, a admin.TopArgs) (admin.TopR
 		}
 		var rep topReport
 		if err := json.Unmarshal([]byte(r.Value), &rep); err != nil {
-			d.log.Warn("top: a daemon's report is unreadable; skipped", slog.String("daemon", r.Daemon), slog.Any("error", err))
+			log.Warn("top: a daemon's report is unreadable; skipped", slog.String("daemon", r.Daemon), slog.Any("error", err))
 			continue
 		}
 		m.add(r.Daemon, rep)

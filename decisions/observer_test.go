@@ -1,4 +1,4 @@
-package daemon
+package decisions
 
 import (
 	"bytes"
@@ -25,17 +25,17 @@ func TestSamplingRates(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	o := &observer{id: "test", out: &out, deniedThresh: threshold(0.01), allowedThresh: threshold(0)}
+	o := &Observer{id: "test", out: &out, deniedThresh: threshold(0.01), allowedThresh: threshold(0)}
 	o.tops.Store(&map[string]*topk.Sketch{})
 	descs := []wire.Descriptor{{Name: []byte("k"), Value: []byte("v")}}
 	denied := policy.Decision{Status: policy.StatusLimited, Rule: "r"}
 	allowed := policy.Decision{Status: policy.StatusAllowed, Rule: "r"}
-	var sc obsScratch
+	var sc Scratch
 	now := time.Now()
 	const n = 100_000
 	for range n {
-		o.observe(p, &denied, descs, now, &sc)
-		o.observe(p, &allowed, descs, now, &sc)
+		o.Observe(p, &denied, descs, now, &sc)
+		o.Observe(p, &allowed, descs, now, &sc)
 	}
 	lines := bytes.Count(out.Bytes(), []byte("\n"))
 	if lines < n/100/2 || lines > n/100*2 {

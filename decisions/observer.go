@@ -1,4 +1,9 @@
-package daemon
+// Package decisions watches the decisions a daemon makes: it counts
+// every denial in its rule's heavy-hitters sketch (the admin op top, for
+// one daemon or merged across a fleet) and writes a sample of the
+// decisions, and every admin change and configuration load, to the
+// decision log.
+package decisions
 
 import (
 	"encoding/json"
@@ -34,17 +39,18 @@ var (
 		"admin":   metrics.NewCounter(`rld_decision_log_lines_total{kind="admin"}`),
 		"config":  metrics.NewCounter(`rld_decision_log_lines_total{kind="config"}`),
 	}
+	// decisionsCapped counts the denials the cap left out.
 	decisionsCapped = metrics.NewCounter(`rld_decision_log_capped_total`)
 	decisionErrors  = metrics.NewCounter(`rld_decision_log_write_errors_total`)
 )
 
-// observer watches the decisions: it counts every denial in its rule's
+// Observer watches the decisions: it counts every denial in its rule's
 // heavy-hitters sketch, and writes a sample of the decisions, and every
 // admin change, to the decision log. It is safe for concurrent use.
 //
 // On the check path, a decision that sampling skips costs a random draw
 // and, for a denial, the one lock of its rule's sketch: no allocation.
-type observer struct {
+type Observer struct {
 	id string // the daemon's id in every line
 
 	out           io.Writer // nil: the decision log is off
@@ -61,8 +67,8 @@ type observer struct {
 	tops   atomic.Pointer[map[string]*topk.Sketch]
 }
 
-// obsScratch is the reusable buffer of one goroutine's observations.
-type obsScratch struct {
+// Scratch is the reusable buffer of one goroutine's observations.
+type Scratch struct {
 	key []byte
 }
 
@@ -77,9 +83,10 @@ func threshold(rate float64) uint64 {
 	return uint64(rate * (1 << 63) * 2)
 }
 
-// newObserver opens the decision log that lc describes.
-func newObserver(lc config.Log, id string) (*observer, error) {
-	o := &observer{id: id}
+// New opens the decision log that lc describes; id names the daemon in
+// every line.
+func New(lc config.Log, id string) (*Observer, error) {
+	o := &Observer{id: id}
 	m := map[string]*topk.Sketch{}
 	o.tops.Store(&m)
 	switch lc.Decisions {
@@ -100,14 +107,15 @@ func newObserver(lc config.Log, id string) (*observer, error) {
 	return o, nil
 }
 
-func (o *observer) close() {
+// Close closes the decision log's file, if it is one.
+func (o *Observer) Close() {
 	if o.closer != nil {
 		o.closer.Close()
 	}
 }
 
 // sketch returns rule's sketch, creating it on its first denial.
-func (o *observer) sketch(rule string) *topk.Sketch {
+func (o *Observer) sketch(rule string) *topk.Sketch {
 	if s := (*o.tops.Load())[rule]; s != nil {
 		return s
 	}
@@ -127,9 +135,9 @@ func (o *observer) sketch(rule string) *topk.Sketch {
 	return s
 }
 
-// observe records one decision dec for descs, decided by p; start is when
+// Observe records one decision dec for descs, decided by p; start is when
 // the request was read.
-func (o *observer) observe(p *policy.Policy, dec *policy.Decision, descs []wire.Descriptor, start time.Time, sc *obsScratch) {
+func (o *Observer) Observe(p *policy.Policy, dec *policy.Decision, descs []wire.Descriptor, start time.Time, sc *Scratch) {
 	// An error answer (cost_too_large, internal) refuses the request too:
 	// it is sampled, capped and counted as a denial.
 	denied := !dec.Status.Allowed()
@@ -164,7 +172,7 @@ func (o *observer) observe(p *policy.Policy, dec *policy.Decision, descs []wire.
 // now, and counts it; a cap of 0 lets every sampled denial through.
 // Concurrent callers at a second's turn may let a few lines more through:
 // the cap bounds the rate, not exactly.
-func (o *observer) underCap(now time.Time) bool {
+func (o *Observer) underCap(now time.Time) bool {
 	if o.capPerSec <= 0 {
 		return true
 	}
@@ -188,7 +196,7 @@ func (o *observer) underCap(now time.Time) bool {
 //
 // descriptors are those decided on (derived from the request's attributes
 // when it carried any), in order.
-func (o *observer) writeDecision(dec *policy.Decision, key []byte, descs []wire.Descriptor, start time.Time) {
+func (o *Observer) writeDecision(dec *policy.Decision, key []byte, descs []wire.Descriptor, start time.Time) {
 	now := time.Now()
 	kind := "allowed"
 	if !dec.Status.Allowed() {
@@ -229,8 +237,8 @@ func (o *observer) writeDecision(dec *policy.Decision, key []byte, descs []wire.
 	o.end(b, kind)
 }
 
-// writeAdmin writes the line of an admin change: every one is written.
-func (o *observer) writeAdmin(who admin.Caller, op string, args json.RawMessage, e *admin.Error) {
+// WriteAdmin writes the line of an admin change: every one is written.
+func (o *Observer) WriteAdmin(who admin.Caller, op string, args json.RawMessage, e *admin.Error) {
 	if o.out == nil {
 		return
 	}
@@ -254,9 +262,9 @@ func (o *observer) writeAdmin(who admin.Caller, op string, args json.RawMessage,
 	o.end(b, "admin")
 }
 
-// writeConfig writes the line of a configuration (re)load: a change of
+// WriteConfig writes the line of a configuration (re)load: a change of
 // every rule at once.
-func (o *observer) writeConfig(hash, path string, rules int) {
+func (o *Observer) WriteConfig(hash, path string, rules int) {
 	if o.out == nil {
 		return
 	}
@@ -273,7 +281,7 @@ func (o *observer) writeConfig(hash, path string, rules int) {
 }
 
 // begin starts a line in o.buf; o.mu is held.
-func (o *observer) begin(now time.Time, kind string) []byte {
+func (o *Observer) begin(now time.Time, kind string) []byte {
 	b := append(o.buf[:0], `{"time":"`...)
 	b = now.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","daemon":`...)
@@ -285,7 +293,7 @@ func (o *observer) begin(now time.Time, kind string) []byte {
 }
 
 // end finishes and writes the line; o.mu is held.
-func (o *observer) end(b []byte, kind string) {
+func (o *Observer) end(b []byte, kind string) {
 	b = append(b, "}\n"...)
 	o.buf = b
 	if _, err := o.out.Write(b); err != nil {
@@ -314,8 +322,8 @@ func appendJSONString(b, s []byte) []byte {
 	return append(b, '"')
 }
 
-// top answers the admin op top.
-func (o *observer) top(p *policy.Policy, args admin.TopArgs) (admin.TopResult, error) {
+// Top answers the admin op top with this daemon's denials.
+func (o *Observer) Top(p *policy.Policy, args admin.TopArgs) (admin.TopResult, error) {
 	tops := *o.tops.Load()
 	res := admin.TopResult{Rules: []admin.RuleTop{}}
 	if args.Rule != "" {
@@ -345,3 +353,12 @@ func (o *observer) top(p *policy.Policy, args admin.TopArgs) (admin.TopResult, e
 	}
 	return res, nil
 }
+
+// ID is the daemon's id that o writes in every line and reports top
+// under.
+func (o *Observer) ID() string { return o.id }
+
+// LinesWritten is the count of decision log lines of kind written (denied,
+// allowed, admin, config) by every Observer of the process: the series
+// rld_decision_log_lines_total{kind="…"}.
+func LinesWritten(kind string) uint64 { return decisionLines[kind].Get() }
