@@ -241,41 +241,42 @@ func changeOp[A any](name, help string, call func(ctx context.Context, s ChangeS
 		}}
 }
 
-// Limits of a change's text, so that every entry fits in a page of list
-// with room to spare.
-const (
-	maxReason = 512
-	maxAuthor = 128
-	// maxPairsBytes bounds the names and values of a key or of match
-	// globs together.
-	maxPairsBytes = 2048
-)
+// Override returns the override that a describes, its Period parsed,
+// before the daemon gives it an id, an author and an expiry.
+func (a OverrideArgs) Override() (change.Override, error) {
+	o := change.Override{Rule: a.Rule, Key: a.Key, Match: a.Match, Limit: a.Limit, Burst: a.Burst,
+		Multiplier: a.Multiplier, Reason: a.Reason, Author: a.Author}
+	if a.Period != "" {
+		p, err := time.ParseDuration(a.Period)
+		if err != nil || p <= 0 {
+			return change.Override{}, Errorf(CodeBadRequest, "period %q: give a positive duration (\"1m\")", a.Period)
+		}
+		o.Period = p
+	}
+	return o, nil
+}
 
-// checkChange checks the sizes of a change's key, match globs, reason
-// and author.
-func checkChange(key, match Pairs, reason, author string) error {
-	for _, p := range []struct {
-		what string
-		p    Pairs
-	}{{"key", key}, {"match", match}} {
-		if err := p.p.validate(p.what); err != nil {
-			return err
-		}
-		n := 0
-		for k, v := range p.p {
-			n += len(k) + len(v)
-		}
-		if n > maxPairsBytes {
-			return Errorf(CodeBadRequest, "%s: %d bytes of names and values, at most %d", p.what, n, maxPairsBytes)
-		}
+// Block returns the block that a describes, before the daemon gives it
+// an id, an author and an expiry.
+func (a BlockArgs) Block() change.Block {
+	return change.Block{Match: a.Match, Rule: a.Rule, Key: a.Key, Reason: a.Reason, Author: a.Author}
+}
+
+// checkPairs checks the form of a change's key and match globs, as every
+// op's descriptors are checked.
+func checkPairs(key, match Pairs) error {
+	if err := key.validate("key"); err != nil {
+		return err
 	}
-	switch {
-	case len(reason) > maxReason:
-		return Errorf(CodeBadRequest, "reason: %d bytes, at most %d", len(reason), maxReason)
-	case len(author) > maxAuthor:
-		return Errorf(CodeBadRequest, "author: %d bytes, at most %d", len(author), maxAuthor)
+	return match.validate("match")
+}
+
+// refused is the answer to a change that its Check refuses.
+func refused(err error) error {
+	if err == nil {
+		return nil
 	}
-	return nil
+	return Errorf(CodeBadRequest, "%v", err)
 }
 
 func idArg(a IDArgs) error {
@@ -290,7 +291,14 @@ func idArg(a IDArgs) error {
 var changeOps = []Op{
 	changeOp("override-set", "set a limit for a key or a descriptor glob of a rule, absolute or a multiplier, until an expiry",
 		func(ctx context.Context, s ChangeService, a OverrideArgs) (any, error) {
-			if err := checkChange(a.Key, a.Match, a.Reason, a.Author); err != nil {
+			if err := checkPairs(a.Key, a.Match); err != nil {
+				return nil, err
+			}
+			o, err := a.Override()
+			if err != nil {
+				return nil, err
+			}
+			if err := refused(o.Check()); err != nil {
 				return nil, err
 			}
 			return s.SetOverride(ctx, a)
@@ -304,7 +312,11 @@ var changeOps = []Op{
 		}),
 	changeOp("block", "refuse (blocked) the requests matching globs, or one key of a rule, until an expiry",
 		func(ctx context.Context, s ChangeService, a BlockArgs) (any, error) {
-			if err := checkChange(a.Key, a.Match, a.Reason, a.Author); err != nil {
+			if err := checkPairs(a.Key, a.Match); err != nil {
+				return nil, err
+			}
+			b := a.Block()
+			if err := refused(b.Check()); err != nil {
 				return nil, err
 			}
 			return s.Block(ctx, a)

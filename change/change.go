@@ -1,7 +1,8 @@
 // Package change holds the run-time changes that admin operations make
 // to the limits in force — overrides and blocks — as plain data: policy
 // compiles them, the daemon stores them, and the admin API answers with
-// them. It depends on nothing of rld's.
+// them. Override.Check and Block.Check are the one check of what in a
+// change needs no rule to see. It depends on nothing of rld's.
 package change
 
 import "time"

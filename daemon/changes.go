@@ -194,21 +194,11 @@ func (s adminService) SetOverride(ctx context.Context, a admin.OverrideArgs) (ad
 	if err != nil {
 		return admin.OverrideEntry{}, err
 	}
-	o := policy.Override{
-		ID: changestore.NewID("o-"), Rule: a.Rule, Key: a.Key, Match: a.Match,
-		Limit: a.Limit, Burst: a.Burst, Multiplier: a.Multiplier,
-		Expires: exp, Reason: a.Reason, Author: author(ctx, a.Author), Created: time.Now(),
+	o, err := a.Override()
+	if err != nil {
+		return admin.OverrideEntry{}, err
 	}
-	if a.Period != "" {
-		p, err := time.ParseDuration(a.Period)
-		if err != nil || p <= 0 {
-			return admin.OverrideEntry{}, admin.Errorf(admin.CodeBadRequest, "period %q: give a positive duration (\"1m\")", a.Period)
-		}
-		o.Period = p
-	}
-	if a.Limit < 0 || (a.Limit == 0 && a.Multiplier == 0) {
-		return admin.OverrideEntry{}, admin.Errorf(admin.CodeBadRequest, "limit = %d: give a positive limit, or a positive multiplier", a.Limit)
-	}
+	o.ID, o.Expires, o.Author, o.Created = changestore.NewID("o-"), exp, author(ctx, a.Author), time.Now()
 	err = s.d.change(ctx, func(p *policy.Policy, now time.Time) error {
 		v := o
 		if ttl > 0 {
@@ -242,10 +232,8 @@ func (s adminService) Block(ctx context.Context, a admin.BlockArgs) (admin.Block
 	if err != nil {
 		return admin.BlockEntry{}, err
 	}
-	b := policy.Block{
-		ID: changestore.NewID("b-"), Match: a.Match, Rule: a.Rule, Key: a.Key,
-		Expires: exp, Reason: a.Reason, Author: author(ctx, a.Author), Created: time.Now(),
-	}
+	b := a.Block()
+	b.ID, b.Expires, b.Author, b.Created = changestore.NewID("b-"), exp, author(ctx, a.Author), time.Now()
 	err = s.d.change(ctx, func(p *policy.Policy, now time.Time) error {
 		v := b
 		if ttl > 0 {

@@ -53,9 +53,9 @@ var ErrUnknownRule = errors.New("no such rule")
 
 // ValidateOverride reports what is wrong with o against p's rules at now:
 // an unknown rule (wrapping ErrUnknownRule), a key that does not name each
-// of the rule's by descriptors, a bad glob, an expiry not after now, a
-// limit or multiplier that is not positive, a limit the rule's algorithm
-// cannot enforce.
+// of the rule's by descriptors, a bad glob, what o.Check finds (a limit or
+// multiplier that is not positive, text too long), an expiry not after
+// now, a limit the rule's algorithm cannot enforce.
 func (p *Policy) ValidateOverride(o *Override, now time.Time) error {
 	r := p.ruleNamed(o.Rule)
 	if r == nil {
@@ -64,19 +64,8 @@ func (p *Policy) ValidateOverride(o *Override, now time.Time) error {
 	if err := checkTarget(r, o.Key, o.Match); err != nil {
 		return err
 	}
-	switch {
-	case o.Limit != 0 && o.Multiplier != 0:
-		return errors.New("give a limit or a multiplier, not both")
-	case o.Limit == 0 && o.Multiplier == 0:
-		return errors.New("give a limit (absolute) or a multiplier (relative)")
-	case o.Limit < 0:
-		return fmt.Errorf("limit = %d: must be positive", o.Limit)
-	case o.Multiplier < 0 || math.IsNaN(o.Multiplier) || math.IsInf(o.Multiplier, 0):
-		return fmt.Errorf("multiplier = %v: must be positive", o.Multiplier)
-	case o.Multiplier != 0 && (o.Period != 0 || o.Burst != 0):
-		return errors.New("a multiplier scales limit and burst: period and burst go with an absolute limit")
-	case o.Period < 0 || o.Burst < 0:
-		return errors.New("period and burst must not be negative")
+	if err := o.Check(); err != nil {
+		return err
 	}
 	if !o.Expires.After(now) {
 		return fmt.Errorf("expires %s is not in the future", o.Expires.UTC().Format(time.RFC3339Nano))
@@ -115,24 +104,22 @@ func checkOverridden(pp algo.Params) error {
 	return nil
 }
 
-// ValidateBlock reports what is wrong with b against p's rules at now.
+// ValidateBlock reports what is wrong with b against p's rules at now:
+// what b.Check finds, a bad glob, an unknown rule (wrapping
+// ErrUnknownRule), a key that does not name each of the rule's by
+// descriptors, an expiry not after now.
 func (p *Policy) ValidateBlock(b *Block, now time.Time) error {
-	switch {
-	case b.Rule == "" && len(b.Match) == 0:
-		return errors.New("give match globs, or a rule and its key")
-	case b.Rule == "" && len(b.Key) > 0:
-		return errors.New("a key needs its rule")
-	case b.Rule == "":
+	if err := b.Check(); err != nil {
+		return err
+	}
+	if b.Rule == "" {
 		if err := checkGlobs(b.Match); err != nil {
 			return err
 		}
-	default:
+	} else {
 		r := p.ruleNamed(b.Rule)
 		if r == nil {
 			return fmt.Errorf("rule %q: %w", b.Rule, ErrUnknownRule)
-		}
-		if len(b.Match) > 0 || len(b.Key) == 0 {
-			return errors.New("a rule's block takes its key (each by descriptor's value), not globs")
 		}
 		if err := checkTarget(r, b.Key, nil); err != nil {
 			return err
