@@ -85,7 +85,7 @@ type Daemon struct {
 	// httpSockLn is server.http_socket's listener; trust is
 	// server.trusted_proxies (both fixed at start).
 	httpSockLn *net.UnixListener
-	trust      trustList
+	trust      derive.Proxies
 	envoy      *envoyFace // [envoy]; nil when off (envoy.go)
 
 	ops opsState // config hash, decision log, admin API
@@ -115,13 +115,17 @@ func New(opts Options) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	trust, err := derive.ParseProxies(cfg.Server.TrustedProxies)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
+	}
 	d := &Daemon{
 		opts:       opts,
 		log:        log,
 		ready:      make(chan struct{}),
 		conns:      make(map[*net.UnixConn]struct{}),
 		lastConfig: data,
-		trust:      newTrustList(cfg.Server.TrustedProxies),
+		trust:      trust,
 	}
 	if err := d.openStore(&cfg.Store); err != nil {
 		return nil, err

@@ -17,40 +17,6 @@ import (
 	"github.com/rld/rld/wire"
 )
 
-// trustList is server.trusted_proxies, parsed.
-type trustList struct {
-	unix     bool // peers of the HTTP Unix socket are trusted
-	prefixes []netip.Prefix
-}
-
-// newTrustList parses entries, which config validation has checked.
-func newTrustList(entries []string) trustList {
-	var t trustList
-	for _, e := range entries {
-		p, err := config.ParseTrusted(e)
-		switch {
-		case err != nil:
-			continue
-		case !p.IsValid():
-			t.unix = true
-		default:
-			t.prefixes = append(t.prefixes, p)
-		}
-	}
-	return t
-}
-
-// contains reports whether a is in a trusted CIDR.
-func (t *trustList) contains(a netip.Addr) bool {
-	a = a.Unmap()
-	for _, p := range t.prefixes {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
-}
-
 // listenHTTPSocket serves the HTTP endpoints on server.http_socket too,
 // when it is set, with the same handler as the TCP listener. The socket
 // is created like the main one (parent directory, socket_mode) and is
@@ -107,9 +73,9 @@ func (d *Daemon) addClientIP(ctx *fasthttp.RequestCtx, s *httpScratch) string {
 	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
 		peer, _ = netip.AddrFromSlice(ta.IP)
 		peer = peer.Unmap()
-		trusted = d.trust.contains(peer)
+		trusted = d.trust.Contains(peer)
 	} else {
-		trusted = d.trust.unix
+		trusted = d.trust.Unix()
 	}
 	for _, ds := range s.descs {
 		if string(ds.Name) == "ip" {
@@ -129,7 +95,7 @@ func (d *Daemon) addClientIP(ctx *fasthttp.RequestCtx, s *httpScratch) string {
 			}
 			ip = a.Unmap()
 		} else if v := fwd; len(v) > 0 {
-			a, err := d.forwardedFor(string(v))
+			a, err := d.trust.ForwardedFor(string(v))
 			if err != nil {
 				return err.Error()
 			}
@@ -173,32 +139,6 @@ var (
 	xRealIP       = []byte("X-Real-IP")
 	xForwardedFor = []byte("X-Forwarded-For")
 )
-
-// forwardedFor returns the right-most address of an X-Forwarded-For list
-// that is not a trusted proxy, or the left-most when all are.
-func (d *Daemon) forwardedFor(list string) (netip.Addr, error) {
-	var last netip.Addr
-	for rest := list; rest != ""; {
-		i := strings.LastIndexByte(rest, ',')
-		item := strings.TrimSpace(rest[i+1:])
-		rest = rest[:max(i, 0)]
-		a, err := netip.ParseAddr(item)
-		if err != nil {
-			return netip.Addr{}, fmt.Errorf("X-Forwarded-For %q from a trusted proxy: %q is not an IP address", list, item)
-		}
-		last = a.Unmap()
-		if !d.trust.contains(last) {
-			return last, nil
-		}
-		if i < 0 {
-			break
-		}
-	}
-	if !last.IsValid() {
-		return netip.Addr{}, fmt.Errorf("X-Forwarded-For %q from a trusted proxy names no address", list)
-	}
-	return last, nil
-}
 
 // writeAuth answers a check of /v1/auth, for nginx's auth_request, which
 // passes only 2xx, 401 and 403: 200 when allowed, 403 otherwise, with the
@@ -313,9 +253,9 @@ func equalFoldString(b []byte, s string) bool {
 func (d *Daemon) trustedPeer(ctx *fasthttp.RequestCtx) bool {
 	if ta, ok := ctx.RemoteAddr().(*net.TCPAddr); ok {
 		peer, _ := netip.AddrFromSlice(ta.IP)
-		return d.trust.contains(peer.Unmap())
+		return d.trust.Contains(peer.Unmap())
 	}
-	return d.trust.unix
+	return d.trust.Unix()
 }
 
 // bearerToken returns the token of an Authorization field value of the
