@@ -179,6 +179,15 @@ by = ["ip"]
 algorithm = "sliding_log"
 limit = 5
 period = "1m"
+
+# A share enforced: rld_rollout_limited_total is served, as documented.
+[[rule]]
+name = "beta"
+match = { endpoint = "/v1/beta" }
+by = ["api_key"]
+limit = 10
+period = "1m"
+enforce = "50%%"
 `, redis.Addr))
 	require.NoError(t, err)
 	t.Cleanup(s.Close)
