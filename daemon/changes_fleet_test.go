@@ -113,6 +113,7 @@ func checkStatus(t *testing.T, c *client.Client, key string) wire.Status {
 // measured over fleetChanges changes; it stops at its expiry on all three
 // within 100 ms of each other. The same with a block.
 func TestChangesFleet(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	ps := startChangeFleet(t, srv.Addr, 3)
 	const fleetChanges = 100
@@ -190,6 +191,7 @@ func TestChangesFleet(t *testing.T) {
 // version still applies every change within 2 s, and a daemon started
 // later loads the set in force.
 func TestChangesFleetWithoutPubSub(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	_, err := redistest.Do(srv.Addr, "ACL", "SETUSER", "default", "-subscribe", "-psubscribe", "-ssubscribe")
 	require.NoError(t, err)

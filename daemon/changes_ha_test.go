@@ -113,6 +113,7 @@ func clients(t *testing.T, ps []*daemontest.Process) []*client.Client {
 // killed and its replica promoted, the changes made before are still in
 // force and new ones keep reaching every daemon.
 func TestChangesCluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, redistest.AllowPartialCoverage())
 	store := clusterStore(cl)
 	ps := startHAFleet(t, haChangeConfig(store), 3)
@@ -171,6 +172,7 @@ func TestChangesCluster(t *testing.T) {
 // changes made through any of them — an unblock too — and a daemon that
 // starts loads the current set.
 func TestChangesSentinel(t *testing.T) {
+	t.Parallel()
 	g := redistest.StartSentinel(t)
 	addrs := quotedList(g.SentinelAddrs())
 	cfg := haChangeConfig(fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q", addrs, g.MasterSet))

@@ -20,6 +20,7 @@ import (
 // back. A reset or grant that changed no counter fails too, rather than
 // answering success with the errors inside.
 func TestChangeWhileRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	proxy := redistest.StartProxy(t, srv.Addr)
 	p, err := daemontest.StartProcess(fleetChangeConfig(proxy.Addr()))

@@ -66,12 +66,14 @@ func leaseKeyFile(t *testing.T) string {
 
 // TestConcurrencyFleetStandalone: three daemons on one Redis.
 func TestConcurrencyFleetStandalone(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	runConcurrencyFleet(t, fmt.Sprintf("redis = [%q]", srv.Addr))
 }
 
 // TestConcurrencyFleetCluster: three daemons on a Redis Cluster.
 func TestConcurrencyFleetCluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	// A Cluster node named as a standalone server is refused.
 	_, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", cl.Addrs()[0]), 10, "strict"))

@@ -28,6 +28,7 @@ import (
 // following the cursors lists every entry once on every face; each socket answer fits in a frame; a bad cursor or limit
 // is refused.
 func TestListPagesThousands(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	token := "s3cret-token-0123456789"
 	tokenFile := filepath.Join(dir, "admin.token")

@@ -37,6 +37,7 @@ block_after = { refusals = 15, within = "1m", for = "1h" }
 // unblock; a client that waits each Retry-After is never penalised nor
 // blocked.
 func TestPenaltiesThroughDaemon(t *testing.T) {
+	t.Parallel()
 	l := startLogged(t, t.TempDir(), uidConfig(penaltyDaemonRules, os.Getuid()))
 	sock := l.d.SocketPath()
 	blocks0 := l.metric(t, `rld_auto_blocks_total{rule="api"}`) // the metric is the process's

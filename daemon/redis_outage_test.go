@@ -23,8 +23,8 @@ import (
 // boundary so that the fixed window's new window is the one quota the
 // pause may legitimately hand out.
 const (
-	outageLimit   = 60
-	outagePeriod  = 10 * time.Second
+	outageLimit   = 30
+	outagePeriod  = 5 * time.Second
 	outagePause   = 3 * time.Second
 	outageDaemons = 3
 )
@@ -76,6 +76,7 @@ type outageAnswer struct {
 // of the key (used up), from its lease's view for a cached rule and from
 // the last strict decision for a strict one, not from a fresh share.
 func TestFleetOutageStartsFromKnown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	cfg := outageConfig(srv.Addr)
 	var procs []*daemontest.Process

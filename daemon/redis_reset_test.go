@@ -39,6 +39,7 @@ func startStateFleet(t *testing.T, srv *redistest.Server, mode string, n int) ([
 // one is fresh on each, and the fleet admits exactly the limit after
 // the reset, and exactly n after a grant of n.
 func TestResetGrantRedisStrict(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	socks, cs := startStateFleet(t, srv, "strict", 3)
 	checkResetGrant(t, socks, cs, "strict")
@@ -52,6 +53,7 @@ func TestResetGrantRedisStrict(t *testing.T) {
 // exactly n more across the fleet: the others deny from what they hold,
 // never more. (TestResetFleetExact: a reset across the fleet.)
 func TestResetGrantRedisCached(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	socks, cs := startStateFleet(t, srv, "cached", 1)
 	checkResetGrant(t, socks, cs, "cached")
@@ -84,6 +86,7 @@ func TestResetGrantRedisCached(t *testing.T) {
 // units still out on lease at the reset were left out of the fresh
 // state, and the holders' returns gave them back.
 func TestResetFleetExact(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	for _, mode := range []string{"cached", "strict"} {
 		socks, cs := startStateFleet(t, srv, mode, 3)

@@ -124,6 +124,7 @@ func TestRedisRestart(t *testing.T) {
 // a second later, and answers by its rules' fail modes (degraded), then
 // decides in Redis as soon as Redis is up.
 func TestRedisDownAtStart(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	srv.Kill()
 	begin := time.Now()
@@ -170,6 +171,7 @@ func TestPlainRedisAsSentinels(t *testing.T) {
 // Redis was silent checks the kind of Redis once it answers, and logs the
 // mismatch as an error (it can no longer refuse to start).
 func TestStandaloneAsClusterFoundLater(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	srv.Kill()
 	l := startLogged(t, t.TempDir(), fleetConfig(fmt.Sprintf("redis = [%q]\nmode = \"cluster\"", srv.Addr), 10, "strict"))

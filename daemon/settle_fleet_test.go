@@ -74,6 +74,7 @@ func TestSettleFleet(t *testing.T) {
 // TestSettleFleetCluster: the same on a Cluster, with one key on each of
 // its three primaries.
 func TestSettleFleetCluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	primaries := cl.Primaries()
 	require.Len(t, primaries, 3)
@@ -342,6 +343,7 @@ func TestSettleOnceFleet(t *testing.T) {
 // TestSettleOnceFleetCluster: the same on a Cluster, where each record
 // lives in its counter's slot.
 func TestSettleOnceFleetCluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t)
 	store := clusterStore(cl)
 	runSettleOnceFleet(t, store)

@@ -169,6 +169,7 @@ func TestReleaseCoalescedAcquires(t *testing.T) {
 // frees its slot, every second one is not_found; at the end no slot is
 // held.
 func TestSlotsLoadDoubleRelease(t *testing.T) {
+	t.Parallel()
 	const (
 		limit   = 5
 		clients = 60

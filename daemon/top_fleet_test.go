@@ -52,6 +52,7 @@ func topCall(t *testing.T, socket string, args admin.TopArgs) admin.TopResult {
 // daemons heard from with the age of their reports; -local (and the
 // HTTP form's ?local=true) gives daemon 0's own view: no denials.
 func TestTopFleet(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
