@@ -161,28 +161,42 @@ func (p *Policy) leaseKey() []byte {
 // that names it (nil otherwise): Release gives the slots back, and Settle
 // corrects the rate rules' units to the request's actual cost, when cost
 // was an estimate. The lease aliases sc and is valid until sc's next use.
-// A denial holds nothing.
-func (p *Policy) AcquireTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, sc *Scratch, d *Decision) []byte {
+// A denial holds nothing. A req that peeks is an error (CodeMalformed,
+// ErrAcquirePeek) and takes nothing.
+func (p *Policy) AcquireTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) []byte {
+	if req.Peek {
+		*d = acquirePeek()
+		return nil
+	}
 	if sc == nil {
 		sc = new(Scratch)
 	}
 	sc.taken = sc.taken[:0]
-	p.check(ctx, now, descs, cost, false, sc, d, false, true)
-	return p.lease(ctx, now, cost, sc, d)
+	p.check(ctx, req, sc, d, false, true)
+	return p.lease(ctx, req.Now, req.Cost, sc, d)
 }
 
 // TryAcquireTo is AcquireTo when every store the acquire needs answers
 // on the host (see TryCheckTo); otherwise it takes nothing and reports
 // false.
-func (p *Policy) TryAcquireTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, sc *Scratch, d *Decision) ([]byte, bool) {
+func (p *Policy) TryAcquireTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) ([]byte, bool) {
+	if req.Peek {
+		*d = acquirePeek()
+		return nil, true
+	}
 	if sc == nil {
 		sc = new(Scratch)
 	}
 	sc.taken = sc.taken[:0]
-	if !p.check(ctx, now, descs, cost, false, sc, d, true, true) {
+	if !p.check(ctx, req, sc, d, true, true) {
 		return nil, false
 	}
-	return p.lease(ctx, now, cost, sc, d), true
+	return p.lease(ctx, req.Now, req.Cost, sc, d), true
+}
+
+// acquirePeek returns the Decision of an acquire whose Request peeks.
+func acquirePeek() Decision {
+	return Decision{Status: StatusError, Code: CodeMalformed, Err: fmt.Errorf("policy: acquire: %w", ErrAcquirePeek)}
 }
 
 // lease encodes what the allowed acquire in sc took, or returns nil when

@@ -390,9 +390,23 @@ func compileRule(r *rule, cr *config.Rule) error {
 // Rules describes the rules in evaluation order.
 func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
 
-// Check decides a request carrying descs at now, taking cost units (≤ 0
-// means 1) from every applicable limit; with peek it decides without
-// taking anything. sc may be nil, at the price of allocating.
+// Request is one request to decide: the descriptors it carries, at Now,
+// taking Cost units (≤ 0 means 1) from every applicable limit; with Peek
+// it is decided without taking anything. Nothing in it lifts a limit: a
+// cost above a limit's capacity is refused (ErrCostTooLarge).
+type Request struct {
+	Now   time.Time
+	Descs []wire.Descriptor
+	Cost  int64
+	Peek  bool
+}
+
+// ErrAcquirePeek is wrapped by the Err of an acquire whose Request peeks:
+// an acquire holds what it admits, so it cannot peek.
+var ErrAcquirePeek = errors.New("an acquire cannot peek")
+
+// Check decides req, taking its cost from every applicable limit (or
+// nothing when it peeks). sc may be nil, at the price of allocating.
 //
 // The deny list is consulted first, then the allow list; then every rule
 // whose match holds and whose by descriptors are all present, in order.
@@ -405,17 +419,17 @@ func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
 // fail mode decides for it (see Fallback): the check is then allowed
 // degraded, or limited and degraded; what the rules before it took from
 // their stores is refunded as usual when it denies.
-func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch) Decision {
+func (p *Policy) Check(ctx context.Context, req *Request, sc *Scratch) Decision {
 	var d Decision
-	p.CheckTo(ctx, now, descs, cost, peek, sc, &d)
+	p.CheckTo(ctx, req, sc, &d)
 	return d
 }
 
 // CheckTo is Check writing its Decision to d, which a hot path reuses: a
 // Decision is too large to pass in registers, and copying one that was
 // just written stalls the processor.
-func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) {
-	p.check(ctx, now, descs, cost, peek, sc, d, false, false)
+func (p *Policy) CheckTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) {
+	p.check(ctx, req, sc, d, false, false)
 }
 
 // TryCheckTo is CheckTo when every store the check needs answers on the
@@ -424,18 +438,16 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 // the caller hands the check to CheckTo where waiting is fine. The
 // daemon answers a read batch's checks inline this way, and hands off
 // only those that wait on Redis.
-func (p *Policy) TryCheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) bool {
-	return p.check(ctx, now, descs, cost, peek, sc, d, true, false)
+func (p *Policy) TryCheckTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) bool {
+	return p.check(ctx, req, sc, d, true, false)
 }
 
 // check is CheckTo, or TryCheckTo when local: then a rule whose store
 // cannot answer on the host makes it give back what it took and report
 // false. With acquire (AcquireTo), the concurrency rules hold the slots
 // they admit; otherwise they only look for a free one.
-func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision, local, acquire bool) bool {
-	if cost <= 0 {
-		cost = 1
-	}
+func (p *Policy) check(ctx context.Context, req *Request, sc *Scratch, d *Decision, local, acquire bool) bool {
+	descs := req.Descs
 	if sc == nil {
 		sc = new(Scratch)
 	}
@@ -446,7 +458,7 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 			return true
 		}
 	}
-	if len(p.blocks) > 0 && p.blocked(descs, now.UnixNano()) {
+	if len(p.blocks) > 0 && p.blocked(descs, req.Now.UnixNano()) {
 		sc.count(p.denyM, decBlocked)
 		*d = Decision{Status: StatusBlocked, Rule: RuleDeny}
 		return true
@@ -465,8 +477,8 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 	// copied, whose wide loads of narrow stores stall the processor (a
 	// tenth of BenchmarkProcess's samples in a CPU profile).
 	var c checking
-	c.ctx, c.now, c.descs, c.cost, c.sc = ctx, now, descs, cost, sc
-	c.peek, c.local, c.acquire = peek, local, acquire
+	c.ctx, c.now, c.descs, c.cost, c.sc = ctx, req.Now, descs, max(req.Cost, 1), sc
+	c.peek, c.local, c.acquire = req.Peek, local, acquire
 	c.best, c.bestTier = -1, -1
 	for i := range p.rules {
 		switch p.step(&c, i, d) {
