@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -358,4 +359,58 @@ func TestReleaseUnderKeyOverride(t *testing.T) {
 	assert.Equal(t, "exports", r.Rule)
 	assert.Equal(t, int64(5), r.Result.Limit, "the override's limit")
 	assert.Equal(t, int64(2), r.Result.Remaining, "5 slots, 3 held")
+}
+
+// failingOps is the embedded store whose ops fail while fail is set: a
+// store that a settle reaches and that fails.
+type failingOps struct {
+	*memstore.Store
+	fail atomic.Bool
+}
+
+var errOpsDown = errors.New("ops down")
+
+func (s *failingOps) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
+	if s.fail.Load() {
+		return errOpsDown
+	}
+	return s.Store.Do(ctx, ops, now)
+}
+
+// TestSettleStoreFailure: a settle whose store fails is an internal
+// error by the rule, wrapping the store's error, and changes nothing; the
+// lease is not marked settled, so that the same settle succeeds once the
+// store is back, and charges once.
+func TestSettleStoreFailure(t *testing.T) {
+	st := &failingOps{Store: memstore.New(memstore.Options{})}
+	p := newPolicy(t, settleRules, st)
+	ctx := context.Background()
+	var sc Scratch
+	var d Decision
+	remaining := func() int64 {
+		t.Helper()
+		d := p.Check(ctx, &Request{Now: t0, Descs: descs("api_key=k", "endpoint=/v1/chat"), Cost: 1, Peek: true}, &sc)
+		return d.Result.Remaining + 1
+	}
+	lease := p.AcquireTo(ctx, &Request{Now: t0, Descs: descs("api_key=k", "endpoint=/v1/chat"), Cost: 10}, &sc, &d)
+	require.Equal(t, StatusAllowed, d.Status)
+	lease = []byte(string(lease))
+	require.Equal(t, int64(90), remaining())
+
+	st.fail.Store(true)
+	errorsBefore := p.rules[0].m[decError].Get()
+	r := p.Settle(ctx, t0, lease, 30)
+	assert.Equal(t, StatusError, r.Status)
+	assert.Equal(t, CodeInternal, r.Code)
+	assert.Equal(t, "tokens", r.Rule)
+	assert.ErrorIs(t, r.Err, errOpsDown)
+	assert.Equal(t, errorsBefore+1, p.rules[0].m[decError].Get(), "counted as the rule's error")
+	st.fail.Store(false)
+	assert.Equal(t, int64(90), remaining(), "nothing changed")
+
+	r = p.Settle(ctx, t0, lease, 30)
+	require.Equal(t, StatusAllowed, r.Status, "tried again: %v", r.Err)
+	assert.Equal(t, int64(70), remaining(), "charged 20 once")
+	r = p.Settle(ctx, t0, lease, 30)
+	assert.Equal(t, CodeNotFound, r.Code, "settled once")
 }
