@@ -69,7 +69,7 @@ func TestOverridePrecedence(t *testing.T) {
 
 	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("api_key=team-a"), Cost: 1, Peek: true}, nil)
 	assert.Equal(t, int64(100), d.Params.Limit, "the decision carries the limit in force")
-	e := p.Explain(context.Background(), t0, descs("api_key=team-b"), 1)
+	e := p.Explain(context.Background(), &Request{Now: t0, Descs: descs("api_key=team-b"), Cost: 1})
 	require.NotEmpty(t, e.Rules)
 	assert.True(t, e.Rules[0].Overridden)
 	assert.Equal(t, int64(50), e.Rules[0].Params.Limit)

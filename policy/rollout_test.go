@@ -155,7 +155,7 @@ enforce = "50%"
 		enforced bool
 		limit    int64
 	}{{in[2], true, 5}, {out[0], false, 1}, {out[2], false, 5}} {
-		e := p.Explain(context.Background(), t0, descs("api_key="+c.key), 1)
+		e := p.Explain(context.Background(), &Request{Now: t0, Descs: descs("api_key=" + c.key), Cost: 1})
 		require.Len(t, e.Rules, 1)
 		m := e.Rules[0]
 		assert.Equal(t, 5000, m.Enforce)
