@@ -86,7 +86,7 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	e := s.d.policy.Load().Explain(ctx, time.Now(), descs, a.Cost)
+	e := s.d.policy.Load().Explain(ctx, &policy.Request{Now: time.Now(), Descs: descs, Cost: a.Cost})
 	res := admin.ExplainResult{List: e.List, Decision: explainDecision(&e.Decision), Rules: make([]admin.RuleMatch, 0, len(e.Rules))}
 	for i := range e.Rules {
 		res.Rules = append(res.Rules, explainRule(&e.Rules[i]))

@@ -482,13 +482,14 @@ func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now tim
 	case fs.oversize:
 		fs.decideOn(ctx, p, now)
 	case req.Op == wire.OpAcquire:
-		lease, ok := p.TryAcquireTo(ctx, now, fs.descs, int64(req.Cost), &fs.sc, &fs.dec)
+		lease, ok := p.TryAcquireTo(ctx, &policy.Request{Now: now, Descs: fs.descs, Cost: int64(req.Cost)}, &fs.sc, &fs.dec)
 		if !ok {
 			return out, false
 		}
 		fs.res.Token = lease
 	default:
-		if !p.TryCheckTo(ctx, now, fs.descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec) {
+		pr := policy.Request{Now: now, Descs: fs.descs, Cost: int64(req.Cost), Peek: req.Op == wire.OpPeek}
+		if !p.TryCheckTo(ctx, &pr, &fs.sc, &fs.dec) {
 			return out, false
 		}
 	}
@@ -525,13 +526,13 @@ func (fs *frameState) decideOn(ctx context.Context, p *policy.Policy, now time.T
 		fs.dec = oversizeDecision
 		fs.res.Token = nil
 	case req.Op == wire.OpAcquire:
-		fs.res.Token = p.AcquireTo(ctx, now, fs.descs, int64(req.Cost), &fs.sc, &fs.dec)
+		fs.res.Token = p.AcquireTo(ctx, &policy.Request{Now: now, Descs: fs.descs, Cost: int64(req.Cost)}, &fs.sc, &fs.dec)
 	case req.Op == wire.OpRelease:
 		fs.dec = p.Release(ctx, now, req.Token)
 	case req.Op == wire.OpSettle:
 		fs.dec = p.Settle(ctx, now, req.Token, int64(req.Cost))
 	default:
-		p.CheckTo(ctx, now, fs.descs, int64(req.Cost), req.Op == wire.OpPeek, &fs.sc, &fs.dec)
+		p.CheckTo(ctx, &policy.Request{Now: now, Descs: fs.descs, Cost: int64(req.Cost), Peek: req.Op == wire.OpPeek}, &fs.sc, &fs.dec)
 	}
 }
 

@@ -255,9 +255,9 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 			httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "an acquire cannot peek")
 			return
 		}
-		s.lease = p.AcquireTo(context.Background(), now, descs, cost, &s.sc, &dec)
+		s.lease = p.AcquireTo(context.Background(), &policy.Request{Now: now, Descs: descs, Cost: cost}, &s.sc, &dec)
 	} else {
-		dec = p.Check(context.Background(), now, descs, cost, peek, &s.sc)
+		dec = p.Check(context.Background(), &policy.Request{Now: now, Descs: descs, Cost: cost, Peek: peek}, &s.sc)
 	}
 	if !peek {
 		d.ops.obs.Observe(p, &dec, descs, now, &s.os)

@@ -118,7 +118,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) 
 			// validate checked every descriptor: unreachable.
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
-		p.CheckTo(ctx, now, scr.m.descs, cost(req, d), false, &scr.sc, &scr.dec)
+		p.CheckTo(ctx, &policy.Request{Now: now, Descs: scr.m.descs, Cost: cost(req, d)}, &scr.sc, &scr.dec)
 		st, err := descriptorStatus(&scr.dec)
 		if err != nil {
 			requestsError.Inc()

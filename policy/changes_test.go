@@ -43,7 +43,7 @@ func compileChanges(t *testing.T, toml string, ch *Changes, st Store) *Policy {
 func admitted(p *Policy, now time.Time, n int, pairs ...string) int {
 	ok := 0
 	for range n {
-		if p.Check(context.Background(), now, descs(pairs...), 1, false, nil).Status == StatusAllowed {
+		if p.Check(context.Background(), &Request{Now: now, Descs: descs(pairs...), Cost: 1}, nil).Status == StatusAllowed {
 			ok++
 		}
 	}
@@ -67,9 +67,9 @@ func TestOverridePrecedence(t *testing.T) {
 	assert.Equal(t, 10, admitted(p, t0, 150, "api_key=xa", "tier=gold"), "multiplier 0.5 of the gold tier's 20")
 	assert.Empty(t, p.Orphans())
 
-	d := p.Check(context.Background(), t0, descs("api_key=team-a"), 1, true, nil)
+	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("api_key=team-a"), Cost: 1, Peek: true}, nil)
 	assert.Equal(t, int64(100), d.Params.Limit, "the decision carries the limit in force")
-	e := p.Explain(context.Background(), t0, descs("api_key=team-b"), 1)
+	e := p.Explain(context.Background(), &Request{Now: t0, Descs: descs("api_key=team-b"), Cost: 1})
 	require.NotEmpty(t, e.Rules)
 	assert.True(t, e.Rules[0].Overridden)
 	assert.Equal(t, int64(50), e.Rules[0].Params.Limit)
@@ -99,18 +99,18 @@ func TestBlocks(t *testing.T) {
 	keyBlocked := metrics.GetOrCreateCounter(`rld_checks_total{rule="ip",decision="blocked"}`)
 	denied := metrics.GetOrCreateCounter(`rld_checks_total{rule="deny",decision="blocked"}`)
 	kb, dn := keyBlocked.Get(), denied.Get()
-	d := p.Check(context.Background(), t0, descs("ip=10.0.0.7"), 1, false, nil)
+	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=10.0.0.7"), Cost: 1}, nil)
 	assert.Equal(t, StatusBlocked, d.Status)
 	assert.Equal(t, RuleDeny, d.Rule)
-	d = p.Check(context.Background(), t0, descs("api_key=k", "ip=192.0.2.1"), 1, false, nil)
+	d = p.Check(context.Background(), &Request{Now: t0, Descs: descs("api_key=k", "ip=192.0.2.1"), Cost: 1}, nil)
 	assert.Equal(t, StatusBlocked, d.Status)
 	assert.Equal(t, "ip", d.Rule)
 	assert.Equal(t, []string{"api\x00\x01k"}, st.refunds, "the api rule's take is refunded")
 	assert.Equal(t, kb+1, keyBlocked.Get(), "a key block is counted under its rule")
 	assert.Equal(t, dn+1, denied.Get(), "a glob block under the deny list")
-	assert.Equal(t, StatusAllowed, p.Check(context.Background(), t0, descs("ip=192.0.2.2"), 1, false, nil).Status)
-	assert.Equal(t, StatusAllowed, p.Check(context.Background(), exp, descs("ip=10.0.0.7"), 1, false, nil).Status, "expired")
-	assert.Equal(t, StatusAllowed, p.Check(context.Background(), exp, descs("ip=192.0.2.1"), 1, false, nil).Status, "expired")
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=192.0.2.2"), Cost: 1}, nil).Status)
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), &Request{Now: exp, Descs: descs("ip=10.0.0.7"), Cost: 1}, nil).Status, "expired")
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), &Request{Now: exp, Descs: descs("ip=192.0.2.1"), Cost: 1}, nil).Status, "expired")
 }
 
 // TestChangesSurviveReload: a recompile with the Changes of the Policy in
@@ -176,8 +176,8 @@ func TestChangesCheckAllocs(t *testing.T) {
 	ctx := context.Background()
 	for _, req := range [][]string{{"api_key=team-a", "ip=1"}, {"api_key=team-b", "ip=2"}} {
 		r := descs(req...)
-		p.Check(ctx, t0, r, 1, false, &sc)
-		allocs := testing.AllocsPerRun(1000, func() { p.Check(ctx, t0, r, 1, false, &sc) })
+		p.Check(ctx, &Request{Now: t0, Descs: r, Cost: 1}, &sc)
+		allocs := testing.AllocsPerRun(1000, func() { p.Check(ctx, &Request{Now: t0, Descs: r, Cost: 1}, &sc) })
 		assert.Zero(t, allocs, req)
 	}
 }
@@ -213,7 +213,7 @@ func BenchmarkCheckChanges(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				p.Check(ctx, t0, req, 1, false, &sc)
+				p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, &sc)
 			}
 		})
 	}
@@ -338,7 +338,7 @@ func TestValidateOverrideAlgorithm(t *testing.T) {
 func TestKeyOverrideNewestApplies(t *testing.T) {
 	key := map[string]string{"api_key": "a"}
 	limit := func(p *Policy, at time.Time) int64 {
-		return p.Check(context.Background(), at, descs("api_key=a"), 1, true, nil).Params.Limit
+		return p.Check(context.Background(), &Request{Now: at, Descs: descs("api_key=a"), Cost: 1, Peek: true}, nil).Params.Limit
 	}
 	// The newer expires first: the older applies after it.
 	p := compileChanges(t, changesTOML, &Changes{Overrides: []Override{

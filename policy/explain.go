@@ -72,15 +72,14 @@ type Match struct {
 	Overridden, Blocked, Cooldown bool
 }
 
-// Explain lists every rule whose match holds for descs, with the limit in
-// force, what each rule's store would answer a check of cost units now,
-// and the decision a check would get (Explanation.Decision), consuming
-// nothing. It reads the stores as PEEK does and changes no counter,
-// penalty state or metric.
-func (p *Policy) Explain(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64) Explanation {
-	if cost <= 0 {
-		cost = 1
-	}
+// Explain lists every rule whose match holds for req's descriptors, with
+// the limit in force, what each rule's store would answer a check of
+// req's cost at req.Now, and the decision a check would get
+// (Explanation.Decision), consuming nothing, whether req peeks or not. It
+// reads the stores as PEEK does and changes no counter, penalty state or
+// metric.
+func (p *Policy) Explain(ctx context.Context, req *Request) Explanation {
+	now, descs, cost := req.Now, req.Descs, max(req.Cost, 1)
 	var e Explanation
 	e.List = p.listOf(descs, now)
 	var key []byte

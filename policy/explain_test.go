@@ -47,9 +47,9 @@ period = "1s"
 		{Name: []byte("tier"), Value: []byte("pro")},
 		{Name: []byte("endpoint"), Value: []byte("/v1/x")},
 	}
-	p.Check(ctx, now, descs, 2, false, nil) // per-key: 8 of 10 left
+	p.Check(ctx, &Request{Now: now, Descs: descs, Cost: 2}, nil) // per-key: 8 of 10 left
 	for range 3 {
-		e := p.Explain(ctx, now, descs, 1)
+		e := p.Explain(ctx, &Request{Now: now, Descs: descs, Cost: 1})
 		if e.List != "" || len(e.Rules) != 2 {
 			t.Fatalf("explain = %+v", e)
 		}
@@ -62,10 +62,10 @@ period = "1s"
 		}
 	}
 	// The check after the explains finds what the first check left.
-	if d := p.Check(ctx, now, descs, 1, false, nil); d.Result.Remaining != 7 {
+	if d := p.Check(ctx, &Request{Now: now, Descs: descs, Cost: 1}, nil); d.Result.Remaining != 7 {
 		t.Fatalf("after explain: remaining %d, want 7", d.Result.Remaining)
 	}
-	if e := p.Explain(ctx, now, []wire.Descriptor{{Name: []byte("ip"), Value: []byte("10.1.1.1")}}, 1); e.List != RuleDeny || len(e.Rules) != 1 || e.Rules[0].Missing != "api_key" {
+	if e := p.Explain(ctx, &Request{Now: now, Descs: []wire.Descriptor{{Name: []byte("ip"), Value: []byte("10.1.1.1")}}, Cost: 1}); e.List != RuleDeny || len(e.Rules) != 1 || e.Rules[0].Missing != "api_key" {
 		t.Fatalf("deny-listed: %+v", e)
 	}
 	text, ok := p.AppendKeyText(nil, "per-key", descs)

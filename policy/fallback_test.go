@@ -75,7 +75,7 @@ period = "1h"
 `, st, FallbackOptions{Health: h})
 			allowed := int64(0)
 			for range 40 {
-				d := p.Check(context.Background(), t0, descs("ip=1"), 1, false, nil)
+				d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil)
 				require.True(t, d.Degraded, "%+v", d)
 				require.Equal(t, "r", d.Rule)
 				require.Equal(t, tc.want, d.Result.Limit, "the share is the limit here")
@@ -123,7 +123,7 @@ fail = "closed"
 			st := newFakeStore()
 			st.fail["login"] = tc.err
 			p, f := newFallbackPolicy(t, rules, st, FallbackOptions{Health: tc.health, Timeout: tc.timeout})
-			d := p.Check(context.Background(), t0, descs("user=u"), 1, false, nil)
+			d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("user=u"), Cost: 1}, nil)
 			assert.Equal(t, StatusLimited, d.Status)
 			assert.True(t, d.Degraded)
 			assert.Equal(t, "login", d.Rule)
@@ -153,7 +153,7 @@ limit = 4
 period = "1h"
 `, st, FallbackOptions{Health: fakeHealth{peers: 2}})
 	check := func() Decision {
-		return p.Check(context.Background(), t0, descs("key=k", "tenant=t"), 1, false, nil)
+		return p.Check(context.Background(), &Request{Now: t0, Descs: descs("key=k", "tenant=t"), Cost: 1}, nil)
 	}
 	// The tenant's store fails: its share of 4 over 2 daemons is 2.
 	st.fail["tenant"] = errDown
@@ -219,7 +219,7 @@ limit = 10
 period = "1h"
 fail = "closed"
 `, st, FallbackOptions{})
-	d := p.Check(context.Background(), t0, descs("ip=1"), 1, false, nil)
+	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil)
 	assert.Equal(t, StatusLimited, d.Status)
 	assert.True(t, d.Degraded)
 	assert.Equal(t, "c", d.Rule)
@@ -241,7 +241,7 @@ period = "1h"
 `, st, FallbackOptions{Forget: time.Minute, Clock: func() time.Time { return clock }})
 	use := func() (allowed int) {
 		for range 3 {
-			if p.Check(context.Background(), clock, descs("ip=1"), 1, false, nil).Status.Allowed() {
+			if p.Check(context.Background(), &Request{Now: clock, Descs: descs("ip=1"), Cost: 1}, nil).Status.Allowed() {
 				allowed++
 			}
 		}
@@ -294,7 +294,7 @@ fail = "closed"
 		before[i] = get(s[0], s[1])
 	}
 	for _, kind := range []string{"open", "open", "closed"} {
-		p.Check(context.Background(), t0, descs("ip=1", "kind="+kind), 1, false, nil)
+		p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1", "kind="+kind), Cost: 1}, nil)
 	}
 	for i, want := range []uint64{1, 1, 1, 0} {
 		assert.Equal(t, want, get(series[i][0], series[i][1])-before[i], "%s %s", series[i][0], series[i][1])
@@ -322,11 +322,11 @@ by = ["ip"]
 limit = 30
 period = "1m"
 `, st, FallbackOptions{Health: fakeHealth{peers: 3}})
-	d := p.Check(context.Background(), t0, descs("ip=1"), 31, false, nil)
+	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 31}, nil)
 	assert.Equal(t, StatusError, d.Status)
 	assert.Equal(t, CodeCostTooLarge, d.Code)
 	assert.ErrorIs(t, d.Err, ErrCostTooLarge)
-	d = p.Check(context.Background(), t0, descs("ip=1"), 15, false, nil)
+	d = p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 15}, nil)
 	assert.Equal(t, StatusLimited, d.Status)
 	assert.True(t, d.Degraded)
 	assert.Equal(t, time.Minute, d.Result.RetryAfter)
@@ -364,7 +364,7 @@ period = "1h"
 			admitted := func(ip string) int {
 				n := 0
 				for range 40 {
-					d := p.Check(context.Background(), t0, descs("ip="+ip), 1, false, nil)
+					d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=" + ip), Cost: 1}, nil)
 					require.True(t, d.Degraded)
 					if d.Status == StatusAllowedDegraded {
 						n++

@@ -161,28 +161,42 @@ func (p *Policy) leaseKey() []byte {
 // that names it (nil otherwise): Release gives the slots back, and Settle
 // corrects the rate rules' units to the request's actual cost, when cost
 // was an estimate. The lease aliases sc and is valid until sc's next use.
-// A denial holds nothing.
-func (p *Policy) AcquireTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, sc *Scratch, d *Decision) []byte {
+// A denial holds nothing. A req that peeks is an error (CodeMalformed,
+// ErrAcquirePeek) and takes nothing.
+func (p *Policy) AcquireTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) []byte {
+	if req.Peek {
+		*d = acquirePeek()
+		return nil
+	}
 	if sc == nil {
 		sc = new(Scratch)
 	}
 	sc.taken = sc.taken[:0]
-	p.check(ctx, now, descs, cost, false, sc, d, false, true)
-	return p.lease(ctx, now, cost, sc, d)
+	p.check(ctx, req, sc, d, false, true)
+	return p.lease(ctx, req.Now, req.Cost, sc, d)
 }
 
 // TryAcquireTo is AcquireTo when every store the acquire needs answers
 // on the host (see TryCheckTo); otherwise it takes nothing and reports
 // false.
-func (p *Policy) TryAcquireTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, sc *Scratch, d *Decision) ([]byte, bool) {
+func (p *Policy) TryAcquireTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) ([]byte, bool) {
+	if req.Peek {
+		*d = acquirePeek()
+		return nil, true
+	}
 	if sc == nil {
 		sc = new(Scratch)
 	}
 	sc.taken = sc.taken[:0]
-	if !p.check(ctx, now, descs, cost, false, sc, d, true, true) {
+	if !p.check(ctx, req, sc, d, true, true) {
 		return nil, false
 	}
-	return p.lease(ctx, now, cost, sc, d), true
+	return p.lease(ctx, req.Now, req.Cost, sc, d), true
+}
+
+// acquirePeek returns the Decision of an acquire whose Request peeks.
+func acquirePeek() Decision {
+	return Decision{Status: StatusError, Code: CodeMalformed, Err: fmt.Errorf("policy: acquire: %w", ErrAcquirePeek)}
 }
 
 // lease encodes what the allowed acquire in sc took, or returns nil when
@@ -400,152 +414,236 @@ func (p *Policy) Settle(ctx context.Context, now time.Time, lease []byte, actual
 }
 
 func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual int64, settle bool) Decision {
-	what := "release"
-	if settle {
-		what = "settle"
-	}
-	pl, err := parseLease(lease, p.leaseKey())
-	switch {
-	case errors.Is(err, ErrBadLease):
-		return Decision{Status: StatusError, Code: CodeMalformed, Err: fmt.Errorf("policy: %s: %w", what, err)}
-	case err == nil && !pl.signed:
-		// Forged, altered, or signed with another key: a release of it
-		// could free another client's slot.
-		err = fmt.Errorf("%w: not signed with this daemon's lease key (give the fleet one: store.lease_key_file)", ErrUnknownLease)
-	case err == nil && now.UnixMicro()-pl.issued > MaxLeaseAge.Microseconds():
-		err = fmt.Errorf("%w: acquired more than %s ago", ErrUnknownLease, MaxLeaseAge)
-	case err == nil && settle && !markSettled(pl.tag, pl.issued, now.UnixMicro()):
-		err = fmt.Errorf("%w: settled already", ErrUnknownLease)
+	s := settling{p: p, ctx: ctx, now: now, actual: actual, settle: settle}
+	err := s.open(lease)
+	if err == nil {
+		err = s.apply()
 	}
 	if err != nil {
-		releasesUnknown.Inc()
-		return Decision{Status: StatusError, Code: CodeNotFound, Err: fmt.Errorf("policy: %s: %w", what, err)}
+		s.d = s.failed(err)
 	}
-	if !settle {
-		actual = pl.cost
+	return s.d
+}
+
+// settling is one Release (settle false) or Settle of a lease.
+type settling struct {
+	p      *Policy
+	ctx    context.Context
+	now    time.Time
+	pl     parsedLease
+	actual int64 // the request's actual cost; a release's is the estimate
+	settle bool
+	// onceFor is how long, µs, a store keeps its record of a settle's
+	// corrections (algo.Op.OnceFor): until the lease's MaxLeaseAge.
+	onceFor int64
+	// changed counts the entries the release or settle changed;
+	// applied those a settle through another daemon had applied.
+	changed, applied int
+	d                Decision // by the last rule changed
+}
+
+// ruleError is the failure of a rule's store in a release or settle.
+type ruleError struct {
+	r      *rule
+	period time.Duration
+	err    error
+}
+
+func (e *ruleError) Error() string { return fmt.Sprintf("rule %q: %v", e.r.name, e.err) }
+func (e *ruleError) Unwrap() error { return e.err }
+
+// what names the operation in errors.
+func (s *settling) what() string {
+	if s.settle {
+		return "settle"
 	}
-	slots := 0
-	for _, e := range pl.entries {
-		if e.flags&entryTake == 0 {
-			slots++
-		}
+	return "release"
+}
+
+// open parses and verifies lease into s.pl. A lease that may be settled
+// is marked settled here (see markSettled); an error of apply unmarks it.
+func (s *settling) open(lease []byte) error {
+	pl, err := parseLease(lease, s.p.leaseKey())
+	switch {
+	case err != nil:
+		return err
+	case !pl.signed:
+		// Forged, altered, or signed with another key: a release of it
+		// could free another client's slot.
+		return fmt.Errorf("%w: not signed with this daemon's lease key (give the fleet one: store.lease_key_file)", ErrUnknownLease)
+	case s.now.UnixMicro()-pl.issued > MaxLeaseAge.Microseconds():
+		return fmt.Errorf("%w: acquired more than %s ago", ErrUnknownLease, MaxLeaseAge)
+	case s.settle && !markSettled(pl.tag, pl.issued, s.now.UnixMicro()):
+		return fmt.Errorf("%w: settled already", ErrUnknownLease)
 	}
-	if !settle && slots == 0 {
+	s.pl = pl
+	if !s.settle {
+		s.actual = pl.cost
+	}
+	s.onceFor = max(pl.issued+MaxLeaseAge.Microseconds()-s.now.UnixMicro(), time.Millisecond.Microseconds())
+	return nil
+}
+
+// apply runs the lease's entries: the rate rules' first, in the lease's
+// order, which is every daemon's: of two settles at different costs, the
+// one that records the first entry goes on, and the other finds it
+// recorded otherwise and stops there, having changed nothing. Then the
+// concurrency slots. A settle's ops carry the lease's identity, marked
+// with the actual cost: a store that keeps a record of it (Redis,
+// fleet-wide) applies each entry's correction once; settledLeases is this
+// daemon's record, and the embedded store's only one.
+func (s *settling) apply() error {
+	if !s.settle && !s.pl.holdsSlots() {
 		// Nothing held: the request is done, as the acquire took it.
-		return Decision{Status: StatusAllowed, Rule: RuleNone}
+		s.d = Decision{Status: StatusAllowed, Rule: RuleNone}
+		return nil
 	}
-	if ctx.Done() != nil {
-		ctx = context.WithoutCancel(ctx) // a lost release holds slots until their timeout
+	if s.ctx.Done() != nil {
+		s.ctx = context.WithoutCancel(s.ctx) // a lost release holds slots until their timeout
 	}
-	var d Decision
-	changed, applied := 0, 0
-	// A settle's ops carry the lease's identity, marked with the actual
-	// cost: a store that keeps a record of it (Redis, fleet-wide) applies
-	// each entry's correction once. The rate rules' entries go first, in
-	// the lease's order, which is every daemon's: of two settles at
-	// different costs, the one that records the first entry goes on, and
-	// the other finds it recorded otherwise and stops there, having
-	// changed nothing. settledLeases is this daemon's record, and the
-	// embedded store's only one.
-	onceFor := max(pl.issued+MaxLeaseAge.Microseconds()-now.UnixMicro(), time.Millisecond.Microseconds())
-	for i := range 2 * len(pl.entries) {
-		e := pl.entries[i%len(pl.entries)]
-		if (e.flags&entryTake != 0) != (i < len(pl.entries)) {
-			continue // the rate rules' entries first, then the slots
-		}
-		r := p.ruleOfKey(e.key)
-		if r == nil {
-			continue // the rule is gone: its slots expire on their own
-		}
-		op := algo.Op{Key: e.key, TakenAt: e.at}
-		switch {
-		case e.flags&entryTake == 0 && r.base.Kind == algo.Concurrency:
-			op.Kind, op.Params, op.N, op.Slot = algo.OpRelease, r.slotParams(e.key, now.UnixNano()), 1, e.slot
-		case e.flags&entryTake != 0 && actual > pl.cost:
-			op.Kind, op.Params, op.N = algo.OpCharge, e.params, actual-pl.cost
-		case e.flags&entryTake != 0 && actual < pl.cost:
-			op.Kind, op.Params, op.N = algo.OpRefund, e.params, pl.cost-actual
-		case e.flags&entryTake != 0 && !settle:
-			continue
-		case e.flags&entryTake != 0:
-			// Nothing to correct; a peek (where the store is
-			// shared) records that the lease was settled.
-			if e.flags&entryLocal != 0 {
-				changed++
-				continue
+	var err error
+	for _, takes := range [2]bool{true, false} {
+		for i := 0; i < len(s.pl.entries) && err == nil; i++ {
+			if e := &s.pl.entries[i]; (e.flags&entryTake != 0) == takes {
+				err = s.entry(e)
 			}
-			op.Kind, op.Params, op.N = algo.OpPeek, e.params, 1
-		default:
-			continue // no longer a concurrency rule
 		}
-		if op.Params.Validate() != nil {
-			continue
-		}
-		if settle && op.Kind != algo.OpRelease {
-			op.Once, op.OnceMark, op.OnceFor = pl.tag, actual, onceFor
-		}
-		if e.flags&entryLocal != 0 {
-			if p.fallback == nil || !p.fallback.do(&op, now) {
-				continue
-			}
-		} else {
-			o, ok := r.store.(Operator)
-			if !ok {
-				return Decision{Status: StatusError, Code: CodeInternal, Rule: r.name,
-					Err: fmt.Errorf("policy: %s: rule %q: its store cannot run %s", what, r.name, op.Kind)}
-			}
-			ops := [1]algo.Op{op}
-			err := o.Do(ctx, ops[:], now)
-			if err == nil {
-				err = ops[0].Err
-			}
-			if errors.Is(err, algo.ErrApplied) {
-				applied++ // settled through another daemon
-				continue
-			}
-			if errors.Is(err, algo.ErrOnceConflict) {
-				releasesUnknown.Inc()
-				return Decision{Status: StatusError, Code: CodeNotFound,
-					Err: fmt.Errorf("policy: %s: %w: settled already, at another cost", what, ErrUnknownLease)}
-			}
-			if err != nil {
-				r.m.inc(decError)
-				if settle {
-					unmarkSettled(pl.tag) // what was not done may be tried again
-				}
-				return Decision{Status: StatusError, Code: CodeInternal, Rule: r.name, Period: op.Params.Period,
-					Err: fmt.Errorf("policy: %s: rule %q: %w", what, r.name, err)}
-			}
-			op = ops[0]
-		}
-		if op.Kind == algo.OpRelease && op.Admitted == 0 {
-			continue // expired, or released already
-		}
-		changed++
-		switch op.Kind {
-		case algo.OpRelease:
-			releases.Inc()
-		case algo.OpCharge:
-			settleCharged.Add(int(op.N))
-		case algo.OpRefund:
-			settleRefunded.Add(int(op.N))
-		}
-		// The store's answer is a refusal (algo.Op.Result), a release's
-		// with the slots free after it. This answer allows: its next is
-		// the limit's own, not a refusal's 0.
-		res := op.Result
-		res.Allowed, res.RetryAfter = true, 0
-		d.set(StatusAllowed, e.flags&entryLocal != 0, r.name, &res, &op.Params)
 	}
-	if changed == 0 && applied > 0 {
-		releasesUnknown.Inc()
-		return Decision{Status: StatusError, Code: CodeNotFound, Err: fmt.Errorf("policy: %s: %w: settled already", what, ErrUnknownLease)}
+	switch {
+	case err != nil:
+		return err
+	case s.changed == 0 && s.applied > 0:
+		return fmt.Errorf("%w: settled already", ErrUnknownLease)
+	case s.changed == 0:
+		return ErrUnknownLease
 	}
-	if changed == 0 {
-		releasesUnknown.Inc()
-		return Decision{Status: StatusError, Code: CodeNotFound, Err: fmt.Errorf("policy: %s: %w", what, ErrUnknownLease)}
+	return nil
+}
+
+// holdsSlots reports whether the lease names a concurrency slot.
+func (pl *parsedLease) holdsSlots() bool {
+	for i := range pl.entries {
+		if pl.entries[i].flags&entryTake == 0 {
+			return true
+		}
 	}
-	return d
+	return false
+}
+
+// entry runs the op of one entry of the lease, and counts what it
+// changed. An entry whose rule is gone or changed kind is skipped: its
+// slots expire on their own.
+func (s *settling) entry(e *leaseEntry) error {
+	r := s.p.ruleOfKey(e.key)
+	if r == nil {
+		return nil
+	}
+	op, run := s.entryOp(r, e)
+	if !run || op.Params.Validate() != nil {
+		return nil
+	}
+	done, err := s.run(r, e, &op)
+	if err != nil || !done || (op.Kind == algo.OpRelease && op.Admitted == 0) {
+		return err // expired, or released already
+	}
+	s.changed++
+	switch op.Kind {
+	case algo.OpRelease:
+		releases.Inc()
+	case algo.OpCharge:
+		settleCharged.Add(int(op.N))
+	case algo.OpRefund:
+		settleRefunded.Add(int(op.N))
+	}
+	// The store's answer is a refusal (algo.Op.Result), a release's
+	// with the slots free after it. This answer allows: its next is
+	// the limit's own, not a refusal's 0.
+	res := op.Result
+	res.Allowed, res.RetryAfter = true, 0
+	s.d.set(StatusAllowed, e.flags&entryLocal != 0, r.name, &res, &op.Params)
+	return nil
+}
+
+// entryOp returns the op of entry e of rule r: a slot's release, or the
+// correction of a rate rule's units from the estimate to actual (a peek
+// where there is none to make, so that a shared store records the
+// settle). It reports false when there is nothing to run.
+func (s *settling) entryOp(r *rule, e *leaseEntry) (algo.Op, bool) {
+	op := algo.Op{Key: e.key, TakenAt: e.at}
+	take, cost := e.flags&entryTake != 0, s.pl.cost
+	switch {
+	case !take && r.base.Kind == algo.Concurrency:
+		op.Kind, op.Params, op.N, op.Slot = algo.OpRelease, r.slotParams(e.key, s.now.UnixNano()), 1, e.slot
+	case !take:
+		return op, false // no longer a concurrency rule
+	case s.actual > cost:
+		op.Kind, op.Params, op.N = algo.OpCharge, e.params, s.actual-cost
+	case s.actual < cost:
+		op.Kind, op.Params, op.N = algo.OpRefund, e.params, cost-s.actual
+	case !s.settle:
+		return op, false
+	case e.flags&entryLocal != 0:
+		// Nothing to correct, and no shared store to record it in.
+		s.changed++
+		return op, false
+	default:
+		op.Kind, op.Params, op.N = algo.OpPeek, e.params, 1
+	}
+	if s.settle && op.Kind != algo.OpRelease {
+		op.Once, op.OnceMark, op.OnceFor = s.pl.tag, s.actual, s.onceFor
+	}
+	return op, true
+}
+
+// run runs op, of entry e of rule r, where the acquire took it: the
+// Fallback's local state or r's store. It reports false when it did not
+// run there: no local state, or the correction was applied already by a
+// settle through another daemon.
+func (s *settling) run(r *rule, e *leaseEntry, op *algo.Op) (bool, error) {
+	if e.flags&entryLocal != 0 {
+		return s.p.fallback != nil && s.p.fallback.do(op, s.now), nil
+	}
+	o, ok := r.store.(Operator)
+	if !ok {
+		return false, &ruleError{r: r, period: op.Params.Period, err: fmt.Errorf("its store cannot run %s", op.Kind)}
+	}
+	ops := [1]algo.Op{*op}
+	err := o.Do(s.ctx, ops[:], s.now)
+	if err == nil {
+		err = ops[0].Err
+	}
+	switch {
+	case errors.Is(err, algo.ErrApplied):
+		s.applied++ // settled through another daemon
+		return false, nil
+	case errors.Is(err, algo.ErrOnceConflict):
+		return false, fmt.Errorf("%w: settled already, at another cost", ErrUnknownLease)
+	case err != nil:
+		return false, &ruleError{r: r, period: op.Params.Period, err: err}
+	}
+	*op = ops[0]
+	return true, nil
+}
+
+// failed returns the Decision of a release or settle that failed with
+// err, and counts it: CodeMalformed for a lease that does not parse,
+// CodeNotFound for one that holds nothing, CodeInternal for a store's
+// failure, after which a settle may be tried again.
+func (s *settling) failed(err error) Decision {
+	err = fmt.Errorf("policy: %s: %w", s.what(), err)
+	var re *ruleError
+	switch {
+	case errors.Is(err, ErrBadLease):
+		return Decision{Status: StatusError, Code: CodeMalformed, Err: err}
+	case errors.As(err, &re):
+		re.r.m.inc(decError)
+		if s.settle {
+			unmarkSettled(s.pl.tag) // what was not done may be tried again
+		}
+		return Decision{Status: StatusError, Code: CodeInternal, Rule: re.r.name, Period: re.period, Err: err}
+	}
+	releasesUnknown.Inc()
+	return Decision{Status: StatusError, Code: CodeNotFound, Err: err}
 }
 
 // ruleOfKey returns the rule whose counter keys start as key does (its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,41 @@ limit = 5
 period = "1m"
 `
 
+// TestAcquirePeekIsRefused: an acquire whose Request peeks is an error
+// (CodeMalformed, ErrAcquirePeek), on both acquire paths, and takes
+// nothing: the limits stay whole.
+func TestAcquirePeekIsRefused(t *testing.T) {
+	p := newPolicy(t, concurrencyRules, memstore.New(memstore.Options{}))
+	ctx := context.Background()
+	var sc Scratch
+	var d Decision
+	export := descs("api_key=k", "endpoint=/v1/export")
+	req := &Request{Now: t0, Descs: export, Cost: 1, Peek: true}
+
+	lease := p.AcquireTo(ctx, req, &sc, &d)
+	assert.Nil(t, lease)
+	assert.Equal(t, StatusError, d.Status)
+	assert.Equal(t, CodeMalformed, d.Code)
+	assert.ErrorIs(t, d.Err, ErrAcquirePeek)
+
+	d = Decision{}
+	lease, ok := p.TryAcquireTo(ctx, req, &sc, &d)
+	assert.True(t, ok, "decided: nothing to hand off")
+	assert.Nil(t, lease)
+	assert.Equal(t, CodeMalformed, d.Code)
+	assert.ErrorIs(t, d.Err, ErrAcquirePeek)
+
+	// Both slots and all 5 units are still there.
+	for i := range 2 {
+		lease = p.AcquireTo(ctx, &Request{Now: t0, Descs: export, Cost: 1}, &sc, &d)
+		require.Equal(t, StatusAllowed, d.Status, "acquire %d", i)
+		require.NotEmpty(t, lease)
+	}
+	d = p.Check(ctx, &Request{Now: t0, Descs: descs("api_key=k"), Cost: 3}, &sc)
+	assert.Equal(t, StatusAllowed, d.Status)
+	assert.Equal(t, int64(0), d.Result.Remaining, "5 - 2 acquires - 3")
+}
+
 // TestAcquireRelease: an acquire holds a slot until it is released or its
 // timeout passes; a check looks for a free slot and holds none; a denial
 // by another rule releases what the acquire took.
@@ -42,7 +78,7 @@ func TestAcquireRelease(t *testing.T) {
 	export := descs("api_key=k", "endpoint=/v1/export")
 	acquire := func(now time.Time) (Decision, string) {
 		t.Helper()
-		lease := p.AcquireTo(ctx, now, export, 1, &sc, &d)
+		lease := p.AcquireTo(ctx, &Request{Now: now, Descs: export, Cost: 1}, &sc, &d)
 		return d, string(lease)
 	}
 
@@ -50,7 +86,7 @@ func TestAcquireRelease(t *testing.T) {
 	require.Equal(t, StatusAllowed, d1.Status)
 	require.NotEmpty(t, l1)
 	// A check finds the second slot free, and holds none.
-	d = p.Check(ctx, t0, export, 1, false, &sc)
+	d = p.Check(ctx, &Request{Now: t0, Descs: export, Cost: 1}, &sc)
 	require.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "exports", d.Rule)
 	assert.Equal(t, int64(0), d.Result.Remaining, "a check sees one slot left, and that it would take it")
@@ -76,7 +112,7 @@ func TestAcquireRelease(t *testing.T) {
 	// then it denies, and the slot the acquire took goes back.
 	d4, l4 := acquire(t0.Add(4 * time.Millisecond))
 	require.Equal(t, StatusAllowed, d4.Status)
-	d = p.Check(ctx, t0.Add(4*time.Millisecond), descs("api_key=k"), 1, false, &sc)
+	d = p.Check(ctx, &Request{Now: t0.Add(4 * time.Millisecond), Descs: descs("api_key=k"), Cost: 1}, &sc)
 	require.Equal(t, StatusAllowed, d.Status)
 	d5, l5 := acquire(t0.Add(5 * time.Millisecond))
 	assert.Equal(t, StatusLimited, d5.Status)
@@ -87,7 +123,7 @@ func TestAcquireRelease(t *testing.T) {
 	assert.Equal(t, StatusLimited, d6.Status)
 	assert.Equal(t, "per-key", d6.Rule)
 	assert.Empty(t, l5+l6)
-	d = p.Check(ctx, t0.Add(7*time.Millisecond), export, 1, true, &sc)
+	d = p.Check(ctx, &Request{Now: t0.Add(7 * time.Millisecond), Descs: export, Cost: 1, Peek: true}, &sc)
 	assert.Equal(t, "per-key", d.Rule, "the slot the denied acquire took was released")
 
 	// The slot of l2 expires at its timeout: then it is unknown.
@@ -108,7 +144,7 @@ func TestAcquireWithoutConcurrencyRule(t *testing.T) {
 	p := newPolicy(t, concurrencyRules, memstore.New(memstore.Options{}))
 	var sc Scratch
 	var d Decision
-	lease := p.AcquireTo(context.Background(), t0, descs("api_key=k"), 1, &sc, &d)
+	lease := p.AcquireTo(context.Background(), &Request{Now: t0, Descs: descs("api_key=k"), Cost: 1}, &sc, &d)
 	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "per-key", d.Rule)
 	require.NotEmpty(t, lease)
@@ -118,7 +154,7 @@ func TestAcquireWithoutConcurrencyRule(t *testing.T) {
 
 	// The allow list decides without counting: nothing to name.
 	p = newPolicy(t, "allow = [\"api_key=ok\"]\n"+concurrencyRules, memstore.New(memstore.Options{}))
-	assert.Nil(t, p.AcquireTo(context.Background(), t0, descs("api_key=ok", "endpoint=/v1/export"), 1, &sc, &d))
+	assert.Nil(t, p.AcquireTo(context.Background(), &Request{Now: t0, Descs: descs("api_key=ok", "endpoint=/v1/export"), Cost: 1}, &sc, &d))
 }
 
 const settleRules = `
@@ -151,12 +187,12 @@ func TestSettle(t *testing.T) {
 			chat := descs("api_key=k", "endpoint=/v1/chat", "slot=yes")
 			remaining := func(at time.Time) int64 {
 				t.Helper()
-				d := p.Check(ctx, at, descs("api_key=k", "endpoint=/v1/chat"), 1, true, &sc)
+				d := p.Check(ctx, &Request{Now: at, Descs: descs("api_key=k", "endpoint=/v1/chat"), Cost: 1, Peek: true}, &sc)
 				require.Equal(t, "tokens", d.Rule)
 				return d.Result.Remaining + 1 // a peek counts the unit it asks for
 			}
 			now := t0.Add(time.Minute)
-			lease := string(p.AcquireTo(ctx, now, chat, 10, &sc, &d))
+			lease := string(p.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 10}, &sc, &d))
 			require.Equal(t, StatusAllowed, d.Status)
 			assert.Equal(t, int64(90), remaining(now))
 			r := p.Settle(ctx, now, []byte(lease), 25)
@@ -168,7 +204,7 @@ func TestSettle(t *testing.T) {
 			r = p.Release(ctx, now, []byte(lease))
 			assert.Equal(t, CodeNotFound, r.Code, "released with its settle")
 
-			lease = string(p.AcquireTo(ctx, now, chat, 10, &sc, &d))
+			lease = string(p.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 10}, &sc, &d))
 			require.Equal(t, StatusAllowed, d.Status, "the settle released the slot")
 			r = p.Settle(ctx, now, []byte(lease), 4)
 			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
@@ -176,7 +212,7 @@ func TestSettle(t *testing.T) {
 
 			// At the estimate: nothing to correct, the slot back, and
 			// settled: a later settle at another cost is refused.
-			lease = string(p.AcquireTo(ctx, now, chat, 10, &sc, &d))
+			lease = string(p.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 10}, &sc, &d))
 			require.Equal(t, StatusAllowed, d.Status)
 			r = p.Settle(ctx, now, []byte(lease), 10)
 			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
@@ -184,20 +220,20 @@ func TestSettle(t *testing.T) {
 			r = p.Settle(ctx, now, []byte(lease), 50)
 			assert.Equal(t, CodeNotFound, r.Code, "settled once")
 			assert.Equal(t, int64(61), remaining(now))
-			lease = string(p.AcquireTo(ctx, now, chat, 1, &sc, &d))
+			lease = string(p.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 1}, &sc, &d))
 			require.Equal(t, StatusAllowed, d.Status, "the settle released the slot")
 			require.Equal(t, StatusAllowed, p.Release(ctx, now, []byte(lease)).Status)
 
 			// Into debt: later checks are refused.
-			lease = string(p.AcquireTo(ctx, now, chat, 1, &sc, &d))
+			lease = string(p.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 1}, &sc, &d))
 			r = p.Settle(ctx, now, []byte(lease), 100)
 			require.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
-			d = p.Check(ctx, now, descs("api_key=k", "endpoint=/v1/chat"), 1, false, &sc)
+			d = p.Check(ctx, &Request{Now: now, Descs: descs("api_key=k", "endpoint=/v1/chat"), Cost: 1}, &sc)
 			assert.Equal(t, StatusLimited, d.Status)
 			assert.Positive(t, d.Result.RetryAfter)
 
 			// Too old, or signed by another key: unknown, nothing changes.
-			lease = string(p.AcquireTo(ctx, now.Add(time.Hour), descs("api_key=j", "endpoint=/v1/chat", "slot=yes"), 1, &sc, &d))
+			lease = string(p.AcquireTo(ctx, &Request{Now: now.Add(time.Hour), Descs: descs("api_key=j", "endpoint=/v1/chat", "slot=yes"), Cost: 1}, &sc, &d))
 			r = p.Settle(ctx, now.Add(2*time.Hour+time.Second), []byte(lease), 50)
 			assert.Equal(t, CodeNotFound, r.Code)
 			other := newPolicy(t, settleRules, memstore.New(memstore.Options{}))
@@ -222,7 +258,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now = now.Add(time.Microsecond)
-		lease := p.AcquireTo(ctx, now, chat, 1, &sc, &d)
+		lease := p.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 1}, &sc, &d)
 		if d.Status != StatusAllowed {
 			b.Fatalf("%+v", d)
 		}
@@ -239,7 +275,7 @@ func FuzzParseLease(f *testing.F) {
 	p := newPolicy(f, settleRules, memstore.New(memstore.Options{}))
 	var sc Scratch
 	var d Decision
-	good := string(p.AcquireTo(context.Background(), t0, descs("api_key=k", "endpoint=/v1/chat", "slot=yes"), 3, &sc, &d))
+	good := string(p.AcquireTo(context.Background(), &Request{Now: t0, Descs: descs("api_key=k", "endpoint=/v1/chat", "slot=yes"), Cost: 3}, &sc, &d))
 	f.Add(good)
 	f.Add(good[:len(good)-3])
 	f.Add("")
@@ -277,7 +313,7 @@ func TestReleaseSettleAnswers(t *testing.T) {
 	ctx := context.Background()
 	var sc Scratch
 	var d Decision
-	lease := p.AcquireTo(ctx, t0, descs("api_key=k", "endpoint=/v1/export"), 1, &sc, &d)
+	lease := p.AcquireTo(ctx, &Request{Now: t0, Descs: descs("api_key=k", "endpoint=/v1/export"), Cost: 1}, &sc, &d)
 	require.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, int64(1), d.Result.Remaining, "one slot of two left")
 	r := p.Release(ctx, t0.Add(time.Millisecond), lease)
@@ -288,13 +324,13 @@ func TestReleaseSettleAnswers(t *testing.T) {
 	assert.Equal(t, time.Duration(-1), algo.Next(r.Params, &r.Result), "no next without a refusal")
 
 	// A lease of the rate rule alone (no slot): 5 a minute, 3 taken.
-	lease = p.AcquireTo(ctx, t0, descs("api_key=j"), 3, &sc, &d)
+	lease = p.AcquireTo(ctx, &Request{Now: t0, Descs: descs("api_key=j"), Cost: 3}, &sc, &d)
 	require.Equal(t, StatusAllowed, d.Status)
 	s := p.Settle(ctx, t0.Add(time.Second), lease, 2)
 	require.Equal(t, StatusAllowed, s.Status, "%v", s.Err)
 	assert.Equal(t, "per-key", s.Rule)
 	assert.Positive(t, algo.Next(s.Params, &s.Result), "the time until the next unit comes back")
-	peek := p.Check(ctx, t0.Add(time.Second), descs("api_key=j"), 1, true, &sc)
+	peek := p.Check(ctx, &Request{Now: t0.Add(time.Second), Descs: descs("api_key=j"), Cost: 1, Peek: true}, &sc)
 	assert.Equal(t, algo.Next(peek.Params, &peek.Result), algo.Next(s.Params, &s.Result), "the next of a check made then")
 }
 
@@ -314,7 +350,7 @@ func TestReleaseUnderKeyOverride(t *testing.T) {
 	var d Decision
 	var leases [][]byte
 	for i := range 4 {
-		l := p.AcquireTo(ctx, t0.Add(time.Duration(i)*time.Millisecond), descs("api_key=big", "endpoint=/v1/export"), 1, &sc, &d)
+		l := p.AcquireTo(ctx, &Request{Now: t0.Add(time.Duration(i) * time.Millisecond), Descs: descs("api_key=big", "endpoint=/v1/export"), Cost: 1}, &sc, &d)
 		require.Equal(t, StatusAllowed, d.Status, "acquire %d: %s %v", i, d.Rule, d.Err)
 		leases = append(leases, l)
 	}
@@ -323,4 +359,58 @@ func TestReleaseUnderKeyOverride(t *testing.T) {
 	assert.Equal(t, "exports", r.Rule)
 	assert.Equal(t, int64(5), r.Result.Limit, "the override's limit")
 	assert.Equal(t, int64(2), r.Result.Remaining, "5 slots, 3 held")
+}
+
+// failingOps is the embedded store whose ops fail while fail is set: a
+// store that a settle reaches and that fails.
+type failingOps struct {
+	*memstore.Store
+	fail atomic.Bool
+}
+
+var errOpsDown = errors.New("ops down")
+
+func (s *failingOps) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
+	if s.fail.Load() {
+		return errOpsDown
+	}
+	return s.Store.Do(ctx, ops, now)
+}
+
+// TestSettleStoreFailure: a settle whose store fails is an internal
+// error by the rule, wrapping the store's error, and changes nothing; the
+// lease is not marked settled, so that the same settle succeeds once the
+// store is back, and charges once.
+func TestSettleStoreFailure(t *testing.T) {
+	st := &failingOps{Store: memstore.New(memstore.Options{})}
+	p := newPolicy(t, settleRules, st)
+	ctx := context.Background()
+	var sc Scratch
+	var d Decision
+	remaining := func() int64 {
+		t.Helper()
+		d := p.Check(ctx, &Request{Now: t0, Descs: descs("api_key=k", "endpoint=/v1/chat"), Cost: 1, Peek: true}, &sc)
+		return d.Result.Remaining + 1
+	}
+	lease := p.AcquireTo(ctx, &Request{Now: t0, Descs: descs("api_key=k", "endpoint=/v1/chat"), Cost: 10}, &sc, &d)
+	require.Equal(t, StatusAllowed, d.Status)
+	lease = []byte(string(lease))
+	require.Equal(t, int64(90), remaining())
+
+	st.fail.Store(true)
+	errorsBefore := p.rules[0].m[decError].Get()
+	r := p.Settle(ctx, t0, lease, 30)
+	assert.Equal(t, StatusError, r.Status)
+	assert.Equal(t, CodeInternal, r.Code)
+	assert.Equal(t, "tokens", r.Rule)
+	assert.ErrorIs(t, r.Err, errOpsDown)
+	assert.Equal(t, errorsBefore+1, p.rules[0].m[decError].Get(), "counted as the rule's error")
+	st.fail.Store(false)
+	assert.Equal(t, int64(90), remaining(), "nothing changed")
+
+	r = p.Settle(ctx, t0, lease, 30)
+	require.Equal(t, StatusAllowed, r.Status, "tried again: %v", r.Err)
+	assert.Equal(t, int64(70), remaining(), "charged 20 once")
+	r = p.Settle(ctx, t0, lease, 30)
+	assert.Equal(t, CodeNotFound, r.Code, "settled once")
 }

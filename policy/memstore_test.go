@@ -27,7 +27,7 @@ func TestShippedConfigWithMemstore(t *testing.T) {
 	var sc Scratch
 	check := func(now time.Time, cost int64, pairs ...string) Decision {
 		t.Helper()
-		return p.Check(ctx, now, descs(pairs...), cost, false, &sc)
+		return p.Check(ctx, &Request{Now: now, Descs: descs(pairs...), Cost: cost}, &sc)
 	}
 
 	// /search: 30 per minute per key; the token bucket refills one every 2 s.
@@ -87,7 +87,7 @@ func TestShippedConfigWithMemstore(t *testing.T) {
 		d = check(t0, 1, "api_key=k2", "tenant=acme", "endpoint=/v1/search")
 		require.Equal(t, StatusLimited, d.Status)
 	}
-	d = p.Check(ctx, t0, descs("tenant=acme"), 1, true, &sc)
+	d = p.Check(ctx, &Request{Now: t0, Descs: descs("tenant=acme"), Cost: 1, Peek: true}, &sc)
 	assert.Equal(t, "per-tenant", d.Rule)
 	// A peek reports what would remain after its cost: 20000 - 30 - 1.
 	assert.Equal(t, int64(20000-30-1), d.Result.Remaining, "tenant charged for the 30 admitted checks only")
@@ -102,10 +102,10 @@ func TestMemstoreAllocations(t *testing.T) {
 	var sc Scratch
 	ctx := context.Background()
 	now := t0
-	p.Check(ctx, now, req, 1, false, &sc)
+	p.Check(ctx, &Request{Now: now, Descs: req, Cost: 1}, &sc)
 	allocs := testing.AllocsPerRun(1000, func() {
 		now = now.Add(time.Second) // keep the keys under their limits
-		p.Check(ctx, now, req, 1, false, &sc)
+		p.Check(ctx, &Request{Now: now, Descs: req, Cost: 1}, &sc)
 	})
 	assert.LessOrEqual(t, allocs, 1.0)
 }
@@ -171,12 +171,12 @@ period = "1h"
 			require.NoError(b, err)
 			var sc Scratch
 			ctx := context.Background()
-			p.Check(ctx, t0, c.req, 1, false, &sc)
+			p.Check(ctx, &Request{Now: t0, Descs: c.req, Cost: 1}, &sc)
 			now := t0
 			b.ReportAllocs()
 			for b.Loop() {
 				now = now.Add(c.step)
-				if d := p.Check(ctx, now, c.req, 1, false, &sc); d.Status != c.want {
+				if d := p.Check(ctx, &Request{Now: now, Descs: c.req, Cost: 1}, &sc); d.Status != c.want {
 					b.Fatalf("check: %+v", d)
 				}
 			}
@@ -188,7 +188,7 @@ period = "1h"
 		var sc Scratch
 		b.ReportAllocs()
 		for b.Loop() {
-			p.Check(context.Background(), t0, req, 1, false, &sc)
+			p.Check(context.Background(), &Request{Now: t0, Descs: req, Cost: 1}, &sc)
 		}
 	})
 }
@@ -207,7 +207,7 @@ func BenchmarkCheckParallel(b *testing.B) {
 		now := t0
 		for pb.Next() {
 			now = now.Add(2 * time.Second)
-			p.Check(context.Background(), now, req, 1, false, &sc)
+			p.Check(context.Background(), &Request{Now: now, Descs: req, Cost: 1}, &sc)
 		}
 	})
 }
@@ -233,9 +233,9 @@ period = "1h"
 	t0 := time.Unix(1_800_000_000, 0)
 	ctx := context.Background()
 	for range 2 {
-		require.True(t, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status.Allowed())
+		require.True(t, p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil).Status.Allowed())
 	}
-	d := p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
+	d := p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil)
 	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "per-hour", d.Rule)
 	assert.Equal(t, time.Hour, d.Result.RetryAfter)
@@ -262,9 +262,9 @@ period = "1m"
 `, st)
 	t0 := time.Unix(1_800_000_000, 0)
 	ctx := context.Background()
-	require.True(t, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status.Allowed())
+	require.True(t, p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil).Status.Allowed())
 	for range 5 {
-		require.Equal(t, StatusLimited, p.Check(ctx, t0, descs("ip=1"), 1, false, nil).Status)
+		require.Equal(t, StatusLimited, p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil).Status)
 	}
 	res, err := st.Take(ctx, []byte(key("observe", "1")), algo.Params{Kind: algo.FixedWindow, Limit: 100, Period: time.Minute}, 1, t0, true)
 	require.NoError(t, err)

@@ -71,14 +71,14 @@ func TestPenaltyGrowsAndBlocks(t *testing.T) {
 	ctx := context.Background()
 	var sc Scratch
 	now := t0
-	d := pp.p.Check(ctx, now, descs("api_key=greedy"), 1, false, &sc)
+	d := pp.p.Check(ctx, &Request{Now: now, Descs: descs("api_key=greedy"), Cost: 1}, &sc)
 	require.Equal(t, StatusAllowed, d.Status)
 
 	var ras []time.Duration
 	var end time.Time
 	for i := 1; i <= 21; i++ {
 		now = now.Add(10 * time.Millisecond)
-		d = pp.p.Check(ctx, now, descs("api_key=greedy"), 1, false, &sc)
+		d = pp.p.Check(ctx, &Request{Now: now, Descs: descs("api_key=greedy"), Cost: 1}, &sc)
 		require.Equal(t, StatusLimited, d.Status, "retry %d", i)
 		ra := d.Result.RetryAfter
 		ras = append(ras, ra)
@@ -105,7 +105,7 @@ func TestPenaltyGrowsAndBlocks(t *testing.T) {
 
 	// A peek during the cooldown answers what is left, changing nothing.
 	later := now.Add(time.Second)
-	d = pp.p.Check(ctx, later, descs("api_key=greedy"), 1, true, &sc)
+	d = pp.p.Check(ctx, &Request{Now: later, Descs: descs("api_key=greedy"), Cost: 1, Peek: true}, &sc)
 	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, end.Sub(later), d.Result.RetryAfter, "exact: the penalty's end")
 
@@ -121,13 +121,13 @@ func TestPenaltyGrowsAndBlocks(t *testing.T) {
 	ch := &Changes{Blocks: []Block{{ID: "b-auto", Rule: b.Rule, Key: b.Key, Expires: now.Add(b.For), Reason: b.Reason, Author: "rld"}}}
 	require.NoError(t, pp.p.ValidateBlock(&ch.Blocks[0], now))
 	pp.compile(ch)
-	d = pp.p.Check(ctx, now.Add(time.Minute), descs("api_key=greedy"), 1, false, &sc)
+	d = pp.p.Check(ctx, &Request{Now: now.Add(time.Minute), Descs: descs("api_key=greedy"), Cost: 1}, &sc)
 	assert.Equal(t, StatusBlocked, d.Status)
-	d = pp.p.Check(ctx, now.Add(time.Minute), descs("api_key=other"), 1, false, &sc)
+	d = pp.p.Check(ctx, &Request{Now: now.Add(time.Minute), Descs: descs("api_key=other"), Cost: 1}, &sc)
 	assert.Equal(t, StatusAllowed, d.Status, "another key is not blocked")
 	// Unblock: the block is gone from the changes.
 	pp.compile(&Changes{})
-	d = pp.p.Check(ctx, now.Add(time.Minute), descs("api_key=greedy"), 1, false, &sc)
+	d = pp.p.Check(ctx, &Request{Now: now.Add(time.Minute), Descs: descs("api_key=greedy"), Cost: 1}, &sc)
 	assert.Equal(t, StatusAllowed, d.Status, "unblocked, the cooldown over")
 }
 
@@ -142,11 +142,11 @@ func TestLiftPenalty(t *testing.T) {
 	now := t0
 	for _, k := range []string{"api_key=a", "api_key=b"} {
 		for i := range 8 { // into a cooldown of several seconds
-			pp.p.Check(ctx, now.Add(time.Duration(i)*10*time.Millisecond), descs(k), 1, false, &sc)
+			pp.p.Check(ctx, &Request{Now: now.Add(time.Duration(i) * 10 * time.Millisecond), Descs: descs(k), Cost: 1}, &sc)
 		}
 	}
 	now = now.Add(2 * time.Second) // the limit (1/s) has refilled; the cooldowns run
-	d := pp.p.Check(ctx, now, descs("api_key=a"), 1, true, &sc)
+	d := pp.p.Check(ctx, &Request{Now: now, Descs: descs("api_key=a"), Cost: 1, Peek: true}, &sc)
 	require.Equal(t, StatusLimited, d.Status, "in a cooldown")
 	require.Greater(t, d.Result.RetryAfter, time.Second)
 
@@ -154,15 +154,15 @@ func TestLiftPenalty(t *testing.T) {
 	assert.False(t, pp.p.LiftPenalty("api", map[string]string{"ip": "a"}))
 	assert.True(t, pp.p.LiftPenalty("api", map[string]string{"api_key": "a"}))
 	assert.False(t, pp.p.LiftPenalty("api", map[string]string{"api_key": "a"}), "nothing left to lift")
-	d = pp.p.Check(ctx, now, descs("api_key=a"), 1, false, &sc)
+	d = pp.p.Check(ctx, &Request{Now: now, Descs: descs("api_key=a"), Cost: 1}, &sc)
 	assert.Equal(t, StatusAllowed, d.Status, "the cooldown is over: the limit alone decides")
-	d = pp.p.Check(ctx, now, descs("api_key=b"), 1, true, &sc)
+	d = pp.p.Check(ctx, &Request{Now: now, Descs: descs("api_key=b"), Cost: 1, Peek: true}, &sc)
 	assert.Equal(t, StatusLimited, d.Status, "another key keeps its cooldown")
 
 	// block_after counts from zero again: 19 early refusals after the
 	// lift ask for no block (20 would).
 	for i := 1; i <= 19; i++ {
-		pp.p.Check(ctx, now.Add(time.Duration(i)*10*time.Millisecond), descs("api_key=a"), 1, false, &sc)
+		pp.p.Check(ctx, &Request{Now: now.Add(time.Duration(i) * 10 * time.Millisecond), Descs: descs("api_key=a"), Cost: 1}, &sc)
 	}
 	assert.Empty(t, pp.blocks())
 }
@@ -177,7 +177,7 @@ func TestPenaltyHonestClient(t *testing.T) {
 	now := t0
 	refused := 0
 	for range 500 {
-		d := pp.p.Check(ctx, now, descs("api_key=polite"), 1, false, &sc)
+		d := pp.p.Check(ctx, &Request{Now: now, Descs: descs("api_key=polite"), Cost: 1}, &sc)
 		switch d.Status {
 		case StatusAllowed:
 			now = now.Add(10 * time.Millisecond) // at once again
@@ -210,8 +210,8 @@ retry_jitter = `+jitter+"\n")
 			seen := map[time.Duration]bool{}
 			for i := range 200 {
 				k := descs("api_key=k" + string(rune('A'+i%26)) + string(rune('a'+i/26)))
-				require.Equal(t, StatusAllowed, pp.p.Check(ctx, t0, k, 1, false, &sc).Status)
-				d := pp.p.Check(ctx, t0, k, 1, false, &sc)
+				require.Equal(t, StatusAllowed, pp.p.Check(ctx, &Request{Now: t0, Descs: k, Cost: 1}, &sc).Status)
+				d := pp.p.Check(ctx, &Request{Now: t0, Descs: k, Cost: 1}, &sc)
 				require.Equal(t, StatusLimited, d.Status)
 				ra := d.Result.RetryAfter
 				assert.GreaterOrEqual(t, ra, time.Second, "never less than the limit's retry-after")
@@ -238,15 +238,15 @@ period = "1s"
 	var sc Scratch
 	plain := descs("ip=1")
 	now := t0
-	pp.p.Check(ctx, now, plain, 1, false, &sc)
-	assert.Zero(t, testing.AllocsPerRun(100, func() { pp.p.Check(ctx, now, plain, 1, false, &sc) }))
+	pp.p.Check(ctx, &Request{Now: now, Descs: plain, Cost: 1}, &sc)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { pp.p.Check(ctx, &Request{Now: now, Descs: plain, Cost: 1}, &sc) }))
 
 	greedy := descs("api_key=g")
 	for range 6 {
 		now = now.Add(10 * time.Millisecond)
-		pp.p.Check(ctx, now, greedy, 1, false, &sc)
+		pp.p.Check(ctx, &Request{Now: now, Descs: greedy, Cost: 1}, &sc)
 	}
-	assert.Zero(t, testing.AllocsPerRun(100, func() { pp.p.Check(ctx, now, greedy, 1, true, &sc) }), "a peek in a cooldown")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { pp.p.Check(ctx, &Request{Now: now, Descs: greedy, Cost: 1, Peek: true}, &sc) }), "a peek in a cooldown")
 }
 
 // TestPenaltyAfterBlockExpires: when the automatic block of a key ends,
@@ -275,10 +275,10 @@ block_after = { refusals = 5, within = "10m", for = "5s" }
 			var sc Scratch
 			now := t0
 			k := descs("api_key=greedy")
-			require.Equal(t, StatusAllowed, pp.p.Check(ctx, now, k, 1, false, &sc).Status)
+			require.Equal(t, StatusAllowed, pp.p.Check(ctx, &Request{Now: now, Descs: k, Cost: 1}, &sc).Status)
 			for i := 1; i <= 6; i++ { // the first refusal, then 5 early retries
 				now = now.Add(10 * time.Millisecond)
-				require.Equal(t, StatusLimited, pp.p.Check(ctx, now, k, 1, false, &sc).Status, "retry %d", i)
+				require.Equal(t, StatusLimited, pp.p.Check(ctx, &Request{Now: now, Descs: k, Cost: 1}, &sc).Status, "retry %d", i)
 			}
 			blocks := pp.blocks()
 			require.Len(t, blocks, 1, "blocked at the 5th early retry")
@@ -293,24 +293,24 @@ block_after = { refusals = 5, within = "10m", for = "5s" }
 				}
 				pp.st.Penalties.mu.Unlock()
 			}
-			d := pp.p.Check(ctx, now, k, 1, true, &sc)
+			d := pp.p.Check(ctx, &Request{Now: now, Descs: k, Cost: 1, Peek: true}, &sc)
 			require.Equal(t, StatusLimited, d.Status)
 			require.Greater(t, d.Result.RetryAfter, 30*time.Second, "a cooldown longer than the block runs")
 
 			ch := &Changes{Blocks: []Block{{ID: "b-auto", Rule: "api", Key: blocks[0].Key, Expires: now.Add(blocks[0].For), Author: "rld"}}}
 			pp.compile(ch)
 			end := now.Add(blocks[0].For)
-			assert.Equal(t, StatusBlocked, pp.p.Check(ctx, now.Add(time.Second), k, 1, false, &sc).Status, "blocked")
+			assert.Equal(t, StatusBlocked, pp.p.Check(ctx, &Request{Now: now.Add(time.Second), Descs: k, Cost: 1}, &sc).Status, "blocked")
 
 			// The block has ended (its entry is still compiled in, expired).
 			now = end
-			d = pp.p.Check(ctx, now, k, 1, false, &sc)
+			d = pp.p.Check(ctx, &Request{Now: now, Descs: k, Cost: 1}, &sc)
 			assert.Equal(t, StatusAllowed, d.Status, "the block is over, and with it the cooldown: the limit alone decides")
 			// Refused by the limit, then early retries again, counted
 			// from none: 4 do not block the key again, the 5th does.
 			for i := 1; i <= 6; i++ {
 				now = now.Add(10 * time.Millisecond)
-				d = pp.p.Check(ctx, now, k, 1, false, &sc)
+				d = pp.p.Check(ctx, &Request{Now: now, Descs: k, Cost: 1}, &sc)
 				require.Equal(t, StatusLimited, d.Status, "refusal %d after the block", i)
 				if i == 1 {
 					assert.LessOrEqual(t, d.Result.RetryAfter, time.Second, "the first refusal after the block is the limit's own")

@@ -390,9 +390,23 @@ func compileRule(r *rule, cr *config.Rule) error {
 // Rules describes the rules in evaluation order.
 func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
 
-// Check decides a request carrying descs at now, taking cost units (≤ 0
-// means 1) from every applicable limit; with peek it decides without
-// taking anything. sc may be nil, at the price of allocating.
+// Request is one request to decide: the descriptors it carries, at Now,
+// taking Cost units (≤ 0 means 1) from every applicable limit; with Peek
+// it is decided without taking anything. Nothing in it lifts a limit: a
+// cost above a limit's capacity is refused (ErrCostTooLarge).
+type Request struct {
+	Now   time.Time
+	Descs []wire.Descriptor
+	Cost  int64
+	Peek  bool
+}
+
+// ErrAcquirePeek is wrapped by the Err of an acquire whose Request peeks:
+// an acquire holds what it admits, so it cannot peek.
+var ErrAcquirePeek = errors.New("an acquire cannot peek")
+
+// Check decides req, taking its cost from every applicable limit (or
+// nothing when it peeks). sc may be nil, at the price of allocating.
 //
 // The deny list is consulted first, then the allow list; then every rule
 // whose match holds and whose by descriptors are all present, in order.
@@ -405,17 +419,17 @@ func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
 // fail mode decides for it (see Fallback): the check is then allowed
 // degraded, or limited and degraded; what the rules before it took from
 // their stores is refunded as usual when it denies.
-func (p *Policy) Check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch) Decision {
+func (p *Policy) Check(ctx context.Context, req *Request, sc *Scratch) Decision {
 	var d Decision
-	p.CheckTo(ctx, now, descs, cost, peek, sc, &d)
+	p.CheckTo(ctx, req, sc, &d)
 	return d
 }
 
 // CheckTo is Check writing its Decision to d, which a hot path reuses: a
 // Decision is too large to pass in registers, and copying one that was
 // just written stalls the processor.
-func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) {
-	p.check(ctx, now, descs, cost, peek, sc, d, false, false)
+func (p *Policy) CheckTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) {
+	p.check(ctx, req, sc, d, false, false)
 }
 
 // TryCheckTo is CheckTo when every store the check needs answers on the
@@ -424,18 +438,16 @@ func (p *Policy) CheckTo(ctx context.Context, now time.Time, descs []wire.Descri
 // the caller hands the check to CheckTo where waiting is fine. The
 // daemon answers a read batch's checks inline this way, and hands off
 // only those that wait on Redis.
-func (p *Policy) TryCheckTo(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision) bool {
-	return p.check(ctx, now, descs, cost, peek, sc, d, true, false)
+func (p *Policy) TryCheckTo(ctx context.Context, req *Request, sc *Scratch, d *Decision) bool {
+	return p.check(ctx, req, sc, d, true, false)
 }
 
 // check is CheckTo, or TryCheckTo when local: then a rule whose store
 // cannot answer on the host makes it give back what it took and report
 // false. With acquire (AcquireTo), the concurrency rules hold the slots
 // they admit; otherwise they only look for a free one.
-func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, peek bool, sc *Scratch, d *Decision, local, acquire bool) bool {
-	if cost <= 0 {
-		cost = 1
-	}
+func (p *Policy) check(ctx context.Context, req *Request, sc *Scratch, d *Decision, local, acquire bool) bool {
+	descs := req.Descs
 	if sc == nil {
 		sc = new(Scratch)
 	}
@@ -446,7 +458,7 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 			return true
 		}
 	}
-	if len(p.blocks) > 0 && p.blocked(descs, now.UnixNano()) {
+	if len(p.blocks) > 0 && p.blocked(descs, req.Now.UnixNano()) {
 		sc.count(p.denyM, decBlocked)
 		*d = Decision{Status: StatusBlocked, Rule: RuleDeny}
 		return true
@@ -465,8 +477,8 @@ func (p *Policy) check(ctx context.Context, now time.Time, descs []wire.Descript
 	// copied, whose wide loads of narrow stores stall the processor (a
 	// tenth of BenchmarkProcess's samples in a CPU profile).
 	var c checking
-	c.ctx, c.now, c.descs, c.cost, c.sc = ctx, now, descs, cost, sc
-	c.peek, c.local, c.acquire = peek, local, acquire
+	c.ctx, c.now, c.descs, c.cost, c.sc = ctx, req.Now, descs, max(req.Cost, 1), sc
+	c.peek, c.local, c.acquire = req.Peek, local, acquire
 	c.best, c.bestTier = -1, -1
 	for i := range p.rules {
 		switch p.step(&c, i, d) {
@@ -532,7 +544,22 @@ const (
 	// wait: for TryCheckTo, the rule's store cannot answer on the host;
 	// what was taken is given back and the check is undecided.
 	wait
+	// next: within a step, the phase found nothing to say: the next
+	// phase goes on. A step never returns it.
+	next
 )
+
+// ruleTake is what one rule's step asks of its store for a check.
+type ruleTake struct {
+	start, end int          // the counter key is the Scratch's keys[start:end]
+	ti         int          // the index of the limit (see paramsAt)
+	params     *algo.Params // the limit
+	cost       int64        // the units to take: the check's, or 1 slot
+	peek       bool         // take nothing: the check peeks, or a concurrency rule looks for a free slot
+	hold       bool         // an admitted take is recorded: refunded if a later rule denies, leased by an acquire
+	shadow     bool         // a shadow rule, or a key outside the enforce share: counted, never refused
+	slot       uint64       // an acquire's slot id, when the store holds slots by id; else 0
+}
 
 // step decides rule index i for check c: it asks the rule's store (or
 // its fail mode, when the store fails and there is a Fallback) and
@@ -540,162 +567,229 @@ const (
 // decides it, and d.Result when it allows with the least remaining so
 // far (c.best). (d is not kept in c: what c points to escapes with the
 // context it holds, and a caller's Decision must not.)
+//
+// A rule's step never decides that a check is allowed: when it decides,
+// it denies or fails, and when it makes a TryCheckTo wait, the check is
+// undecided. Either way what the rules before it took is refunded, here,
+// at the one exit.
 func (p *Policy) step(c *checking, i int, d *Decision) outcome {
+	var t ruleTake
+	out := p.prepare(c, i, &t, d)
+	if out == next {
+		out = p.take(c, i, &t, d)
+	}
+	if out == decided || out == wait {
+		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, c.sc)
+	}
+	return out
+}
+
+// prepare is the part of rule index i's step that needs no store: whether
+// the rule applies, its counter key (appended to the Scratch's keys), its
+// limit, a block of the key or a penalty's cooldown (which decide the
+// check). It fills t and returns next when the rule's store is to be asked.
+func (p *Policy) prepare(c *checking, i int, t *ruleTake, d *Decision) outcome {
 	r := &p.rules[i]
 	sc := c.sc
 	if !r.applies(c.descs) {
 		return pass
 	}
-	start := len(sc.keys)
+	t.start = len(sc.keys)
 	var ok bool
 	if sc.keys, ok = r.appendKey(sc.keys, c.descs); !ok {
-		sc.keys = sc.keys[:start]
+		sc.keys = sc.keys[:t.start]
 		return pass // a by descriptor is missing: the rule does not count it
 	}
-	key := sc.keys[start:]
-	ti := r.tier(c.descs)
+	t.end = len(sc.keys)
+	key := sc.keys[t.start:t.end]
+	t.ti = r.tier(c.descs)
 	if r.changed {
-		now := c.now.UnixNano()
-		if end, ok := r.keyBlockEnd(key, now); ok {
-			if r.pen != nil && r.pen.tracked && !c.peek {
-				p.pens.sawBlock(key, end)
-			}
-			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-			sc.count(r.m, decBlocked) // under the rule whose key is blocked
-			*d = Decision{Status: StatusBlocked, Rule: r.name}
+		if p.keyBlocked(c, r, key, d) {
 			return decided
 		}
-		ti = r.limitIndex(ti, key, c.descs, now)
+		t.ti = r.limitIndex(t.ti, key, c.descs, c.now.UnixNano())
 	}
-	params := r.paramsAt(ti)
+	t.params = r.paramsAt(t.ti)
 	// A shadow rule, or a key outside the rule's enforce share, is
 	// counted and never refused.
-	shadow := r.shadow || !r.enforces(key)
+	t.shadow = r.shadow || !r.enforces(key)
 	// A concurrency rule holds slots for an acquire only: a check or a
 	// peek looks for a free slot and holds none (nothing to release).
 	// It holds (or looks for) one slot per request, whatever the cost:
 	// the cost is the rate rules' units.
-	peek, hold, cost := c.peek, true, c.cost
-	if params.Kind == algo.Concurrency {
-		cost = 1
+	t.peek, t.hold, t.cost = c.peek, true, c.cost
+	if t.params.Kind == algo.Concurrency {
+		t.cost = 1
 		if !c.acquire {
-			peek, hold = true, false
+			t.peek, t.hold = true, false
 		}
 	}
-	if r.pen != nil && r.pen.penalty && !shadow {
+	if r.pen != nil && r.pen.penalty && !t.shadow {
 		if ra, ok := p.pens.cooldown(r, key, c.descs, c.now.UnixNano(), c.peek); ok {
 			// In a cooldown: refused here, until its end.
-			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 			sc.count(r.m, decLimited)
-			res := algo.Result{Limit: params.Capacity(), Reset: ra, RetryAfter: ra, At: c.now.UnixMicro()}
-			d.set(StatusLimited, false, r.name, &res, params)
+			res := algo.Result{Limit: t.params.Capacity(), Reset: ra, RetryAfter: ra, At: c.now.UnixMicro()}
+			d.set(StatusLimited, false, r.name, &res, t.params)
 			return decided
 		}
 	}
-	var res algo.Result
-	var err error
-	var slot uint64 // an acquire's slot id, when the store holds slots by id
-	st, slots := r.store.(SlotTaker)
-	if slots && hold && params.Kind == algo.Concurrency && !peek {
-		slot = nextSlot()
+	return next
+}
+
+// keyBlocked reports whether rule r's counter key is blocked (a run-time
+// change) at the check's time, and then writes the Decision to d.
+func (p *Policy) keyBlocked(c *checking, r *rule, key []byte, d *Decision) bool {
+	end, ok := r.keyBlockEnd(key, c.now.UnixNano())
+	if !ok {
+		return false
 	}
+	if r.pen != nil && r.pen.tracked && !c.peek {
+		p.pens.sawBlock(key, end)
+	}
+	c.sc.count(r.m, decBlocked) // under the rule whose key is blocked
+	*d = Decision{Status: StatusBlocked, Rule: r.name}
+	return true
+}
+
+// take asks rule index i's store for t and returns what its answer says
+// of the check: an allowing non-shadow rule's take is recorded (when it
+// holds), and kept as the best when it leaves the least remaining.
+func (p *Policy) take(c *checking, i int, t *ruleTake, d *Decision) outcome {
+	r := &p.rules[i]
+	var res algo.Result
+	out, err := p.ask(c, r, t, &res)
+	switch {
+	case out == wait:
+	case t.shadow:
+		p.shadowed(c, i, t, &res, err)
+		out = pass // never denies or decides
+	case err != nil && p.fallback != nil:
+		out = p.failMode(c, i, t, &res, err, d)
+	case err != nil:
+		*d = p.storeFailed(r, t.params, err)
+		out = decided
+	case !res.Allowed && res.RetryAfter == algo.Never:
+		*d = p.costTooLarge(r, t.params, res, c.cost)
+		out = decided
+	case !res.Allowed:
+		out = p.denied(c, i, t, &res, d)
+	default:
+		out = allow
+		if t.hold {
+			c.sc.take(i, t.ti, t.start, t.end, res.At).slot = t.slot
+		}
+	}
+	if out == allow && (c.best < 0 || res.Remaining < d.Result.Remaining) {
+		c.best, c.bestTier = i, t.ti
+		d.Result = res
+	}
+	return out
+}
+
+// ask runs rule r's take t at its store, writing the answer to res, or
+// returns wait when the check is a TryCheckTo that the store cannot
+// answer on the host. After a timeout of the check's (c.slow), the store
+// is not asked: errSkipped.
+func (p *Policy) ask(c *checking, r *rule, t *ruleTake, res *algo.Result) (outcome, error) {
+	key := c.sc.keys[t.start:t.end]
+	st, slots := r.store.(SlotTaker)
+	if slots && t.hold && t.params.Kind == algo.Concurrency && !t.peek {
+		t.slot = nextSlot()
+	}
+	var err error
 	switch {
 	case c.slow:
 		err = errSkipped
-	case c.local && slot != 0:
-		// A slot is held at its store, never on the host.
-		p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
-		return wait
+	case c.local && t.slot != 0:
+		return wait, nil // a slot is held at its store, never on the host
 	case c.local:
 		var ok bool
 		if r.local != nil {
-			res, ok = r.local.TakeLocal(key, *params, cost, c.now, peek)
+			*res, ok = r.local.TakeLocal(key, *t.params, t.cost, c.now, t.peek)
 		}
-		if !ok || (shadow && !res.Allowed) {
+		if !ok || (t.shadow && !res.Allowed) {
 			// A shadow denial is counted at once: left to CheckTo, so
 			// that it is counted once.
-			p.refund(c.ctx, c.now, c.cost, c.peek, false, sc)
-			return wait
+			return wait, nil
 		}
-	case slot != 0:
-		res, err = st.TakeSlot(c.ctx, key, *params, slot, c.now)
+	case t.slot != 0:
+		*res, err = st.TakeSlot(c.ctx, key, *t.params, t.slot, c.now)
 		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	default:
-		res, err = r.store.Take(c.ctx, key, *params, cost, c.now, peek)
+		*res, err = r.store.Take(c.ctx, key, *t.params, t.cost, c.now, t.peek)
 		c.slow = err != nil && p.fallback != nil && isTimeout(err)
 	}
+	return next, err
+}
+
+// shadowed counts the answer res (or err) of rule index i's store when
+// t is a shadow take. An admitted one that holds is recorded, to be
+// refunded with the others when a rule denies, so that shadow counts
+// show what enforcing the rule would do.
+func (p *Policy) shadowed(c *checking, i int, t *ruleTake, res *algo.Result, err error) {
+	r := &p.rules[i]
 	switch {
-	case shadow:
-		if err != nil {
-			sc.count(r.m, decError)
-		} else if !res.Allowed {
-			sc.count(r.m, decShadowLimited)
-			if !r.shadow {
-				r.rollout.Inc()
-			}
-		} else if hold {
-			// Refunded with the others when a rule denies, so that
-			// shadow counts show what enforcing the rule would do.
-			t := sc.take(i, ti, start, len(sc.keys), res.At)
-			t.shadow, t.slot = true, slot
-		}
-		return pass // never denies or decides
-	case err != nil && p.fallback != nil:
-		res, err = p.fallback.decide(r.fail, params, key, cost, slot, c.now, peek, err)
-		if err != nil {
-			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-			*d = p.storeFailed(r, params, err)
-			return decided
-		}
-		if !res.Allowed && res.RetryAfter == algo.Never {
-			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-			*d = p.costTooLarge(r, params, res, c.cost)
-			return decided
-		}
-		if !res.Allowed {
-			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-			sc.count(r.m, decLimitedDegraded)
-			d.set(StatusLimited, true, r.name, &res, params)
-			return decided
-		}
-		c.degraded = true
-		if hold {
-			t := sc.take(i, ti, start, len(sc.keys), res.At)
-			t.local, t.slot = true, slot
-		}
 	case err != nil:
-		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-		*d = p.storeFailed(r, params, err)
+		c.sc.count(r.m, decError)
+	case !res.Allowed:
+		c.sc.count(r.m, decShadowLimited)
+		if !r.shadow {
+			r.rollout.Inc()
+		}
+	case t.hold:
+		tk := c.sc.take(i, t.ti, t.start, t.end, res.At)
+		tk.shadow, tk.slot = true, t.slot
+	}
+}
+
+// failMode decides rule index i by its fail mode, the Fallback's, when
+// its store failed with err: the answer goes to res, and an admitted
+// take is recorded as the local state's.
+func (p *Policy) failMode(c *checking, i int, t *ruleTake, res *algo.Result, err error, d *Decision) outcome {
+	r := &p.rules[i]
+	key := c.sc.keys[t.start:t.end]
+	*res, err = p.fallback.decide(r.fail, t.params, key, t.cost, t.slot, c.now, t.peek, err)
+	switch {
+	case err != nil:
+		*d = p.storeFailed(r, t.params, err)
 		return decided
 	case !res.Allowed && res.RetryAfter == algo.Never:
-		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-		*d = p.costTooLarge(r, params, res, c.cost)
+		*d = p.costTooLarge(r, t.params, *res, c.cost)
 		return decided
 	case !res.Allowed:
-		p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
-		r0, res0, params0 := r, res, params
-		var ok bool
-		if r, res, params, ok = p.longestDenial(c.ctx, c.now, c.descs, c.cost, i, r, res, params, sc, c.local); !ok {
-			return wait // nothing left taken
-		}
-		if r0.pen != nil && !c.peek {
-			res0.RetryAfter = p.pens.refused(r0, key, c.descs, c.now.UnixNano(), res0.RetryAfter)
-			res0.Reset = max(res0.Reset, res0.RetryAfter)
-			if r == r0 || res0.RetryAfter > res.RetryAfter {
-				r, res, params = r0, res0, params0
-			}
-		}
-		sc.count(r.m, decLimited)
-		d.set(StatusLimited, false, r.name, &res, params)
+		c.sc.count(r.m, decLimitedDegraded)
+		d.set(StatusLimited, true, r.name, res, t.params)
 		return decided
-	case hold:
-		sc.take(i, ti, start, len(sc.keys), res.At).slot = slot
 	}
-	if c.best < 0 || res.Remaining < d.Result.Remaining {
-		c.best, c.bestTier = i, ti
-		d.Result = res
+	c.degraded = true
+	if t.hold {
+		tk := c.sc.take(i, t.ti, t.start, t.end, res.At)
+		tk.local, tk.slot = true, t.slot
 	}
 	return allow
+}
+
+// denied decides the check that rule index i's store denied with res:
+// the denial to report is the longest of its own (with a penalty's
+// retry-after) and the later rules' (see longestDenial). It returns wait
+// when a later rule's peek cannot be answered on the host (TryCheckTo).
+func (p *Policy) denied(c *checking, i int, t *ruleTake, res *algo.Result, d *Decision) outcome {
+	r0, res0, params0 := &p.rules[i], *res, t.params
+	r, dres, params, ok := p.longestDenial(c, i, r0, res0, params0)
+	if !ok {
+		return wait // nothing left taken
+	}
+	if r0.pen != nil && !c.peek {
+		key := c.sc.keys[t.start:t.end]
+		res0.RetryAfter = p.pens.refused(r0, key, c.descs, c.now.UnixNano(), res0.RetryAfter)
+		res0.Reset = max(res0.Reset, res0.RetryAfter)
+		if r == r0 || res0.RetryAfter > dres.RetryAfter {
+			r, dres, params = r0, res0, params0
+		}
+	}
+	c.sc.count(r.m, decLimited)
+	d.set(StatusLimited, false, r.name, &dres, params)
+	return decided
 }
 
 // errSkipped is the store error of a rule whose store was not asked: an
@@ -703,13 +797,13 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 var errSkipped = errors.New("store not asked: an earlier rule of the check timed out")
 
 // longestDenial returns the denial to report when rule index i (r, with
-// res and params) denied: the applicable non-shadow rule after it whose
-// peek denies with the longest retry-after, if that is longer than r's.
-// Retrying after a shorter one would only be refused again. When local
-// (see TryCheckTo), a peek that cannot be answered on the host makes it
-// report false.
-func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.Descriptor, cost int64, i int,
-	r *rule, res algo.Result, params *algo.Params, sc *Scratch, local bool) (*rule, algo.Result, *algo.Params, bool) {
+// res and params) denied check c: the applicable non-shadow rule after it
+// whose peek denies with the longest retry-after, if that is longer than
+// r's. Retrying after a shorter one would only be refused again. When
+// local (see TryCheckTo), a peek that cannot be answered on the host
+// makes it report false.
+func (p *Policy) longestDenial(c *checking, i int, r *rule, res algo.Result, params *algo.Params) (*rule, algo.Result, *algo.Params, bool) {
+	sc, descs, now := c.sc, c.descs, c.now
 	for j := i + 1; j < len(p.rules); j++ {
 		o := &p.rules[j]
 		if o.shadow || !o.applies(descs) {
@@ -722,13 +816,13 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 			continue
 		}
 		op := o.paramsAt(o.limitIndex(o.tier(descs), sc.keys[start:], descs, now.UnixNano()))
-		cost := cost
+		cost := c.cost
 		if op.Kind == algo.Concurrency {
 			cost = 1 // one slot per request
 		}
 		var ores algo.Result
 		var err error
-		if local {
+		if c.local {
 			var ok bool
 			if o.local != nil {
 				ores, ok = o.local.TakeLocal(sc.keys[start:], *op, cost, now, true)
@@ -737,9 +831,9 @@ func (p *Policy) longestDenial(ctx context.Context, now time.Time, descs []wire.
 				return r, res, params, false
 			}
 		} else if dp, ok := o.store.(DenialPeeker); ok {
-			ores, err = dp.PeekForDenial(ctx, sc.keys[start:], *op, cost, now, res.RetryAfter)
+			ores, err = dp.PeekForDenial(c.ctx, sc.keys[start:], *op, cost, now, res.RetryAfter)
 		} else {
-			ores, err = o.store.Take(ctx, sc.keys[start:], *op, cost, now, true)
+			ores, err = o.store.Take(c.ctx, sc.keys[start:], *op, cost, now, true)
 		}
 		if err != nil && isTimeout(err) {
 			break // the store is slow: answer with what is known

@@ -154,7 +154,7 @@ period = "1m"
 	}
 	for i, tt := range tests {
 		for range 3 { // the allow list bypasses the limit of 1
-			d := p.Check(context.Background(), t0, tt.descs, 1, false, nil)
+			d := p.Check(context.Background(), &Request{Now: t0, Descs: tt.descs, Cost: 1}, nil)
 			assert.Equal(t, tt.status, d.Status, "case %d", i)
 			assert.Equal(t, tt.rule, d.Rule, "case %d", i)
 			if tt.rule != "all" {
@@ -187,14 +187,14 @@ period = "1m"
 	ctx := context.Background()
 	req := descs("tenant=acme", "api_key=k1")
 	for i := range 2 {
-		d := p.Check(ctx, t0, req, 1, false, nil)
+		d := p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, nil)
 		require.Equal(t, StatusAllowed, d.Status)
 		assert.Equal(t, "key", d.Rule, "least remaining")
 		assert.Equal(t, int64(1-i), d.Result.Remaining)
 	}
 	assert.Equal(t, int64(2), st.usedOf(key("tenant", "acme")))
 
-	d := p.Check(ctx, t0, req, 1, false, nil)
+	d := p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, nil)
 	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "key", d.Rule)
 	assert.Equal(t, int64(2), d.Result.Limit)
@@ -205,16 +205,16 @@ period = "1m"
 	assert.Equal(t, []string{key("tenant", "acme")}, st.refunds)
 
 	// Another key of the tenant sees the tenant's remaining unchanged.
-	d = p.Check(ctx, t0, descs("tenant=acme", "api_key=k2"), 5, false, nil)
+	d = p.Check(ctx, &Request{Now: t0, Descs: descs("tenant=acme", "api_key=k2"), Cost: 5}, nil)
 	require.Equal(t, StatusError, d.Status) // 5 > capacity 2 of rule key
-	d = p.Check(ctx, t0, descs("tenant=acme", "api_key=k2"), 2, false, nil)
+	d = p.Check(ctx, &Request{Now: t0, Descs: descs("tenant=acme", "api_key=k2"), Cost: 2}, nil)
 	require.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "key", d.Rule)
 	assert.Equal(t, int64(4), st.usedOf(key("tenant", "acme")))
 
 	// Peek: decides, takes nothing, refunds nothing.
 	st.refunds = nil
-	d = p.Check(ctx, t0, req, 1, true, nil)
+	d = p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1, Peek: true}, nil)
 	assert.Equal(t, StatusLimited, d.Status)
 	assert.Empty(t, st.refunds)
 	assert.Equal(t, int64(4), st.usedOf(key("tenant", "acme")))
@@ -235,7 +235,7 @@ limit = 3
 burst = 4
 period = "1s"
 `, st)
-	d := p.Check(context.Background(), t0, descs("tenant=acme"), 5, false, nil)
+	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("tenant=acme"), Cost: 5}, nil)
 	assert.Equal(t, StatusError, d.Status)
 	assert.Equal(t, CodeCostTooLarge, d.Code)
 	assert.Equal(t, "burst", d.Rule)
@@ -244,7 +244,7 @@ period = "1s"
 	assert.Equal(t, `cost exceeds the limit's capacity: cost 5, capacity 4 of rule "burst"`, d.Err.Error())
 	assert.Equal(t, int64(0), st.usedOf(key("tenant", "acme")), "the tenant's take was refunded")
 
-	d = p.Check(context.Background(), t0, descs("tenant=acme"), 4, false, nil)
+	d = p.Check(context.Background(), &Request{Now: t0, Descs: descs("tenant=acme"), Cost: 4}, nil)
 	assert.Equal(t, StatusAllowed, d.Status)
 }
 
@@ -271,7 +271,7 @@ by = ["ip"]
 limit = 10
 period = "1m"
 `, st)
-	d := p.Check(context.Background(), t0, descs("ip=1.2.3.4"), 1, false, nil)
+	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1.2.3.4"), Cost: 1}, nil)
 	assert.Equal(t, StatusError, d.Status)
 	assert.Equal(t, CodeInternal, d.Code)
 	assert.Equal(t, "second", d.Rule)
@@ -280,7 +280,7 @@ period = "1m"
 	assert.Equal(t, int64(0), st.usedOf(key("first", "1.2.3.4")))
 
 	delete(st.fail, "second")
-	d = p.Check(context.Background(), t0, descs("ip=1.2.3.4"), 1, false, nil)
+	d = p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1.2.3.4"), Cost: 1}, nil)
 	assert.Equal(t, StatusAllowed, d.Status, "a failing shadow rule changes nothing")
 }
 
@@ -316,7 +316,7 @@ period = "1m"
 		{descs("user=u3"), "tiered-default", 3},
 	}
 	for i, tt := range tests {
-		d := p.Check(context.Background(), t0, tt.descs, 1, false, nil)
+		d := p.Check(context.Background(), &Request{Now: t0, Descs: tt.descs, Cost: 1}, nil)
 		assert.Equal(t, StatusAllowed, d.Status, "case %d", i)
 		assert.Equal(t, tt.rule, d.Rule, "case %d", i)
 		assert.Equal(t, tt.limit, d.Result.Limit, "case %d", i)
@@ -348,7 +348,7 @@ period = "1m"
 		{nil, ""},
 	}
 	for i, tt := range tests {
-		d := p.Check(context.Background(), t0, tt.descs, 1, false, nil)
+		d := p.Check(context.Background(), &Request{Now: t0, Descs: tt.descs, Cost: 1}, nil)
 		assert.Equal(t, StatusAllowed, d.Status, "case %d", i)
 		assert.Equal(t, tt.rule, d.Rule, "case %d", i)
 		if tt.rule == "" {
@@ -376,11 +376,11 @@ period = "1m"
 `, st)
 	ctx := context.Background()
 	// "ab"+"c" and "a"+"bc" are different keys.
-	assert.Equal(t, StatusAllowed, p.Check(ctx, t0, descs("x=ab", "y=c"), 1, false, nil).Status)
-	assert.Equal(t, StatusAllowed, p.Check(ctx, t0, descs("x=a", "y=bc"), 1, false, nil).Status)
-	assert.Equal(t, StatusLimited, p.Check(ctx, t0, descs("x=a", "y=bc"), 1, false, nil).Status)
+	assert.Equal(t, StatusAllowed, p.Check(ctx, &Request{Now: t0, Descs: descs("x=ab", "y=c"), Cost: 1}, nil).Status)
+	assert.Equal(t, StatusAllowed, p.Check(ctx, &Request{Now: t0, Descs: descs("x=a", "y=bc"), Cost: 1}, nil).Status)
+	assert.Equal(t, StatusLimited, p.Check(ctx, &Request{Now: t0, Descs: descs("x=a", "y=bc"), Cost: 1}, nil).Status)
 	// Rules "a" and "a:" share nothing.
-	d := p.Check(ctx, t0, descs("x=q"), 1, false, nil)
+	d := p.Check(ctx, &Request{Now: t0, Descs: descs("x=q"), Cost: 1}, nil)
 	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "a:", d.Rule)
 	assert.Equal(t, int64(1), st.usedOf(key("a", "ab", "c")))
@@ -419,26 +419,26 @@ period = "1m"
 	before := shadowLimited.Get()
 	ctx := context.Background()
 	for i := range 3 {
-		d := p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
+		d := p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil)
 		assert.Equal(t, StatusAllowed, d.Status, "check %d", i)
 		assert.Equal(t, "real", d.Rule, "a shadow rule never decides")
 		assert.Equal(t, int64(2-i), d.Result.Remaining)
 	}
 	assert.Equal(t, uint64(2), shadowLimited.Get()-before)
-	d := p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
+	d := p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil)
 	assert.Equal(t, StatusLimited, d.Status)
 	assert.Equal(t, "real", d.Rule)
 	assert.Equal(t, int64(1), st.usedOf(key("shadow-tight", "1")), "shadow takes are not refunded")
 
 	// A cost above a shadow rule's capacity does not fail the check.
-	d = p.Check(ctx, t0, descs("ip=2", "endpoint=/x"), 2, false, nil)
+	d = p.Check(ctx, &Request{Now: t0, Descs: descs("ip=2", "endpoint=/x"), Cost: 2}, nil)
 	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "real", d.Rule)
 
 	// Only shadow rules apply: no rule decides.
 	p = newPolicy(t, "[[rule]]\nname = \"s\"\nby = [\"ip\"]\nlimit = 1\nperiod = \"1m\"\nshadow = true\n", newFakeStore())
 	for range 2 {
-		d = p.Check(ctx, t0, descs("ip=1"), 1, false, nil)
+		d = p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil)
 		assert.Equal(t, Decision{Status: StatusAllowed}, d)
 	}
 }
@@ -461,13 +461,13 @@ by = ["ip"]
 limit = 4
 period = "1s"
 `, newFakeStore())
-	d := p.Check(context.Background(), t0, descs("ip=1"), 2, false, nil)
+	d := p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 2}, nil)
 	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "small-a", d.Rule, "ties go to the first rule")
 	assert.Equal(t, algo.Result{Allowed: true, Limit: 4, Remaining: 2, Reset: time.Minute, At: t0.UnixMicro()}, d.Result)
 	assert.Equal(t, time.Minute, d.Period)
 
-	d = p.Check(context.Background(), t0.Add(time.Second), descs("ip=1"), 1, false, nil)
+	d = p.Check(context.Background(), &Request{Now: t0.Add(time.Second), Descs: descs("ip=1"), Cost: 1}, nil)
 	assert.Equal(t, "small-a", d.Rule) // small-b's window restarted: 3 left
 	assert.Equal(t, int64(1), d.Result.Remaining)
 }
@@ -476,7 +476,7 @@ func TestCostDefault(t *testing.T) {
 	st := newFakeStore()
 	p := newPolicy(t, "[[rule]]\nname = \"r\"\nby = [\"ip\"]\nlimit = 5\nperiod = \"1m\"\n", st)
 	for _, cost := range []int64{0, -3, 1} {
-		p.Check(context.Background(), t0, descs("ip=1"), cost, false, nil)
+		p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: cost}, nil)
 	}
 	assert.Equal(t, int64(3), st.usedOf(key("r", "1")))
 }
@@ -505,14 +505,14 @@ period = "1m"
 		for _, s := range all {
 			before[s] = get(s.rule, s.decision)
 		}
-		p.Check(ctx, t0, descs("ip=1"), 1, false, sc)
-		p.Check(ctx, t0.Add(time.Hour), descs("ip=1"), 1, false, sc)
-		p.Check(ctx, t0.Add(time.Hour), descs("ip=1"), 1, false, sc)
-		p.Check(ctx, t0, descs("ip=1"), 9, false, sc)
-		p.Check(ctx, t0, descs("ip=allowed"), 1, false, sc)
-		p.Check(ctx, t0, descs("ip=denied"), 1, false, sc)
-		p.Check(ctx, t0, descs("other=x"), 1, false, sc)
-		p.Check(ctx, t0, descs("other=y"), 1, false, sc)
+		p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, sc)
+		p.Check(ctx, &Request{Now: t0.Add(time.Hour), Descs: descs("ip=1"), Cost: 1}, sc)
+		p.Check(ctx, &Request{Now: t0.Add(time.Hour), Descs: descs("ip=1"), Cost: 1}, sc)
+		p.Check(ctx, &Request{Now: t0, Descs: descs("ip=1"), Cost: 9}, sc)
+		p.Check(ctx, &Request{Now: t0, Descs: descs("ip=allowed"), Cost: 1}, sc)
+		p.Check(ctx, &Request{Now: t0, Descs: descs("ip=denied"), Cost: 1}, sc)
+		p.Check(ctx, &Request{Now: t0, Descs: descs("other=x"), Cost: 1}, sc)
+		p.Check(ctx, &Request{Now: t0, Descs: descs("other=y"), Cost: 1}, sc)
 		if batch {
 			assert.Zero(t, get("none", "allowed")-before[series{"none", "allowed"}], "the last series waits for Flush")
 			sc.Flush()
@@ -597,7 +597,7 @@ period = "1m"
 			req := descs("tenant=t", "api_key=k"+string(rune('0'+g%2)))
 			n := 0
 			for range 200 {
-				if p.Check(context.Background(), t0, req, 1, false, &sc).Status == StatusAllowed {
+				if p.Check(context.Background(), &Request{Now: t0, Descs: req, Cost: 1}, &sc).Status == StatusAllowed {
 					n++
 				}
 			}
@@ -628,9 +628,9 @@ period = "1m"
 	req := descs("api_key=sk_123", "endpoint=/v1/search", "tenant=acme")
 	var sc Scratch
 	ctx := context.Background()
-	p.Check(ctx, t0, req, 1, false, &sc)
+	p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, &sc)
 	allocs := testing.AllocsPerRun(1000, func() {
-		p.Check(ctx, t0, req, 1, false, &sc)
+		p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, &sc)
 	})
 	assert.Zero(t, allocs, "a warm check with the fake store")
 }
@@ -672,17 +672,17 @@ period = "1h"
 `
 	p := newPolicy(t, toml, st)
 	var d Decision
-	require.True(t, p.TryCheckTo(context.Background(), t0, descs("ip=1"), 1, false, nil, &d))
+	require.True(t, p.TryCheckTo(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil, &d))
 	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, "a", d.Rule)
 	assert.Equal(t, int64(9), d.Result.Remaining)
 
 	allowedA := metrics.GetOrCreateCounter(`rld_checks_total{rule="a",decision="allowed"}`)
 	before := allowedA.Get()
-	assert.False(t, p.TryCheckTo(context.Background(), t0, descs("ip=1", "kind=two"), 1, false, nil, &d), "b's store would wait")
+	assert.False(t, p.TryCheckTo(context.Background(), &Request{Now: t0, Descs: descs("ip=1", "kind=two"), Cost: 1}, nil, &d), "b's store would wait")
 	assert.Equal(t, []string{"a\x00\x011"}, st.refunds, "a's take is given back")
 	assert.Equal(t, before, allowedA.Get(), "nothing counted")
-	d = p.Check(context.Background(), t0, descs("ip=1", "kind=two"), 1, false, nil)
+	d = p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1", "kind=two"), Cost: 1}, nil)
 	assert.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, int64(8), d.Result.Remaining, "a: one take before, one now")
 }
@@ -696,10 +696,10 @@ func TestCompile(t *testing.T) {
 	st := newFakeStore()
 	p, err := Compile(cfg, &Changes{}, Stores{Cached: st})
 	require.NoError(t, err)
-	assert.Equal(t, StatusAllowed, p.Check(context.Background(), t0, descs("ip=1"), 1, false, nil).Status)
+	assert.Equal(t, StatusAllowed, p.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil).Status)
 	next, err := Compile(cfg, p.Changes(), Stores{Cached: st})
 	require.NoError(t, err)
-	assert.Equal(t, StatusLimited, next.Check(context.Background(), t0, descs("ip=1"), 1, false, nil).Status, "the same store")
+	assert.Equal(t, StatusLimited, next.Check(context.Background(), &Request{Now: t0, Descs: descs("ip=1"), Cost: 1}, nil).Status, "the same store")
 	_, err = Compile(nil, nil, Stores{Cached: st})
 	assert.Error(t, err)
 }

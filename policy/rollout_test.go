@@ -35,9 +35,9 @@ func refusedKeys(t *testing.T, p *Policy, n int) []bool {
 	refused := make([]bool, n)
 	for k := range n {
 		req := descs(fmt.Sprintf("api_key=k%d", k))
-		require.True(t, p.Check(ctx, t0, req, 1, false, &sc).Status.Allowed(), "key %d: first check", k)
-		a := p.Check(ctx, t0, req, 1, false, &sc).Status == StatusLimited
-		b := p.Check(ctx, t0, req, 1, false, &sc).Status == StatusLimited
+		require.True(t, p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, &sc).Status.Allowed(), "key %d: first check", k)
+		a := p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, &sc).Status == StatusLimited
+		b := p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, &sc).Status == StatusLimited
 		require.Equal(t, a, b, "key %d: its over-the-limit checks are decided alike", k)
 		refused[k] = a
 	}
@@ -76,7 +76,7 @@ func TestRolloutShare(t *testing.T) {
 	ctx := context.Background()
 	count50 := 0
 	for k := range n {
-		d := p50.Check(ctx, t0, descs(fmt.Sprintf("api_key=k%d", k)), 1, false, nil)
+		d := p50.Check(ctx, &Request{Now: t0, Descs: descs(fmt.Sprintf("api_key=k%d", k)), Cost: 1}, nil)
 		if d.Status == StatusLimited {
 			count50++
 		} else {
@@ -103,8 +103,8 @@ func TestRolloutEdges(t *testing.T) {
 		refused := 0
 		for k := range 200 {
 			req := descs(fmt.Sprintf("api_key=k%d", k))
-			p.Check(ctx, t0, req, 1, false, nil)
-			if p.Check(ctx, t0, req, 1, false, nil).Status == StatusLimited {
+			p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, nil)
+			if p.Check(ctx, &Request{Now: t0, Descs: req, Cost: 1}, nil).Status == StatusLimited {
 				refused++
 			}
 		}
@@ -155,7 +155,7 @@ enforce = "50%"
 		enforced bool
 		limit    int64
 	}{{in[2], true, 5}, {out[0], false, 1}, {out[2], false, 5}} {
-		e := p.Explain(context.Background(), t0, descs("api_key="+c.key), 1)
+		e := p.Explain(context.Background(), &Request{Now: t0, Descs: descs("api_key=" + c.key), Cost: 1})
 		require.Len(t, e.Rules, 1)
 		m := e.Rules[0]
 		assert.Equal(t, 5000, m.Enforce)
@@ -189,8 +189,8 @@ enforce = "50%"
 	for k := 0; len(seen) < 2; k++ {
 		v := fmt.Sprintf("u%d", k)
 		enforced := keyShare([]byte(key("per-day", v))) < 5000
-		require.True(t, p.Check(ctx, t0, descs("api_key="+v), 1, false, nil).Status.Allowed())
-		d := p.Check(ctx, t0, descs("api_key="+v), 1, false, nil)
+		require.True(t, p.Check(ctx, &Request{Now: t0, Descs: descs("api_key=" + v), Cost: 1}, nil).Status.Allowed())
+		d := p.Check(ctx, &Request{Now: t0, Descs: descs("api_key=" + v), Cost: 1}, nil)
 		require.Equal(t, StatusLimited, d.Status)
 		if enforced {
 			assert.Equal(t, "per-day", d.Rule, "key %s: the longer wait of the enforced day limit", v)
@@ -214,10 +214,10 @@ func TestRolloutCheckDoesNotAllocate(t *testing.T) {
 		var sc Scratch
 		req := descs("api_key=sk_live_123", "endpoint=/v1/orders/42")
 		now := t0
-		p.Check(ctx, now, req, 1, false, &sc)
+		p.Check(ctx, &Request{Now: now, Descs: req, Cost: 1}, &sc)
 		return testing.AllocsPerRun(1000, func() {
 			now = now.Add(time.Second)
-			p.Check(ctx, now, req, 1, false, &sc)
+			p.Check(ctx, &Request{Now: now, Descs: req, Cost: 1}, &sc)
 		})
 	}
 	const rule = "[[rule]]\nname = \"orders\"\nmatch = { endpoint = %q }\nby = [\"api_key\"]\nlimit = 1000\nperiod = \"1s\"\n"

@@ -30,7 +30,7 @@ func heldSlots(t *testing.T, p *Policy, now time.Time) (free int) {
 	var d Decision
 	var leases []string
 	for range 10 {
-		l := p.AcquireTo(context.Background(), now, descs("api_key=k"), 1, &sc, &d)
+		l := p.AcquireTo(context.Background(), &Request{Now: now, Descs: descs("api_key=k"), Cost: 1}, &sc, &d)
 		if d.Status != StatusAllowed {
 			break
 		}
@@ -51,9 +51,9 @@ func TestReleaseOnceAtOneMicrosecond(t *testing.T) {
 	ctx := context.Background()
 	var sc Scratch
 	var d Decision
-	a := string(p.AcquireTo(ctx, t0, descs("api_key=k"), 1, &sc, &d))
+	a := string(p.AcquireTo(ctx, &Request{Now: t0, Descs: descs("api_key=k"), Cost: 1}, &sc, &d))
 	require.Equal(t, StatusAllowed, d.Status)
-	b := string(p.AcquireTo(ctx, t0, descs("api_key=k"), 1, &sc, &d))
+	b := string(p.AcquireTo(ctx, &Request{Now: t0, Descs: descs("api_key=k"), Cost: 1}, &sc, &d))
 	require.Equal(t, StatusAllowed, d.Status)
 	require.NotEqual(t, a, b)
 
@@ -77,7 +77,7 @@ func TestForgedLeaseChangesNothing(t *testing.T) {
 	var sc Scratch
 	var d Decision
 	now := t0
-	lease := string(p.AcquireTo(ctx, now, descs("api_key=k"), 1, &sc, &d))
+	lease := string(p.AcquireTo(ctx, &Request{Now: now, Descs: descs("api_key=k"), Cost: 1}, &sc, &d))
 	require.Equal(t, StatusAllowed, d.Status)
 	raw, err := leaseEncoding.DecodeString(lease)
 	require.NoError(t, err)
@@ -92,7 +92,7 @@ func TestForgedLeaseChangesNothing(t *testing.T) {
 
 	other := newPolicy(t, slotRules, memstore.New(memstore.Options{}))
 	other.stores.LeaseKey = []byte("another fleet's lease key")
-	otherLease := other.AcquireTo(ctx, now, descs("api_key=x"), 1, &sc, &d)
+	otherLease := other.AcquireTo(ctx, &Request{Now: now, Descs: descs("api_key=x"), Cost: 1}, &sc, &d)
 	require.Equal(t, StatusAllowed, d.Status)
 	r = p.Release(ctx, now, otherLease)
 	assert.Equal(t, CodeNotFound, r.Code, "signed with another key")
@@ -122,7 +122,7 @@ func TestReleaseWithoutSharedKey(t *testing.T) {
 	ctx := context.Background()
 	var sc Scratch
 	var d Decision
-	lease := p.AcquireTo(ctx, t0, descs("api_key=k"), 1, &sc, &d)
+	lease := p.AcquireTo(ctx, &Request{Now: t0, Descs: descs("api_key=k"), Cost: 1}, &sc, &d)
 	require.Equal(t, StatusAllowed, d.Status)
 	assert.Equal(t, CodeNotFound, other.Release(ctx, t0, lease).Code)
 	assert.Equal(t, 2, heldSlots(t, p, t0))

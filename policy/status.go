@@ -55,7 +55,7 @@ const (
 	// wraps ErrUnknownLease).
 	CodeNotFound
 	// CodeMalformed: a release named a lease that does not parse (the
-	// Err wraps ErrBadLease).
+	// Err wraps ErrBadLease), or an acquire peeked (ErrAcquirePeek).
 	CodeMalformed
 	// NumCodes is the number of codes.
 	NumCodes

@@ -82,6 +82,16 @@ func TestCluster(t *testing.T) {
 	}
 }
 
+// otherPrimary returns a primary of cl other than from.
+func otherPrimary(cl *redistest.Cluster, from *redistest.Server) *redistest.Server {
+	for _, pr := range cl.Primaries() {
+		if pr != from {
+			return pr
+		}
+	}
+	return nil
+}
+
 // TestClusterRedirect: a Cluster call goes to the primary the Client's
 // slot map names. When a slot has moved to another primary and the map
 // does not know it yet, the node answers MOVED; while a slot is being
@@ -134,13 +144,7 @@ func TestClusterRedirect(t *testing.T) {
 					rkey := string(redisx.AppendKey(nil, "t:", key, p.Kind))
 					slot := strconv.Itoa(redistest.Slot(rkey))
 					from := cl.PrimaryFor(rkey)
-					var to *redistest.Server
-					for _, pr := range cl.Primaries() {
-						if pr != from {
-							to = pr
-							break
-						}
-					}
+					to := otherPrimary(cl, from)
 					redistest.WaitFor(t, "the slot map to name "+from.Addr, func() bool { return c.SlotNode(rkey) == from.Addr })
 					_, err := redistest.Do(to.Addr, "SCRIPT", "FLUSH")
 					require.NoError(t, err)

@@ -403,149 +403,224 @@ type missResp struct {
 
 // runMiss decides one coalesced batch of checks of key: first from the
 // lease the flight before may have brought, then by one store call that
-// also leases for the key's coming traffic.
+// also leases for the key's coming traffic, then the checks under other
+// limits one by one. It has one exit.
 func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 	// Counted before closed is read, so that Close either waits for this
 	// run or this run sees it closed (and leases nothing after Close).
 	c.running.Add(1)
 	defer c.running.Add(-1)
-	if c.closed.Load() {
-		return ErrClosed
+	err := ErrClosed
+	if !c.closed.Load() {
+		m := missRun{key: key, p: reqs[0].p, sh: c.shard([]byte(key)), reqs: reqs, out: out}
+		c.fromLease(&m)
+		// The run holds the key's coalescing flight, and with it every
+		// later check of the key: all its store calls together last at
+		// most the store's timeout, whatever the connection does. No
+		// shard lock is held across a call.
+		ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+		err = nil
+		if m.i < m.j {
+			err = c.fromStore(ctx, &m)
+		}
+		if err == nil {
+			err = c.otherLimits(ctx, &m)
+		}
+		cancel()
 	}
-	p := reqs[0].p
-	sh := c.shard([]byte(key))
-	sh.mu.Lock()
-	e := c.entry(sh, key, p)
-	c.touch(sh, e, reqs[len(reqs)-1].ns, true)
-	i := 0
-	for ; i < len(reqs) && reqs[i].p == p; i++ {
-		r, ok := c.local(e, reqs[i].ns, reqs[i].cost, false)
+	return err
+}
+
+// missRun is one run of runMiss: a coalesced batch of checks of key.
+// reqs[:i] are answered from the lease; reqs[i:j], under the first
+// check's limit p, by one store call; reqs[j:], under other limits (a
+// tier or a reload changed them mid-flight), one by one.
+type missRun struct {
+	key  string
+	p    algo.Params
+	sh   *shard
+	reqs []missReq
+	out  []missResp
+	i, j int
+
+	// What the store call asks: the lease it wants (warm: a warm
+	// lease's), and the units spent from the lease since the last
+	// report, with the lease's time, that it reports.
+	want, spent, spentAt int64
+	warm                 bool
+	mayRecall            bool // a refusal may recall the other daemons' leases
+
+	// The store call and its answer: the costs of reqs[i:j], when it
+	// was sent (local unix ns), how many of them the store admitted (the
+	// first ones), the units it leased, and its result.
+	costs    []int64
+	sent     int64
+	admitted int
+	leased   int64
+	r        algo.Result
+}
+
+// fromLease answers the checks of m that the key's lease can, under the
+// shard's lock, and sizes the store call for the others.
+func (c *Cache) fromLease(m *missRun) {
+	reqs, p := m.reqs, m.p
+	m.sh.mu.Lock()
+	e := c.entry(m.sh, m.key, p)
+	c.touch(m.sh, e, reqs[len(reqs)-1].ns, true)
+	for ; m.i < len(reqs) && reqs[m.i].p == p; m.i++ {
+		r, ok := c.local(e, reqs[m.i].ns, reqs[m.i].cost, false)
 		if !ok {
 			break
 		}
-		out[i].r = r
+		m.out[m.i].r = r
 		if r.Allowed {
 			localAllowed.Inc()
 		} else {
 			localDenied.Inc()
 		}
 	}
-	j := i
 	var need int64
-	for ; j < len(reqs) && reqs[j].p == p; j++ {
-		need += reqs[j].cost
+	for m.j = m.i; m.j < len(reqs) && reqs[m.j].p == p; m.j++ {
+		need += reqs[m.j].cost
 	}
-	if i < j {
-		misses[c.missReason(e, reqs[i].ns, reqs[i].cost)].Add(j - i)
+	if m.i < m.j {
+		misses[c.missReason(e, reqs[m.i].ns, reqs[m.i].cost)].Add(m.j - m.i)
 	}
-	want, warm := c.leaseWant(e, need, reqs[0].ns)
-	var spent, spentAt int64
-	if i < j {
-		spent, spentAt = c.takeSpent(e), e.leaseAt // the call below reports it
+	m.want, m.warm = c.leaseWant(e, need, reqs[0].ns)
+	if m.i < m.j {
+		m.spent, m.spentAt = c.takeSpent(e), e.leaseAt // the call reports it
 	}
 	// A key far over its limit is refused whatever the other daemons
 	// hold: its recalls would only cost the store calls.
-	mayRecall := c.o.Recall != nil && !c.hammered(e)
-	sh.mu.Unlock()
-	// The run holds the key's coalescing flight, and with it every later
-	// check of the key: all its store calls together last at most the
-	// store's timeout, whatever the connection does. No shard lock is
-	// held across a call.
-	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
-	defer cancel()
-	if i < j {
-		costs := make([]int64, j-i)
-		for k := range costs {
-			costs[k] = reqs[i+k].cost
-		}
-		sent := c.o.Clock().UnixNano()
-		admitted, leased, parked, r, err := c.takeLeaseOrLate(ctx, key, p, costs, want, spent, spentAt, c.lifeFor(warm))
-		storeCalls.Inc()
-		batchSize.Update(float64(len(costs)))
-		if err != nil {
-			c.unsent(sh, key, p, spent, spentAt, err)
-			return err
-		}
-		if admitted < len(costs) && parked > 0 && r.RetryAfter != algo.Never && mayRecall {
-			admitted, r = c.recall(ctx, sh, key, p, costs, admitted, r)
-		}
-		storeDecided.Add(len(costs))
-		leasesGranted.Add(int(leased))
-		// A warm lease was sized before the store's answer; a key this
-		// daemon had not asked about counted as fresh. Near its limit
-		// after all, what was leased is kept as an ordinary lease: it
-		// goes back when the key goes idle, rather than staying out for
-		// a warm lifetime (and, should this daemon crash, parked).
-		if warm && 2*(r.Remaining+leased) < p.Capacity() {
-			warm = false
-		}
-		sh.mu.Lock()
-		e = c.entry(sh, key, p)
-		c.applyLease(key, e, leased, r, sent, warm)
-		// An answer from before a change of the key (a refund, a
-		// reset) may know too little quota, never too much: its view
-		// is kept (what a Fallback starts from), its denial is not.
-		stale := sent <= e.staleBefore
-		c.learn(e, r, sent)
-		if leased == 0 && e.lease == 0 {
-			e.gone = missNoLease
-		}
-		for k := range admitted {
-			e.used += costs[k]
-		}
-		// Units leased meanwhile (a sync's top-up, a call of the flight
-		// before) serve the refused checks first: refused on this
-		// daemon's own parked units, a check would be refused falsely.
-		var fromLease []algo.Result
-		for admitted < len(costs) && e.lease >= costs[admitted] {
-			lr, ok := c.local(e, reqs[i+admitted].ns, costs[admitted], false)
-			if !ok || !lr.Allowed {
-				break
-			}
-			fromLease = append(fromLease, lr)
-			localAllowed.Inc()
-			admitted++
-		}
-		var denied algo.Result
-		if admitted < len(costs) {
-			e.denials += int64(len(costs) - admitted)
-			denied = algo.Result{Limit: p.Capacity(), Remaining: r.Remaining, Reset: r.Reset, RetryAfter: r.RetryAfter, At: r.At}
-			// The answer of a call sent before the key changed (a
-			// refund, a reset) is given to the checks it decided, but
-			// is not kept: the change may have made room since.
-			if r.RetryAfter != algo.Never && !stale {
-				denied.RetryAfter = c.denialFor(e, r.RetryAfter)
-				e.deniedUntil = sent + int64(denied.RetryAfter)
-				e.deniedCost = costs[admitted]
-				e.gone = missDenied
-			}
-		}
-		allowed := algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: min(r.Remaining+e.lease, p.Capacity()), Reset: r.Reset, At: r.At}
-		// A denial, or a lease that is not warm, needs the sync loop
-		// soon though the entry was quiet before the call.
-		c.touch(sh, e, reqs[len(reqs)-1].ns, true)
-		sh.mu.Unlock()
-		firstLocal := admitted - len(fromLease)
-		for k := range costs {
-			switch {
-			case k < firstLocal:
-				out[i+k].r = allowed
-			case k < admitted:
-				out[i+k].r = fromLease[k-firstLocal]
-			default:
-				out[i+k].r = denied
-			}
+	m.mayRecall = c.o.Recall != nil && !c.hammered(e)
+	m.sh.mu.Unlock()
+}
+
+// fromStore decides reqs[i:j] of m by one store call, which also leases
+// for the key's coming traffic, and recalls the other daemons' leases
+// when the store refused on units they hold. A failed call reports
+// nothing spent (see unsent) and decides nothing.
+func (c *Cache) fromStore(ctx context.Context, m *missRun) error {
+	m.costs = make([]int64, m.j-m.i)
+	for k := range m.costs {
+		m.costs[k] = m.reqs[m.i+k].cost
+	}
+	m.sent = c.o.Clock().UnixNano()
+	var parked int64
+	var err error
+	m.admitted, m.leased, parked, m.r, err = c.takeLeaseOrLate(ctx, m.key, m.p, m.costs, m.want, m.spent, m.spentAt, c.lifeFor(m.warm))
+	storeCalls.Inc()
+	batchSize.Update(float64(len(m.costs)))
+	if err != nil {
+		c.unsent(m.sh, m.key, m.p, m.spent, m.spentAt, err)
+		return err
+	}
+	if m.admitted < len(m.costs) && parked > 0 && m.r.RetryAfter != algo.Never && m.mayRecall {
+		m.admitted, m.r = c.recall(ctx, m.sh, m.key, m.p, m.costs, m.admitted, m.r)
+	}
+	storeDecided.Add(len(m.costs))
+	leasesGranted.Add(int(m.leased))
+	// A warm lease was sized before the store's answer; a key this
+	// daemon had not asked about counted as fresh. Near its limit
+	// after all, what was leased is kept as an ordinary lease: it
+	// goes back when the key goes idle, rather than staying out for
+	// a warm lifetime (and, should this daemon crash, parked).
+	if m.warm && 2*(m.r.Remaining+m.leased) < m.p.Capacity() {
+		m.warm = false
+	}
+	c.answer(m)
+	return nil
+}
+
+// answer keeps the store's answer to m's call in the key's entry, under
+// the shard's lock, and writes the answers of reqs[i:j]: the store's
+// admissions, then those that units leased meanwhile admit, then the
+// denials.
+func (c *Cache) answer(m *missRun) {
+	m.sh.mu.Lock()
+	e := c.entry(m.sh, m.key, m.p)
+	c.applyLease(m.key, e, m.leased, m.r, m.sent, m.warm)
+	// An answer from before a change of the key (a refund, a reset) may
+	// know too little quota, never too much: its view is kept (what a
+	// Fallback starts from), its denial is not.
+	stale := m.sent <= e.staleBefore
+	c.learn(e, m.r, m.sent)
+	if m.leased == 0 && e.lease == 0 {
+		e.gone = missNoLease
+	}
+	for k := range m.admitted {
+		e.used += m.costs[k]
+	}
+	firstLocal := m.admitted
+	fromLease := c.refusedFromLease(m, e)
+	denied := c.denial(m, e, stale)
+	r := &m.r
+	allowed := algo.Result{Allowed: true, Limit: m.p.Capacity(), Remaining: min(r.Remaining+e.lease, m.p.Capacity()), Reset: r.Reset, At: r.At}
+	// A denial, or a lease that is not warm, needs the sync loop soon
+	// though the entry was quiet before the call.
+	c.touch(m.sh, e, m.reqs[len(m.reqs)-1].ns, true)
+	m.sh.mu.Unlock()
+	for k := range m.costs {
+		switch {
+		case k < firstLocal:
+			m.out[m.i+k].r = allowed
+		case k < m.admitted:
+			m.out[m.i+k].r = fromLease[k-firstLocal]
+		default:
+			m.out[m.i+k].r = denied
 		}
 	}
-	// Checks of the same key under other limits (a tier or a reload
-	// changed them mid-flight) are decided one by one.
-	for k := j; k < len(reqs); k++ {
-		r, err := c.b.Take(ctx, []byte(key), reqs[k].p, reqs[k].cost, time.Unix(0, reqs[k].ns), false)
+}
+
+// refusedFromLease admits from units leased meanwhile (a sync's top-up,
+// a call of the flight before) the checks the store refused, in order,
+// and returns their answers: refused on this daemon's own parked units,
+// a check would be refused falsely. The shard's lock is held.
+func (c *Cache) refusedFromLease(m *missRun, e *entry) []algo.Result {
+	var fromLease []algo.Result
+	for m.admitted < len(m.costs) && e.lease >= m.costs[m.admitted] {
+		lr, ok := c.local(e, m.reqs[m.i+m.admitted].ns, m.costs[m.admitted], false)
+		if !ok || !lr.Allowed {
+			break
+		}
+		fromLease = append(fromLease, lr)
+		localAllowed.Inc()
+		m.admitted++
+	}
+	return fromLease
+}
+
+// denial returns the answer of the checks of m's call that stay refused
+// (none: the zero Result), and keeps the denial in the key's entry unless
+// the answer is stale (sent before a change of the key, which may have
+// made room since). The shard's lock is held.
+func (c *Cache) denial(m *missRun, e *entry, stale bool) algo.Result {
+	var denied algo.Result
+	if m.admitted == len(m.costs) {
+		return denied
+	}
+	r := &m.r
+	e.denials += int64(len(m.costs) - m.admitted)
+	denied = algo.Result{Limit: m.p.Capacity(), Remaining: r.Remaining, Reset: r.Reset, RetryAfter: r.RetryAfter, At: r.At}
+	if r.RetryAfter != algo.Never && !stale {
+		denied.RetryAfter = c.denialFor(e, r.RetryAfter)
+		e.deniedUntil = m.sent + int64(denied.RetryAfter)
+		e.deniedCost = m.costs[m.admitted]
+		e.gone = missDenied
+	}
+	return denied
+}
+
+// otherLimits decides reqs[j:] of m, checks of the key under other
+// limits than the first's, by one store call each.
+func (c *Cache) otherLimits(ctx context.Context, m *missRun) error {
+	for k := m.j; k < len(m.reqs); k++ {
+		r, err := c.b.Take(ctx, []byte(m.key), m.reqs[k].p, m.reqs[k].cost, time.Unix(0, m.reqs[k].ns), false)
 		storeCalls.Inc()
 		if err != nil {
 			return err
 		}
-		out[k].r = r
+		m.out[k].r = r
 	}
 	return nil
 }
