@@ -68,27 +68,18 @@ const (
 	NumKinds
 )
 
-var kindNames = [NumKinds]string{
-	TokenBucket:    "token_bucket",
-	GCRA:           "gcra",
-	SlidingLog:     "sliding_log",
-	SlidingCounter: "sliding_counter",
-	FixedWindow:    "fixed_window",
-	Concurrency:    "concurrency",
-}
-
 // String returns the configuration name of k, such as "token_bucket".
 func (k Kind) String() string {
 	if k < NumKinds {
-		return kindNames[k]
+		return kindTable[k].Name
 	}
 	return fmt.Sprintf("algo.Kind(%d)", uint8(k))
 }
 
 // ParseKind returns the Kind whose configuration name is s.
 func ParseKind(s string) (Kind, error) {
-	for k, name := range kindNames {
-		if name == s {
+	for k, in := range kindTable {
+		if in.Name == s {
 			return Kind(k), nil
 		}
 	}
