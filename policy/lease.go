@@ -489,13 +489,8 @@ func (p *Policy) settle(ctx context.Context, now time.Time, lease []byte, actual
 				continue
 			}
 		} else {
-			o, ok := r.store.(Operator)
-			if !ok {
-				return Decision{Status: StatusError, Code: CodeInternal, Rule: r.name,
-					Err: fmt.Errorf("policy: %s: rule %q: its store cannot run %s", what, r.name, op.Kind)}
-			}
 			ops := [1]algo.Op{op}
-			err := o.Do(ctx, ops[:], now)
+			err := r.ops.Do(ctx, ops[:], now)
 			if err == nil {
 				err = ops[0].Err
 			}
@@ -569,12 +564,8 @@ func (f *Fallback) do(op *algo.Op, now time.Time) bool {
 		return false
 	}
 	op.Params = fairShare(op.Params, f.Peers())
-	o, ok := m.LocalStore.(Operator)
-	if !ok {
-		return false
-	}
 	ops := [1]algo.Op{*op}
-	if o.Do(context.Background(), ops[:], now) != nil || ops[0].Err != nil {
+	if m.LocalStore.Do(context.Background(), ops[:], now) != nil || ops[0].Err != nil {
 		return false
 	}
 	*op = ops[0]
