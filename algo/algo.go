@@ -58,6 +58,7 @@ package algo
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -95,7 +96,11 @@ func ParseKind(s string) (Kind, error) {
 			return Kind(k), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, gcra, sliding_log, sliding_counter, fixed_window or concurrency)", s)
+	names := make([]string, len(kindTable)-1)
+	for k, in := range kindTable[:len(kindTable)-1] {
+		names[k] = in.Name
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want %s or %s)", s, strings.Join(names, ", "), kindTable[len(kindTable)-1].Name)
 }
 
 // MaxScaled bounds Limit×Period (in microseconds) and Burst×Period: every
