@@ -547,11 +547,15 @@ func replyInts(r rueidis.RedisResult, v []int64, n int) ([]int64, error) {
 	return v, nil
 }
 
-// doMulti sends cmds with rc.DoMulti, in chunks of at most multiChunk
-// commands, one after the other so that the commands of one key run in
+// doMulti sends cmds with rc.DoMulti (rc.Do for one), in chunks of at
+// most multiChunk commands, one after the other so that the commands of one key run in
 // order, and returns their results in res's storage.
 func doMulti(ctx context.Context, rc rueidis.Client, cmds []rueidis.Completed, res []rueidis.RedisResult) []rueidis.RedisResult {
 	res = res[:0]
+	if len(cmds) == 1 {
+		// A single call: Do spares DoMulti's slice of results.
+		return append(res, rc.Do(ctx, cmds[0]))
+	}
 	for lo := 0; lo < len(cmds); lo += multiChunk {
 		res = append(res, rc.DoMulti(ctx, cmds[lo:min(lo+multiChunk, len(cmds))]...)...)
 	}
