@@ -14,38 +14,51 @@
 // differential tests hold them to Apply), the Redis store (redisx) takes a
 // batch of Ops, and the hot-key cache (shardcache) sends its syncs as one.
 //
+// # The tables
+//
+// What a store needs to know of an op or an algorithm is data: the op
+// table (OpKind.Info: its name, the script arguments it sends, its
+// reply, whether it is a take, a peek, a lease, a release, clears a key,
+// may carry a Once id …) and the algorithm table (Kind.Info: its name,
+// its store key suffix, how the hot-key cache's leases of it end,
+// whether its admissions are slots). memstore, shardcache and redisx
+// consult them and switch on no kind (the test TestStoresUseTheTables
+// holds them to it), and Op.Check, Op.CheckOnce and Op.SetReply are the
+// one check and the one reading of a script's reply that they share.
+//
 // # How to add an operation
 //
-//  1. algo/op.go: a new OpKind (before NumOpKinds), its name (the scripts'
-//     ARGV[1]), its fields' meaning on Op, and its case in Apply, built
-//     from the algorithm functions; a test in op_test.go.
-//  2. lua/*.lua: the op in each algorithm's script, and a timeline of it
-//     in lua/lua_test.go (the runner applies it with Apply and in Redis).
-//  3. redisx/multi.go: the metrics op it counts as (opKindMetric), its
-//     arguments in command and its reply in fill (a batch carries every
-//     kind).
-//  4. The callers: memstore (in-process, with Apply or the functions it
-//     uses), shardcache when the cache sends it, policy for a decision
-//     step that needs it, and the daemon's faces (socket, HTTP, admin).
+//  1. algo/op.go: a new OpKind (before NumOpKinds), its fields' meaning
+//     on Op, and its case in Apply, built from the algorithm functions;
+//     its row in the op table (optable.go); a test in op_test.go.
+//  2. lua/*.lua: the op in each algorithm's script (ARGV as its Args say,
+//     the reply as its Reply, Count and Verdict say), and a timeline of
+//     it in lua/lua_test.go (the runner applies it with Apply and in
+//     Redis).
+//  3. The callers that send it: shardcache when the cache sends it,
+//     policy for a decision step that needs it, and the daemon's faces
+//     (socket, HTTP, admin). The stores run it as the table says.
 //
 // # How to add an algorithm
 //
 //  1. algo: a Kind (at the end: Kinds are stored in Redis key names and
-//     metrics), its name in kindNames, its functions in a file of its own
-//     (decide, refund, and how it lays out State), their cases in DecideTo,
-//     Refund and Idle, and property tests (property_test.go).
+//     metrics), its row in the algorithm table (optable.go: name, key
+//     suffix, how leases of it end), its functions in a file of its own
+//     (decide, refund, and how it lays out State), their cases in
+//     DecideTo, Refund and Idle, and property tests (property_test.go).
 //  2. docs/algorithms.md: the formulas, in integer µs.
 //  3. lua/<name>.lua: the script, every op, exact as in Go; the lua
 //     package's timelines and random differential test cover it once the
 //     Kind is in their list.
-//  4. redisx: the script's SHA and its key suffix (AppendKey).
-//  5. config: its name is accepted by ParseKind; whether a cached rule may
-//     use it (shardcache leases only what a lease cannot make forget
-//     admissions early: see docs/cache.md).
+//
+// config accepts its name (ParseKind reads the table), redisx loads its
+// script by name (lua.Source) and keys it by its suffix, and memstore
+// and shardcache run it as the tables say.
 package algo
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -68,31 +81,26 @@ const (
 	NumKinds
 )
 
-var kindNames = [NumKinds]string{
-	TokenBucket:    "token_bucket",
-	GCRA:           "gcra",
-	SlidingLog:     "sliding_log",
-	SlidingCounter: "sliding_counter",
-	FixedWindow:    "fixed_window",
-	Concurrency:    "concurrency",
-}
-
 // String returns the configuration name of k, such as "token_bucket".
 func (k Kind) String() string {
 	if k < NumKinds {
-		return kindNames[k]
+		return kindTable[k].Name
 	}
 	return fmt.Sprintf("algo.Kind(%d)", uint8(k))
 }
 
 // ParseKind returns the Kind whose configuration name is s.
 func ParseKind(s string) (Kind, error) {
-	for k, name := range kindNames {
-		if name == s {
+	for k, in := range kindTable {
+		if in.Name == s {
 			return Kind(k), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown algorithm %q (want token_bucket, gcra, sliding_log, sliding_counter, fixed_window or concurrency)", s)
+	names := make([]string, len(kindTable)-1)
+	for k, in := range kindTable[:len(kindTable)-1] {
+		names[k] = in.Name
+	}
+	return 0, fmt.Errorf("unknown algorithm %q (want %s or %s)", s, strings.Join(names, ", "), kindTable[len(kindTable)-1].Name)
 }
 
 // MaxScaled bounds Limit×Period (in microseconds) and Burst×Period: every

@@ -24,8 +24,8 @@ var (
 // hot-key cache and the test stores pass batches of them.
 type OpKind uint8
 
-// The kinds of Op. Room is left for those to come (set): a new kind is added here, to Apply, to the
-// scripts, and to the Redis store's script table.
+// The kinds of Op. A new kind is added here, to the op table (optable.go),
+// to Apply, and to the scripts.
 const (
 	// OpTake decides a cost of N (at least 1) and consumes it when it
 	// fits.
@@ -76,16 +76,10 @@ const (
 	NumOpKinds
 )
 
-var opKindNames = [NumOpKinds]string{
-	OpTake: "take", OpPeek: "peek", OpLease: "lease", OpTakeLease: "takelease", OpRefund: "refund",
-	OpReset: "reset", OpGrant: "grant", OpCharge: "charge", OpRelease: "release",
-	OpAcquire: "acquire",
-}
-
 // String returns the op's name, as the scripts' ARGV[1] spells it.
 func (k OpKind) String() string {
 	if k < NumOpKinds {
-		return opKindNames[k]
+		return opTable[k].Name
 	}
 	return "OpKind(" + strconv.Itoa(int(k)) + ")"
 }

@@ -180,8 +180,8 @@ func (s *Store) TakeSlot(_ context.Context, key []byte, p algo.Params, slot uint
 	if err := checkParams(p); err != nil {
 		return algo.Result{}, err
 	}
-	if p.Kind != algo.Concurrency {
-		return algo.Result{}, fmt.Errorf("memstore: acquire %q: a slot of a %s limit: want concurrency", key, p.Kind)
+	if !p.Kind.Info().Slots {
+		return algo.Result{}, fmt.Errorf("memstore: acquire %q: a slot of a %s limit: want one of slots", key, p.Kind)
 	}
 	us := now.UnixMicro()
 	sh, h := s.shard(key)
@@ -197,9 +197,9 @@ func (s *Store) TakeSlot(_ context.Context, key []byte, p algo.Params, slot uint
 
 // Do runs each op on its key at now with algo.Apply, as Take and Refund
 // do, setting each op's outcomes: Admitted, Granted, Result, and Err for
-// an op whose Params are invalid or whose kind is unknown, or an
-// OpAcquire with no Slots or of a limit other than Concurrency (it
-// changes nothing). An OpReset drops the key, an OpGrant of a key the Store does
+// an op whose Params are invalid or that algo.Op.Check rejects (it
+// changes nothing). An op that clears the key's state (OpReset, see
+// algo.OpInfo) drops the key, an OpGrant of a key the Store does
 // not hold (or holds for another algorithm) finds a fresh key's quota
 // and changes nothing. Do does not block; ctx is not consulted. It
 // returns nil: the errors are the ops'.
@@ -212,9 +212,8 @@ func (s *Store) Do(_ context.Context, ops []algo.Op, now time.Time) error {
 			op.Err = fmt.Errorf("memstore: %s %q: %w", op.Kind, op.Key, err)
 			continue
 		}
-		if op.Kind >= algo.NumOpKinds || op.Kind == algo.OpTakeLease && len(op.Costs) == 0 ||
-			op.Kind == algo.OpAcquire && (len(op.Slots) == 0 || op.Params.Kind != algo.Concurrency) {
-			op.Err = fmt.Errorf("memstore: %s %q: invalid op", op.Kind, op.Key)
+		if err := op.Check(); err != nil {
+			op.Err = fmt.Errorf("memstore: %s %q: %w", op.Kind, op.Key, err)
 			continue
 		}
 		s.apply(op.Key, op, us)
@@ -237,13 +236,14 @@ func (s *Store) apply(key []byte, op *algo.Op, us int64) {
 // applyLocked is apply with sh, key's shard (h: key's hash), locked.
 func (s *Store) applyLocked(sh *shard, key []byte, h uint64, op *algo.Op, us int64) {
 	e := sh.get(key, h)
-	if op.Kind == algo.OpReset && e != nil {
+	in := op.Kind.Info()
+	if in.Clears && e != nil {
 		sh.remove(e)
 		s.keys.Add(-1)
 		liveKeys.Add(-1)
 		e = nil
 	}
-	if e != nil && e.kind != op.Params.Kind && !consumes(op.Kind) {
+	if e != nil && e.kind != op.Params.Kind && !in.Consumes {
 		e = nil
 	}
 	if e == nil {
@@ -273,25 +273,18 @@ func (s *Store) applyLocked(sh *shard, key []byte, h uint64, op *algo.Op, us int
 	}
 }
 
-// consumes reports whether ops of kind k may admit units, and so write a
-// key's state.
-func consumes(k algo.OpKind) bool {
-	return k == algo.OpTake || k == algo.OpLease || k == algo.OpTakeLease || k == algo.OpCharge || k == algo.OpAcquire
-}
-
-// consumed reports whether op, which Apply ran, admitted any unit.
+// consumed reports whether op, which Apply ran, admitted any unit: a
+// take allowed, units admitted or granted, or any op that consumes
+// whether or not it fits (a charge).
 func consumed(op *algo.Op) bool {
-	switch op.Kind {
-	case algo.OpTake:
-		return op.Result.Allowed
-	case algo.OpLease, algo.OpTakeLease:
-		return op.Admitted > 0 || op.Granted > 0
-	case algo.OpAcquire:
-		return op.Admitted > 0
-	case algo.OpCharge:
-		return true
+	in := op.Kind.Info()
+	switch {
+	case !in.Consumes:
+		return false
+	case in.Take || in.Lease:
+		return op.Result.Allowed || op.Admitted > 0 || op.Granted > 0
 	}
-	return false
+	return true
 }
 
 // checkParams rejects the Params that would make the algorithms divide by

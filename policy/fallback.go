@@ -16,6 +16,8 @@ import (
 // to this daemon: the embedded store (package memstore) in the daemon.
 type LocalStore interface {
 	Store
+	Operator
+	SlotTaker
 	// Sweep drops the state of every key idle at now and returns how
 	// many it dropped.
 	Sweep(now time.Time) int
@@ -222,8 +224,8 @@ func (f *Fallback) decide(fail config.Fail, p *algo.Params, key []byte, cost int
 	}
 	var res algo.Result
 	var lerr error
-	if st, ok := m.LocalStore.(SlotTaker); ok && slot != 0 {
-		res, lerr = st.TakeSlot(context.Background(), key, share, slot, now)
+	if slot != 0 {
+		res, lerr = m.TakeSlot(context.Background(), key, share, slot, now)
 	} else {
 		res, lerr = m.Take(context.Background(), key, share, cost, now, peek)
 	}

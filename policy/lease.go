@@ -603,12 +603,8 @@ func (s *settling) run(r *rule, e *leaseEntry, op *algo.Op) (bool, error) {
 	if e.flags&entryLocal != 0 {
 		return s.p.fallback != nil && s.p.fallback.do(op, s.now), nil
 	}
-	o, ok := r.store.(Operator)
-	if !ok {
-		return false, &ruleError{r: r, period: op.Params.Period, err: fmt.Errorf("its store cannot run %s", op.Kind)}
-	}
 	ops := [1]algo.Op{*op}
-	err := o.Do(s.ctx, ops[:], s.now)
+	err := r.ops.Do(s.ctx, ops[:], s.now)
 	if err == nil {
 		err = ops[0].Err
 	}
@@ -667,12 +663,8 @@ func (f *Fallback) do(op *algo.Op, now time.Time) bool {
 		return false
 	}
 	op.Params = fairShare(op.Params, f.Peers())
-	o, ok := m.LocalStore.(Operator)
-	if !ok {
-		return false
-	}
 	ops := [1]algo.Op{*op}
-	if o.Do(context.Background(), ops[:], now) != nil || ops[0].Err != nil {
+	if m.LocalStore.Do(context.Background(), ops[:], now) != nil || ops[0].Err != nil {
 		return false
 	}
 	*op = ops[0]

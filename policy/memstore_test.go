@@ -14,7 +14,27 @@ import (
 	"github.com/rld/rld/wire"
 )
 
-var _ Store = (*memstore.Store)(nil)
+var (
+	_ Store      = (*memstore.Store)(nil)
+	_ LocalStore = (*memstore.Store)(nil)
+)
+
+// TestMemstoreCapabilities: a rule on the embedded store runs ops and
+// holds slots by id, found when the policy is compiled; it answers no
+// check inline and no denial's peek from memory (it has no wait to save).
+func TestMemstoreCapabilities(t *testing.T) {
+	cfg, err := config.Load("../rld.toml")
+	require.NoError(t, err)
+	p, err := New(cfg, memstore.New(memstore.Options{}))
+	require.NoError(t, err)
+	for i := range p.rules {
+		r := &p.rules[i]
+		assert.NotNil(t, r.ops, r.name)
+		assert.NotNil(t, r.slots, r.name)
+		assert.Nil(t, r.denial, r.name)
+		assert.Nil(t, r.local, r.name)
+	}
+}
 
 // TestShippedConfigWithMemstore drives the shipped rld.toml on the
 // embedded store through the scenarios.

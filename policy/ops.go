@@ -109,17 +109,12 @@ func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n
 	case len(targets) == 0:
 		return nil, fmt.Errorf("policy: no rule counts these descriptors: %w", ErrNoMatch)
 	}
-	// Every store is checked before any op runs: an op runs everywhere
-	// or nowhere it can be known to fail.
-	for _, tg := range targets {
-		if _, ok := tg.r.store.(Operator); !ok {
-			return nil, fmt.Errorf("policy: rule %q: its store (%T) runs no %s", tg.r.name, tg.r.store, kind)
-		}
-	}
+	// Every rule's store runs ops (an Operator, checked when the policy
+	// was compiled).
 	out := make([]Applied, len(targets))
 	for i, tg := range targets {
 		ops := []algo.Op{{Kind: kind, Key: tg.key, Params: tg.app.Params, N: n}}
-		err := tg.r.store.(Operator).Do(ctx, ops, now)
+		err := tg.r.ops.Do(ctx, ops, now)
 		if err == nil {
 			err = ops[0].Err
 		}

@@ -83,6 +83,10 @@ type rule struct {
 	fail   config.Fail
 	store  Store      // where the rule's counters live: by its mode
 	local  LocalTaker // store, when it can answer on the host; else nil
+	// The rest of store's capabilities, resolved once (capsOf).
+	ops    Operator     // runs ops: required
+	slots  SlotTaker    // holds slots by id; else nil
+	denial DenialPeeker // answers a denied check's peeks cheaply; else nil
 	m      *counters
 
 	// share is the enforce share in basis points: a key whose hash
@@ -297,7 +301,9 @@ func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
 		if cr.Mode == config.ModeStrict {
 			p.rules[i].store = st.Strict
 		}
-		p.rules[i].local, _ = p.rules[i].store.(LocalTaker)
+		if err := p.rules[i].capsOf(p.rules[i].store); err != nil {
+			return nil, fmt.Errorf("policy: rule[%d] %q: %w", i, cr.Name, err)
+		}
 		p.infos[i] = RuleInfo{Name: cr.Name, Summary: cr.Summary()}
 		if p.rules[i].pen != nil && p.pens == nil {
 			p.pens = st.Penalties
@@ -692,7 +698,7 @@ func (p *Policy) take(c *checking, i int, t *ruleTake, d *Decision) outcome {
 // is not asked: errSkipped.
 func (p *Policy) ask(c *checking, r *rule, t *ruleTake, res *algo.Result) (outcome, error) {
 	key := c.sc.keys[t.start:t.end]
-	st, slots := r.store.(SlotTaker)
+	st, slots := r.slots, r.slots != nil
 	if slots && t.hold && t.params.Kind == algo.Concurrency && !t.peek {
 		t.slot = nextSlot()
 	}
@@ -830,8 +836,8 @@ func (p *Policy) longestDenial(c *checking, i int, r *rule, res algo.Result, par
 			if !ok {
 				return r, res, params, false
 			}
-		} else if dp, ok := o.store.(DenialPeeker); ok {
-			ores, err = dp.PeekForDenial(c.ctx, sc.keys[start:], *op, cost, now, res.RetryAfter)
+		} else if o.denial != nil {
+			ores, err = o.denial.PeekForDenial(c.ctx, sc.keys[start:], *op, cost, now, res.RetryAfter)
 		} else {
 			ores, err = o.store.Take(c.ctx, sc.keys[start:], *op, cost, now, true)
 		}
@@ -900,7 +906,7 @@ func (p *Policy) refund(ctx context.Context, now time.Time, cost int64, peek, sl
 				if p.fallback == nil || !p.fallback.do(&op, now) {
 					refundErrors.Inc()
 				}
-			} else if !releaseSlot(ctx, r.store, &op, now) {
+			} else if !releaseSlot(ctx, r.ops, &op, now) {
 				refundErrors.Inc()
 			}
 		case t.local:
@@ -929,13 +935,9 @@ func keyShare(key []byte) uint32 {
 	return uint32(xxhash.Sum64(key) % config.FullShare)
 }
 
-// releaseSlot runs the release op at store, and reports whether the
-// store ran it without an error.
-func releaseSlot(ctx context.Context, store Store, op *algo.Op, now time.Time) bool {
-	o, ok := store.(Operator)
-	if !ok {
-		return false
-	}
+// releaseSlot runs the release op at o, the rule's store, and reports
+// whether it ran without an error.
+func releaseSlot(ctx context.Context, o Operator, op *algo.Op, now time.Time) bool {
 	ops := [1]algo.Op{*op}
 	return o.Do(ctx, ops[:], now) == nil && ops[0].Err == nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -78,6 +79,65 @@ func (s *fakeStore) Refund(_ context.Context, key []byte, p algo.Params, cost in
 		c.used -= cost
 	}
 	return nil
+}
+
+// Do runs the ops an operator or a settle sends on the fake's counts: a
+// reset drops the key, a grant or a refund gives units back, a charge
+// takes them; it refuses the other kinds (the op's Err).
+func (s *fakeStore) Do(_ context.Context, ops []algo.Op, now time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range ops {
+		op := &ops[i]
+		c := s.counts[string(op.Key)]
+		if c == nil {
+			c = &count{window: now.UnixNano() / int64(op.Params.Period)}
+			s.counts[string(op.Key)] = c
+		}
+		switch op.Kind {
+		case algo.OpReset:
+			c.used = 0
+		case algo.OpGrant, algo.OpRefund:
+			c.used = max(c.used-op.N, 0)
+		case algo.OpCharge:
+			c.used += op.N
+		default:
+			op.Err = fmt.Errorf("fakeStore: runs no %s", op.Kind)
+			continue
+		}
+		capacity := op.Params.Capacity()
+		op.Result = algo.Result{Limit: capacity, Remaining: max(capacity-c.used, 0), At: now.UnixMicro()}
+	}
+	return nil
+}
+
+// takeOnly is a Store with no other capability: not an Operator.
+type takeOnly struct{ s *fakeStore }
+
+func (t takeOnly) Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
+	return t.s.Take(ctx, key, p, cost, now, peek)
+}
+
+func (t takeOnly) Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
+	return t.s.Refund(ctx, key, p, cost, takenAt, now)
+}
+
+// TestCompileResolvesCapabilities: a store that runs no ops is refused
+// when the policy is compiled, naming the capability; the optional ones
+// are found once: the hot-key cache's faces and memstore's.
+func TestCompileResolvesCapabilities(t *testing.T) {
+	cfg := config.Default()
+	cfg.Rules = []config.Rule{{Name: "x", By: []string{"ip"}, Algorithm: "token_bucket", Limit: 1, Period: config.Duration(time.Second)}}
+	_, err := New(cfg, takeOnly{newFakeStore()})
+	require.ErrorContains(t, err, `rule[0] "x": its store (policy.takeOnly) runs no ops (policy.Operator)`)
+
+	p, err := New(cfg, newFakeStore())
+	require.NoError(t, err)
+	r := &p.rules[0]
+	assert.NotNil(t, r.ops)
+	assert.Nil(t, r.slots, "fakeStore holds no slots")
+	assert.Nil(t, r.denial)
+	assert.Nil(t, r.local)
 }
 
 // usedOf returns the units taken from key.

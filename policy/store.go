@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/rld/rld/algo"
@@ -61,4 +62,24 @@ type LocalTaker interface {
 	// TakeLocal decides as Take does when it can do so without waiting,
 	// and reports whether it did; when not, nothing was taken.
 	TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, bool)
+}
+
+// capsOf resolves the capabilities of st, the rule's store, into r's
+// fields, once, when the policy is compiled: the checks read the fields
+// and assert no interface. Every store must be an Operator (it runs the
+// settles of leases, the releases of slots and the operators' ops): one
+// that is not is an error here, not at the first op. SlotTaker,
+// DenialPeeker and LocalTaker are optional: without them a slot is a
+// take of 1, a denied check's peeks are takes with peek, and no check
+// is answered inline.
+func (r *rule) capsOf(st Store) error {
+	ops, ok := st.(Operator)
+	if !ok {
+		return fmt.Errorf("its store (%T) runs no ops (policy.Operator)", st)
+	}
+	r.ops = ops
+	r.slots, _ = st.(SlotTaker)
+	r.denial, _ = st.(DenialPeeker)
+	r.local, _ = st.(LocalTaker)
+	return nil
 }

@@ -489,7 +489,7 @@ type direct struct {
 	dialed atomic.Pointer[socket]
 }
 
-// directClient lets rueidis.Lua.Exec and Store.Do's single calls, which
+// directClient lets rueidis.Lua.Exec and the Store's single calls, which
 // take a rueidis.Client, send on a dedicated connection: they use Do,
 // DoMulti and B, and Nodes (which stays the pipelined client's: where
 // Do loads a lost script).

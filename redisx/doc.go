@@ -24,9 +24,14 @@
 // breaker of the node (package breaker), then rueidis under the call's
 // deadline, then the result, which the breaker counts (isFailure says
 // which errors mean the node is unhealthy). A single call (a check, a
-// lease, a refund, a heartbeat: Client.exec, one script on one key) is one
-// call through it; a batch (Store.Do) groups its ops by node, and each
-// node's share is one call through it, the nodes' calls concurrent. One
+// lease, a refund: one algo.Op, Store.one; a heartbeat: Client.exec, one
+// script on one key) is one call through it; a batch (Store.Do) groups its
+// ops by node, and each node's share is one call through it, the nodes'
+// calls concurrent. An op's script call is built in one place from the op
+// table (algo.OpInfo: its arguments, its reply), meets a lost script
+// (NOSCRIPT) in one place (multiBuf.send: SCRIPT LOAD, then EVAL), and its
+// reply is read by algo.Op.SetReply, whether the op is single or one of
+// a batch. One
 // breaker guards a standalone server or a Sentinel primary; in a Cluster,
 // one guards each primary, and one more the slots no known primary serves.
 // While a breaker is open its calls fail at once with a

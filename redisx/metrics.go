@@ -8,32 +8,9 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/rld/rld/algo"
 	"github.com/rld/rld/breaker"
 )
-
-// op names a kind of Redis call, for metrics and errors.
-type op uint8
-
-const (
-	opTake op = iota
-	opPeek
-	opBatch
-	opLease
-	opRefund
-	opReset
-	opGrant
-	opRelease
-	opCharge
-	opAcquire
-	numOps
-)
-
-var opNames = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "batch", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge", opAcquire: "acquire"}
-
-// scriptOp is the op argument (ARGV[1]) of the scripts.
-var scriptOp = [numOps]string{opTake: "take", opPeek: "peek", opBatch: "take", opLease: "lease", opRefund: "refund", opReset: "reset", opGrant: "grant", opRelease: "release", opCharge: "charge", opAcquire: "acquire"}
-
-func (o op) String() string { return opNames[o] }
 
 // opMetrics counts the calls of one op by result and times them.
 type opMetrics struct {
@@ -48,10 +25,11 @@ var callBuckets = []float64{50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 1
 var (
 	// callMetrics: rld_redis_calls_total{op,result} and
 	// rld_redis_call_duration_seconds{op}.
-	callMetrics = func() (m [numOps]opMetrics) {
-		for o := range numOps {
-			name := opNames[o]
-			m[o] = opMetrics{
+	// The op label is the op's name (algo.OpInfo.Name).
+	callMetrics = func() (m [algo.NumOpKinds]opMetrics) {
+		for k := range algo.NumOpKinds {
+			name := k.String()
+			m[k] = opMetrics{
 				ok:       metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="ok"}`),
 				timeout:  metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="timeout"}`),
 				failed:   metrics.NewCounter(`rld_redis_calls_total{op="` + name + `",result="error"}`),
@@ -70,11 +48,11 @@ var (
 	redirections = metrics.NewCounter(`rld_redis_redirections_total`)
 )
 
-// record counts one call of o that started at start and ended with err:
-// result "ok", "timeout", "error", or "breaker_open" for a call its
-// breaker refused (not sent, not timed).
-func (o op) record(start time.Time, err error) {
-	m := &callMetrics[o]
+// record counts one call of an op of kind k that started at start and
+// ended with err: result "ok", "timeout", "error", or "breaker_open" for a
+// call its breaker refused (not sent, not timed).
+func record(k algo.OpKind, start time.Time, err error) {
+	m := &callMetrics[k]
 	if err != nil && errors.Is(err, breaker.ErrOpen) {
 		m.refused.Inc()
 		return

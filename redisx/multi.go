@@ -43,14 +43,6 @@ import (
 // OnceFor; a second op of that key and id runs nothing and its Err wraps
 // algo.ErrApplied (the same mark) or algo.ErrOnceConflict (another).
 
-// opKindMetric maps an op kind to the op its calls are counted under in
-// metrics (with the duration of the whole Do).
-var opKindMetric = [algo.NumOpKinds]op{
-	algo.OpTake: opTake, algo.OpPeek: opPeek, algo.OpLease: opLease, algo.OpTakeLease: opBatch,
-	algo.OpRefund: opRefund, algo.OpReset: opReset, algo.OpGrant: opGrant, algo.OpRelease: opRelease, algo.OpCharge: opCharge,
-	algo.OpAcquire: opAcquire,
-}
-
 // DefaultSyncTimeout bounds a Sync whose context has no deadline: a sync
 // carries an op per hot key, which Redis runs at some µs each, so it
 // gets longer than a check.
@@ -134,13 +126,18 @@ type multiBuf struct {
 	args       []string
 	argKeys    []string // the KEYS of the command being built
 	kb         []byte
+	// clock is ARGV[5] of the commands: "0", Redis TIME, unless the
+	// Store uses the caller's clock (tests).
+	clock string
+	// one holds the op of a single call (Store.one).
+	one [1]algo.Op
 	// params caches ARGV[2..4] of the Params seen, which repeat across
 	// the ops of one rule.
 	params map[algo.Params][3]string
 }
 
 var multiBufs = sync.Pool{New: func() any {
-	return &multiBuf{params: make(map[algo.Params][3]string)}
+	return &multiBuf{params: make(map[algo.Params][3]string), clock: "0"}
 }}
 
 // put returns b to the pool, dropping references to the strings and
@@ -155,7 +152,7 @@ func (b *multiBuf) put() {
 	clear(b.nodeRC)
 	clear(b.errs)
 	b.keys, b.pending, b.cmds, b.res, b.args = b.keys[:0], b.pending[:0], b.cmds[:0], b.res[:0], b.args[:0]
-	b.redirected, b.moved = b.redirected[:0], false
+	b.redirected, b.moved, b.clock, b.one[0] = b.redirected[:0], false, "0", algo.Op{}
 	b.nodes, b.nodeRC, b.nodeOf, b.errs = b.nodes[:0], b.nodeRC[:0], b.nodeOf[:0], b.errs[:0]
 	if len(b.params) > maxParamCache {
 		clear(b.params)
@@ -215,11 +212,34 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 	if len(ops) == 0 {
 		return nil
 	}
+	b := multiBufs.Get().(*multiBuf)
+	defer b.put()
+	return s.run(ctx, ops, b, true)
+}
+
+// one runs op as Do runs a batch of one, but as a single call: within the
+// Client's Timeout, or ctx's deadline when sooner (Store.Take and the
+// other single calls). The scripts read the caller's clock at now when
+// the Store uses it (tests). It returns op with its outcome, and op's
+// Err.
+func (s *Store) one(ctx context.Context, op algo.Op, now time.Time) (algo.Op, error) {
+	b := multiBufs.Get().(*multiBuf)
+	defer b.put()
+	if s.callerClock && !now.IsZero() {
+		b.clock = strconv.FormatInt(now.UnixMicro(), 10)
+	}
+	b.one[0] = op
+	s.run(ctx, b.one[:], b, false)
+	op = b.one[0]
+	return op, op.Err
+}
+
+// run is Do with b, a multiBuf from the pool; batch is set for a batch's
+// deadline (ctx's, see Do), else the calls are single (Client.call).
+func (s *Store) run(ctx context.Context, ops []algo.Op, b *multiBuf, batch bool) error {
 	for i := range ops {
 		ops[i].Admitted, ops[i].Granted, ops[i].Parked, ops[i].Result, ops[i].Err = 0, 0, 0, algo.Result{}, nil
 	}
-	b := multiBufs.Get().(*multiBuf)
-	defer b.put()
 	for i := range ops {
 		o := &ops[i]
 		b.kb = AppendKey(b.kb[:0], s.prefix, o.Key, o.Params.Kind)
@@ -243,7 +263,7 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 	switch len(b.nodes) {
 	case 0: // no valid op
 	case 1:
-		b.errs[0] = s.sendNode(ctx, ops, b.keys, b.nodes[0], b.nodeRC[0], b)
+		b.errs[0] = s.sendNode(ctx, ops, b.keys, b.nodes[0], b.nodeRC[0], b, batch)
 	default:
 		// Stable: the ops of one key, all of one node, keep their order.
 		slices.SortStableFunc(b.pending, func(x, y int) int { return b.nodeOf[x] - b.nodeOf[y] })
@@ -258,15 +278,15 @@ func (s *Store) Do(ctx context.Context, ops []algo.Op) error {
 			wg.Go(func() {
 				nb := multiBufs.Get().(*multiBuf)
 				defer nb.put()
-				nb.pending = append(nb.pending, share...)
-				b.errs[n] = s.sendNode(ctx, ops, b.keys, b.nodes[n], b.nodeRC[n], nb)
+				nb.pending, nb.clock = append(nb.pending, share...), b.clock
+				b.errs[n] = s.sendNode(ctx, ops, b.keys, b.nodes[n], b.nodeRC[n], nb, batch)
 			})
 		}
 		wg.Wait()
 	}
 	for i := range ops {
-		if o := &ops[i]; !errors.Is(o.Err, errInvalidOp) && o.Kind < algo.NumOpKinds {
-			opKindMetric[o.Kind].record(start, o.Err)
+		if o := &ops[i]; !errors.Is(o.Err, algo.ErrInvalidOp) {
+			record(o.Kind, start, o.Err)
 		}
 	}
 	var unsent error
@@ -295,7 +315,8 @@ func (b *multiBuf) node(br *breaker.Breaker, rc rueidis.Client) int {
 
 // sendNode sends the ops nb.pending of ops, whose Redis keys are in keys,
 // all on the node that br guards (on node, its connection's client, when
-// not nil), as one call through the call path (Client.call, as a batch),
+// not nil), as one call through the call path (Client.call, as a batch
+// when batch is set),
 // and fills each op's outcome. It returns nil
 // when the ops were sent, else the error (br's refusal, no connection),
 // which each op's Err then wraps too.
@@ -304,9 +325,9 @@ func (b *multiBuf) node(br *breaker.Breaker, rc rueidis.Client) int {
 // direct connection when that is free, as Client.exec's calls do. A
 // cache's miss (a takelease) is such a call, and it saves the pipeline's
 // two hand-offs between goroutines.
-func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *breaker.Breaker, node rueidis.Client, nb *multiBuf) error {
+func (s *Store) sendNode(ctx context.Context, ops []algo.Op, keys []string, br *breaker.Breaker, node rueidis.Client, nb *multiBuf, batch bool) error {
 	sent := false
-	err := s.c.call(ctx, br, node, true, func(ctx context.Context, rc rueidis.Client) error {
+	err := s.c.call(ctx, br, node, batch, func(ctx context.Context, rc rueidis.Client) error {
 		sent = true
 		// When rc is the node's connection, the ops it redirects go
 		// again on the rueidis client, which follows redirections; br
@@ -402,33 +423,13 @@ func (b *multiBuf) send(ctx context.Context, rc, cluster rueidis.Client, node st
 	return failure, connErr
 }
 
-// errInvalidOp marks the ops Do did not send.
-var errInvalidOp = errors.New("invalid op")
-
-// checkOp rejects an Op that cannot be sent.
+// checkOp rejects an Op that cannot be sent (its error wraps
+// algo.ErrInvalidOp).
 func checkOp(o *algo.Op) error {
-	if o.Kind >= algo.NumOpKinds {
-		return fmt.Errorf("%w: unknown %s", errInvalidOp, o.Kind)
-	}
 	if err := checkParams(o.Params); err != nil {
-		return fmt.Errorf("%w: %w", errInvalidOp, err)
+		return fmt.Errorf("%w: %w", algo.ErrInvalidOp, err)
 	}
-	if o.Kind == algo.OpRefund && o.N < 1 {
-		return fmt.Errorf("%w: return of %d units", errInvalidOp, o.N)
-	}
-	if o.Once != 0 && o.Kind == algo.OpTakeLease {
-		return fmt.Errorf("%w: takelease with a once id", errInvalidOp)
-	}
-	if o.Kind == algo.OpTakeLease && (len(o.Costs) == 0 || o.N < 0) {
-		return fmt.Errorf("%w: takelease of %d costs, want %d", errInvalidOp, len(o.Costs), o.N)
-	}
-	if o.Kind == algo.OpAcquire && (len(o.Slots) == 0 || slices.Contains(o.Slots, 0) || o.Params.Kind != algo.Concurrency) {
-		return fmt.Errorf("%w: acquire of %d slots (ids not 0) of a %s limit, want concurrency", errInvalidOp, len(o.Slots), o.Params.Kind)
-	}
-	if (o.Kind == algo.OpAcquire || o.Kind == algo.OpRelease && o.Slot != 0) && o.Once != 0 {
-		return fmt.Errorf("%w: %s of a slot with a once id", errInvalidOp, o.Kind)
-	}
-	return nil
+	return o.CheckOnce()
 }
 
 // hexSlot returns a slot id as the scripts take it: 16 lowercase hex
@@ -447,33 +448,15 @@ func hexSlot(id uint64) string {
 // script's text when eval is set.
 func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool) rueidis.Completed {
 	pa := b.paramArgs(o.Params)
-	b.args = append(b.args[:0], o.Kind.String(), pa[0], pa[1], pa[2], "0")
-	held := held(o)
+	b.args = append(b.args[:0], o.Kind.String(), pa[0], pa[1], pa[2], b.clock)
+	held := o.Held()
 	if held {
 		// The lease accounting: KEYS[2] and ARGV[6..9] (lua's doc.go).
 		b.args = append(b.args, o.Holder, strconv.FormatInt(o.Spent, 10), strconv.FormatInt(o.SpentAt, 10),
 			strconv.FormatInt(o.LeaseLife.Microseconds(), 10))
 	}
-	switch o.Kind {
-	case algo.OpTakeLease:
-		// ARGV[6] is the lease wanted, the costs follow.
-		b.args = append(b.args, strconv.FormatInt(o.N, 10))
-		for _, c := range o.Costs {
-			b.args = append(b.args, strconv.FormatInt(max(c, 1), 10))
-		}
-	case algo.OpRefund:
-		b.args = append(b.args, strconv.FormatInt(o.N, 10), strconv.FormatInt(o.TakenAt, 10))
-	case algo.OpRelease:
-		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10), strconv.FormatInt(o.TakenAt, 10))
-		if o.Slot != 0 {
-			b.args = append(b.args, hexSlot(o.Slot))
-		}
-	case algo.OpAcquire:
-		for _, id := range o.Slots {
-			b.args = append(b.args, hexSlot(id))
-		}
-	default:
-		b.args = append(b.args, strconv.FormatInt(max(o.N, 1), 10))
+	for _, a := range o.Kind.Info().Args {
+		b.args = appendArg(b.args, o, a)
 	}
 	k := o.Params.Kind
 	keys := append(b.argKeys[:0], rkey)
@@ -502,20 +485,35 @@ func (b *multiBuf) command(rc rueidis.Client, o *algo.Op, rkey string, eval bool
 // the counter's Redis key (AppendKey) and this suffix, in its slot.
 const outSuffix = ":out"
 
-// held reports whether o goes with the lease accounting (KEYS[2]): it has
-// a holder, or it is a reset, which leaves what is out on lease out.
-func held(o *algo.Op) bool {
-	return o.Holder != "" || o.Kind == algo.OpReset
+// appendArg appends to args the script arguments a of o: see algo.Arg.
+func appendArg(args []string, o *algo.Op, a algo.Arg) []string {
+	switch a {
+	case algo.ArgN:
+		return append(args, strconv.FormatInt(max(o.N, 1), 10))
+	case algo.ArgWant:
+		return append(args, strconv.FormatInt(o.N, 10))
+	case algo.ArgTakenAt:
+		return append(args, strconv.FormatInt(o.TakenAt, 10))
+	case algo.ArgSlot:
+		if o.Slot != 0 {
+			args = append(args, hexSlot(o.Slot))
+		}
+	case algo.ArgCosts:
+		for _, c := range o.Costs {
+			args = append(args, strconv.FormatInt(max(c, 1), 10))
+		}
+	case algo.ArgSlots:
+		for _, id := range o.Slots {
+			args = append(args, hexSlot(id))
+		}
+	}
+	return args
 }
 
-// fill sets o's outcome from the script's reply r.
+// fill sets o's outcome from the script's reply r (algo.Op.SetReply).
 func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
-	var buf [7]int64
-	n := 5
-	if o.Kind == algo.OpTakeLease {
-		n = 7 // and the units leased and parked
-	}
-	v, err := replyInts(r, buf[:0], n)
+	var buf [8]int64
+	v, err := replyInts(r, buf[:0], o.Kind.Info().Reply)
 	if o.Once != 0 {
 		if done := onceDone(r.Error()); done != nil {
 			o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, done)
@@ -526,25 +524,7 @@ func fill(o *algo.Op, r rueidis.RedisResult, rkey string) {
 		o.Err = fmt.Errorf("redisx: %s %q: %w", o.Kind, rkey, err)
 		return
 	}
-	switch o.Kind {
-	case algo.OpTake, algo.OpPeek:
-		o.Result = result(o.Params, v, v[0] == 1)
-	case algo.OpLease:
-		o.Granted = v[0]
-		o.Result = result(o.Params, v, v[0] > 0)
-	case algo.OpTakeLease:
-		o.Admitted, o.Granted, o.Parked = int(v[0]), v[5], v[6]
-		o.Result = result(o.Params, v, v[5] > 0 || int(v[0]) == len(o.Costs))
-	case algo.OpRefund, algo.OpReset, algo.OpGrant, algo.OpCharge:
-		o.Result = result(o.Params, v, false)
-	case algo.OpRelease:
-		o.Admitted = int(v[0])
-		o.Result = result(o.Params, v, false)
-	case algo.OpAcquire:
-		// now_us is the slots' time (result's At).
-		o.Admitted = int(v[0])
-		o.Result = result(o.Params, v, int(v[0]) == len(o.Slots))
-	}
+	o.SetReply(v)
 }
 
 // replyInts appends to v the n integers of the script reply r, without
@@ -567,11 +547,15 @@ func replyInts(r rueidis.RedisResult, v []int64, n int) ([]int64, error) {
 	return v, nil
 }
 
-// doMulti sends cmds with rc.DoMulti, in chunks of at most multiChunk
-// commands, one after the other so that the commands of one key run in
+// doMulti sends cmds with rc.DoMulti (rc.Do for one), in chunks of at
+// most multiChunk commands, one after the other so that the commands of one key run in
 // order, and returns their results in res's storage.
 func doMulti(ctx context.Context, rc rueidis.Client, cmds []rueidis.Completed, res []rueidis.RedisResult) []rueidis.RedisResult {
 	res = res[:0]
+	if len(cmds) == 1 {
+		// A single call: Do spares DoMulti's slice of results.
+		return append(res, rc.Do(ctx, cmds[0]))
+	}
 	for lo := 0; lo < len(cmds); lo += multiChunk {
 		res = append(res, rc.DoMulti(ctx, cmds[lo:min(lo+multiChunk, len(cmds))]...)...)
 	}

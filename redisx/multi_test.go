@@ -452,7 +452,7 @@ func TestDoTake(t *testing.T) {
 	require.NoError(t, ops[0].Err)
 	assert.Equal(t, int64(9), ops[0].Result.Remaining, "fresh")
 	require.ErrorContains(t, ops[1].Err, "takelease of 0 costs")
-	require.ErrorContains(t, ops[2].Err, "return of 0 units")
+	require.ErrorContains(t, ops[2].Err, "refund of 0 units")
 	r, err = rs.Take(context.Background(), key, p, 10, time.Now(), true)
 	require.NoError(t, err)
 	assert.True(t, r.Allowed, "a fresh key admits its whole limit")

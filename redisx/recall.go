@@ -73,7 +73,8 @@ func parseRecall(msg string) (Recall, error) {
 		k = k[1:]
 	}
 	kind, err := strconv.ParseUint(k, 10, 8)
-	if !ok1 || !ok2 || err != nil || kind > uint64(algo.FixedWindow) || key == "" {
+	// Only the leases of an algorithm the cache leases are recalled.
+	if !ok1 || !ok2 || err != nil || kind >= uint64(algo.NumKinds) || algo.Kind(kind).Info().Leases == algo.LeaseNone || key == "" {
 		return Recall{}, fmt.Errorf("redisx: recalls: bad message %q", msg)
 	}
 	return Recall{Kind: algo.Kind(kind), Key: []byte(key), From: from, Refunded: refunded}, nil

@@ -1090,7 +1090,7 @@ func (c *Cache) applyLease(key string, e *entry, leased int64, r algo.Result, se
 		// The old units belong to a window that has ended: a sliding
 		// counter's go back (that window still weighs on its estimate),
 		// a fixed window's are lost with it.
-		if e.p.Kind == algo.SlidingCounter && c.o.Holder != "" {
+		if e.p.Kind.Info().Leases == algo.LeaseWindowReturned && c.o.Holder != "" {
 			c.orphan(key, e)
 		} else {
 			// What the old lease admitted counted against its window's
@@ -1126,7 +1126,7 @@ const windowMargin = int64(time.Millisecond)
 
 // windowed reports whether k's leases are tied to a window.
 func windowed(k algo.Kind) bool {
-	return k == algo.FixedWindow || k == algo.SlidingCounter
+	return k.Windowed()
 }
 
 // leaseWant returns how many units to lease for e beyond need, the cost

@@ -53,10 +53,11 @@ func (c *Cache) do(ctx context.Context, ops []algo.Op, announce bool) error {
 	}
 	resets := false
 	for i := range ops {
-		if k := ops[i].Kind; k != algo.OpReset && k != algo.OpGrant {
-			return fmt.Errorf("shardcache: do: %s is not an operator's op", k)
+		in := ops[i].Kind.Info()
+		if !in.Operator {
+			return fmt.Errorf("shardcache: do: %s is not an operator's op", ops[i].Kind)
 		}
-		resets = resets || ops[i].Kind == algo.OpReset
+		resets = resets || in.Clears
 	}
 	recall := c.o.Recall != nil && c.o.Holder != "" && resets
 	if recall {
@@ -140,7 +141,7 @@ func mayUnblock(op *algo.Op) bool {
 // recallResets announces the keys of ops's resets with Options.Recall.
 func (c *Cache) recallResets(ctx context.Context, ops []algo.Op) {
 	for i := range ops {
-		if ops[i].Kind == algo.OpReset && ops[i].Err == nil {
+		if ops[i].Kind.Info().Clears && ops[i].Err == nil {
 			_ = c.o.Recall(ctx, ops[i].Key, ops[i].Params.Kind)
 		}
 	}
@@ -172,7 +173,7 @@ func (c *Cache) forget(op *algo.Op) (ret algo.Op, ok bool) {
 			ret.Key, ret.TakenAt, ok = key, e.leaseAt, true
 			e.lease = 0
 		}
-	case op.Kind == algo.OpReset && c.o.Holder == "":
+	case op.Kind.Info().Clears && c.o.Holder == "":
 		leasesLost.Add(int(e.lease))
 		e.lease = 0
 	default:
@@ -189,9 +190,7 @@ func (c *Cache) forget(op *algo.Op) (ret algo.Op, ok bool) {
 // the store as it is.
 func direct(ops []algo.Op) bool {
 	for i := range ops {
-		switch ops[i].Kind {
-		case algo.OpCharge, algo.OpRefund, algo.OpRelease, algo.OpPeek:
-		default:
+		if !ops[i].Kind.Info().Settle {
 			return false
 		}
 	}

@@ -56,7 +56,7 @@ func (s *Strict) TakeSlot(ctx context.Context, key []byte, p algo.Params, slot u
 	if s.c.closed.Load() {
 		return algo.Result{}, ErrClosed
 	}
-	if p.Kind != algo.Concurrency || slot == 0 {
+	if !p.Kind.Info().Slots || slot == 0 {
 		return algo.Result{}, fmt.Errorf("shardcache: acquire %q: slot %d of a %s limit: want a non-zero slot of a concurrency limit", key, slot, p.Kind)
 	}
 	dctx := deadline.New(ctx, time.Now().Add(s.c.o.Timeout))

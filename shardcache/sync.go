@@ -496,9 +496,9 @@ func (c *Cache) refillsSoon(p algo.Params, units int64) bool {
 // The caller holds e's shard lock.
 func (c *Cache) endOfWindow(e *entry, ns int64) (op algo.Op, send, done bool) {
 	switch {
-	case e.p.Kind == algo.SlidingCounter && e.leaseUntil-ns < int64(c.o.SyncInterval)/2:
+	case e.p.Kind.Info().Leases == algo.LeaseWindowReturned && e.leaseUntil-ns < int64(c.o.SyncInterval)/2:
 		return c.returnOp(e, missWindow), true, true
-	case e.p.Kind == algo.FixedWindow && ns >= e.leaseUntil:
+	case e.p.Kind.Info().Leases == algo.LeaseWindowLost && ns >= e.leaseUntil:
 		// What the lease admitted counted against its window's units
 		// out, which the store drops with the window.
 		lapse(e, missWindow)
