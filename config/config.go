@@ -19,15 +19,15 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/rld/rld/algo"
-	"github.com/rld/rld/breaker"
-	"github.com/rld/rld/memstore"
-	"github.com/rld/rld/redisx"
-	"github.com/rld/rld/shardcache"
 	"github.com/rld/rld/wire"
 )
 
-// Defaults of the [server] and [store] tables. A setting a package owns
-// takes that package's default: the two cannot drift apart.
+// Defaults of the [server] and [store] tables that config owns. A
+// setting that an engine reads (store.max_keys, sweep_interval, timeout,
+// sync_interval and the breaker_* keys) has none here: config leaves it
+// zero when the file does not set it, and the engine's constructor fills
+// in its own default (memstore, redisx, shardcache, breaker), which
+// docs/configuration.md states.
 const (
 	DefaultSocket         = "/run/rld/rld.sock"
 	DefaultSocketMode     = "0660"
@@ -40,13 +40,10 @@ const (
 	DefaultLogLevel       = "info"
 	DefaultLogFormat      = "text"
 
-	DefaultMaxKeys       = memstore.DefaultMaxKeys
-	DefaultSweepInterval = memstore.DefaultSweepInterval
-
-	DefaultRedisMode    = RedisStandalone
-	DefaultKeyPrefix    = redisx.DefaultKeyPrefix
-	DefaultRedisTimeout = redisx.DefaultTimeout
-	DefaultSyncInterval = shardcache.DefaultSyncInterval
+	DefaultRedisMode = RedisStandalone
+	// DefaultKeyPrefix is store.key_prefix's default ("" is a prefix
+	// too: none).
+	DefaultKeyPrefix = "rld:"
 	// DefaultChangesPoll is store.changes_poll's default.
 	DefaultChangesPoll = time.Second
 
@@ -55,12 +52,6 @@ const (
 	DefaultClientIPHeader = "x-forwarded-for"
 	DefaultIPv4Prefix     = 32
 	DefaultIPv6Prefix     = 64
-
-	DefaultBreakerFailureRate = breaker.DefaultFailureRate
-	DefaultBreakerMinCalls    = breaker.DefaultMinCalls
-	DefaultBreakerFailures    = breaker.DefaultFailures
-	DefaultBreakerWindow      = breaker.DefaultWindow
-	DefaultBreakerCooldown    = breaker.DefaultCooldown
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.
@@ -455,7 +446,8 @@ func (j Jitter) String() string {
 // IsZero reports whether j adds nothing.
 func (j Jitter) IsZero() bool { return j.Fixed == 0 && j.Fraction == 0 }
 
-// Default returns a Config holding every default and no rules.
+// Default returns a Config holding every default that config owns and no
+// rules; the settings an engine reads are zero: its default.
 func Default() *Config {
 	return &Config{
 		Server: Server{
@@ -487,19 +479,9 @@ func Default() *Config {
 			AllowedRate:     DefaultAllowedRate,
 		},
 		Store: Store{
-			MaxKeys:       DefaultMaxKeys,
-			SweepInterval: Duration(DefaultSweepInterval),
-			Mode:          DefaultRedisMode,
-			KeyPrefix:     DefaultKeyPrefix,
-			Timeout:       Duration(DefaultRedisTimeout),
-			SyncInterval:  Duration(DefaultSyncInterval),
-			ChangesPoll:   Duration(DefaultChangesPoll),
-
-			BreakerFailureRate: DefaultBreakerFailureRate,
-			BreakerMinCalls:    DefaultBreakerMinCalls,
-			BreakerFailures:    DefaultBreakerFailures,
-			BreakerWindow:      Duration(DefaultBreakerWindow),
-			BreakerCooldown:    Duration(DefaultBreakerCooldown),
+			Mode:        DefaultRedisMode,
+			KeyPrefix:   DefaultKeyPrefix,
+			ChangesPoll: Duration(DefaultChangesPoll),
 		},
 	}
 }
@@ -534,7 +516,7 @@ func Parse(data []byte, name string) (*Config, error) {
 		problems = append(problems, fmt.Errorf("%s: %s", name, p))
 	}
 	c.setDefaults()
-	for _, p := range c.validate() {
+	for _, p := range c.validate(md.IsDefined) {
 		problems = append(problems, fmt.Errorf("%s: %s", name, p))
 	}
 	if len(problems) > 0 {

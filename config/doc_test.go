@@ -11,7 +11,28 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/breaker"
+	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/shardcache"
 )
+
+// engineDefaults are the defaults of the keys that an engine reads: config
+// leaves them zero (Default) and the engine's constructor fills them in,
+// so configuration.md states the engine's. Only this test imports the
+// engines, to hold the documentation to them.
+var engineDefaults = map[string]any{
+	"store.max_keys":             memstore.DefaultMaxKeys,
+	"store.sweep_interval":       Duration(memstore.DefaultSweepInterval),
+	"store.timeout":              Duration(redisx.DefaultTimeout),
+	"store.sync_interval":        Duration(shardcache.DefaultSyncInterval),
+	"store.breaker_failure_rate": breaker.DefaultFailureRate,
+	"store.breaker_min_calls":    breaker.DefaultMinCalls,
+	"store.breaker_failures":     breaker.DefaultFailures,
+	"store.breaker_window":       Duration(breaker.DefaultWindow),
+	"store.breaker_cooldown":     Duration(breaker.DefaultCooldown),
+}
 
 // docTables reads the key tables of docs/configuration.md: section ("",
 // "server", "store", "admin", "log", "rule") → key → the row's default
@@ -87,7 +108,8 @@ func docDefault(v reflect.Value) string {
 // TestConfigurationDocumented: every key the config accepts — the toml
 // tags of Config and of its tables, which are all it accepts — has its
 // row in docs/configuration.md, under its table's section, with the
-// default that Default() gives it; every row names a key that exists;
+// default that Default() gives it, or for a key an engine reads (Default
+// leaves it zero), the engine's default; every row names a key that exists;
 // and the inline tables of a rule (penalty, block_after) name each of
 // their keys and bounds in their row.
 func TestConfigurationDocumented(t *testing.T) {
@@ -111,7 +133,12 @@ func TestConfigurationDocumented(t *testing.T) {
 			}
 			assert.NotEmpty(t, strings.TrimSpace(cells[0]), "%s: a default", joinKey(section, key))
 			if defaults.IsValid() {
-				want := "`" + docDefault(defaults.FieldByIndex(f.Index)) + "`"
+				v := defaults.FieldByIndex(f.Index)
+				if ev, ok := engineDefaults[joinKey(section, key)]; ok {
+					assert.True(t, v.IsZero(), "%s: an engine's setting, which Default() leaves zero, has %v", joinKey(section, key), v)
+					v = reflect.ValueOf(ev)
+				}
+				want := "`" + docDefault(v) + "`"
 				assert.True(t, strings.HasPrefix(cells[0], want),
 					"%s: configuration.md gives the default %s, Default() has %s", joinKey(section, key), cells[0], want)
 			}
