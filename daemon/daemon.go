@@ -128,6 +128,9 @@ func New(opts Options) (*Daemon, error) {
 	// The penalty state outlives reloads and changes; it is bounded as
 	// the embedded store's keys are.
 	d.stores.Penalties = policy.NewPenalties(cfg.Store.MaxKeys, d.autoBlock)
+	// So does the record of the leases settled: a lease acquired before
+	// a reload is settled once after it.
+	d.stores.Leases = policy.NewLeases()
 	p, err := policy.Compile(cfg, nil, d.stores)
 	if err != nil {
 		d.closeStore()
