@@ -216,8 +216,8 @@ func (cn *conn) serve(ctx context.Context) {
 // start. lost is true when framing is lost, or an answer could not be
 // written, and the connection must close.
 func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInflight int) (int, bool) {
-	p := cn.d.policy.Load()
-	cn.fs.dv = cn.d.deriver.Load()
+	p := cn.d.pol()
+	cn.fs.dv = cn.d.dv()
 	served := 0
 	defer func() { framesServed.Add(served) }()
 	for {

@@ -112,7 +112,7 @@ func (d *Daemon) storeAutoBlocksLocked(batch []policy.AutoBlock) {
 		now := time.Now().Add(d.chStore.skew())
 		v := b
 		v.Expires = now.Add(ab.For)
-		err := d.policy.Load().ValidateBlock(&v, now)
+		err := d.pol().ValidateBlock(&v, now)
 		if err == nil {
 			err = d.chStore.addBlock(ctx, &b, ab.For)
 		}

@@ -81,7 +81,7 @@ func (d *Daemon) publishTops(ctx context.Context, tops *redisx.Tops) {
 // it is this daemon's alone; when Redis fails, too, with a warning.
 func (s adminService) fleetTop(ctx context.Context, a admin.TopArgs) (admin.TopResult, error) {
 	d := s.d
-	p := d.policy.Load()
+	p := d.pol()
 	self := admin.DaemonSeen{Daemon: d.ops.obs.id, Self: true}
 	if a.Local || d.tops == nil {
 		res, err := d.ops.obs.top(p, a)
