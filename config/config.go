@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -470,7 +469,7 @@ func Default() *Config {
 		},
 		Admin: Admin{
 			HTTP:       DefaultAdminHTTP,
-			SocketUIDs: slices.Clone(DefaultSocketUIDs),
+			SocketUIDs: DefaultSocketUIDs(),
 		},
 		Log: Log{
 			Decisions:       DefaultDecisions,
