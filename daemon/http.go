@@ -234,12 +234,13 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", bad)
 		return
 	}
-	p := d.pol()
+	live := d.live.Load() // the policy and deriver of one configuration
+	p := live.policy
 	var dec policy.Decision
 	s.lease = nil
 	descs := s.descs
 	if attrs {
-		r := d.dv().Derive(s.in, now, &s.ds)
+		r := live.deriver.Derive(s.in, now, &s.ds)
 		descs = r.Descs
 		if r.Oversize {
 			dec = oversizeDecision
