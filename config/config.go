@@ -1,8 +1,10 @@
 // Package config loads and validates rld.toml.
 //
 // Load and Parse decode the file into a Config filled with the defaults
-// below, reject keys the Config does not know, and check every field,
-// reporting all problems at once, each naming the field and its value.
+// below (a setting that an engine reads is left zero, which the engine
+// takes as its own default), reject keys the Config does not know, and
+// check every field, reporting all problems at once, each naming the
+// field and its value.
 // A Config is plain data: once shared, treat it as read-only.
 package config
 
@@ -192,6 +194,9 @@ type Envoy struct {
 
 // Store is the [store] table: the embedded store's bounds, or the Redis
 // that the daemons of a fleet share.
+// MaxKeys, SweepInterval, Timeout, SyncInterval and the Breaker fields are
+// zero when the file does not set them: the default of the engine that
+// reads them (memstore, redisx, shardcache, breaker).
 type Store struct {
 	// MaxKeys bounds the number of counter keys held by the embedded
 	// store.
