@@ -47,12 +47,6 @@ const (
 	DefaultKeyPrefix = "rld:"
 	// DefaultChangesPoll is store.changes_poll's default.
 	DefaultChangesPoll = time.Second
-
-	// DefaultClientIPHeader, DefaultIPv4Prefix and DefaultIPv6Prefix are
-	// the [request] table's.
-	DefaultClientIPHeader = "x-forwarded-for"
-	DefaultIPv4Prefix     = 32
-	DefaultIPv6Prefix     = 64
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.
@@ -299,7 +293,8 @@ func (s *Store) RedisPassword() (string, error) {
 
 // Request is the [request] table: how the daemon derives descriptors
 // (ip, method, host, endpoint and Descriptors) from a request's
-// attributes. Package derive compiles and checks it.
+// attributes. Package derive compiles and checks it, and fills in its
+// defaults for the fields the file does not set (zero here).
 type Request struct {
 	// TrustedProxies lists the addresses and CIDRs whose forwarding
 	// header (ClientIPHeader) names the client.
@@ -466,11 +461,6 @@ func Default() *Config {
 			LogLevel:       DefaultLogLevel,
 			LogFormat:      DefaultLogFormat,
 			ConfigPoll:     Duration(DefaultConfigPoll),
-		},
-		Request: Request{
-			ClientIPHeader: DefaultClientIPHeader,
-			IPv4Prefix:     DefaultIPv4Prefix,
-			IPv6Prefix:     DefaultIPv6Prefix,
 		},
 		Admin: Admin{
 			HTTP:       DefaultAdminHTTP,
