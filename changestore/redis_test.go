@@ -19,7 +19,7 @@ import (
 // daemon of a fleet has it.
 func redisStore(t *testing.T, addr string) *changestore.Redis {
 	t.Helper()
-	c, err := redisx.New(context.Background(), redisx.Options{Addrs: []string{addr}, Timeout: time.Second, KeyPrefix: redisx.DefaultKeyPrefix})
+	c, err := redisx.New(context.Background(), redisx.Options{Addrs: []string{addr}, Timeout: time.Second, KeyPrefix: "rld:"})
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	return changestore.NewRedis(c, quiet())

@@ -25,9 +25,10 @@ const (
 	DefaultAllowedRate     = 0.0001
 )
 
-// DefaultSocketUIDs are the peer uids that may send admin frames on the
-// socket when admin.socket_uids is not set: root only.
-var DefaultSocketUIDs = []int{0}
+// DefaultSocketUIDs returns the peer uids that may send admin frames on
+// the socket when admin.socket_uids is not set: root only. Each call
+// returns a slice of its own.
+func DefaultSocketUIDs() []int { return []int{0} }
 
 // Admin is the [admin] table: who may use the admin operations, and where.
 type Admin struct {

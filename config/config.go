@@ -1,8 +1,10 @@
 // Package config loads and validates rld.toml.
 //
 // Load and Parse decode the file into a Config filled with the defaults
-// below, reject keys the Config does not know, and check every field,
-// reporting all problems at once, each naming the field and its value.
+// below (a setting that an engine reads is left zero, which the engine
+// takes as its own default), reject keys the Config does not know, and
+// check every field, reporting all problems at once, each naming the
+// field and its value.
 // A Config is plain data: once shared, treat it as read-only.
 package config
 
@@ -11,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -19,15 +20,15 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/rld/rld/algo"
-	"github.com/rld/rld/breaker"
-	"github.com/rld/rld/memstore"
-	"github.com/rld/rld/redisx"
-	"github.com/rld/rld/shardcache"
 	"github.com/rld/rld/wire"
 )
 
-// Defaults of the [server] and [store] tables. A setting a package owns
-// takes that package's default: the two cannot drift apart.
+// Defaults of the [server] and [store] tables that config owns. A
+// setting that an engine reads (store.max_keys, sweep_interval, timeout,
+// sync_interval and the breaker_* keys) has none here: config leaves it
+// zero when the file does not set it, and the engine's constructor fills
+// in its own default (memstore, redisx, shardcache, breaker), which
+// docs/configuration.md states.
 const (
 	DefaultSocket         = "/run/rld/rld.sock"
 	DefaultSocketMode     = "0660"
@@ -40,27 +41,12 @@ const (
 	DefaultLogLevel       = "info"
 	DefaultLogFormat      = "text"
 
-	DefaultMaxKeys       = memstore.DefaultMaxKeys
-	DefaultSweepInterval = memstore.DefaultSweepInterval
-
-	DefaultRedisMode    = RedisStandalone
-	DefaultKeyPrefix    = redisx.DefaultKeyPrefix
-	DefaultRedisTimeout = redisx.DefaultTimeout
-	DefaultSyncInterval = shardcache.DefaultSyncInterval
+	DefaultRedisMode = RedisStandalone
+	// DefaultKeyPrefix is store.key_prefix's default ("" is a prefix
+	// too: none).
+	DefaultKeyPrefix = "rld:"
 	// DefaultChangesPoll is store.changes_poll's default.
 	DefaultChangesPoll = time.Second
-
-	// DefaultClientIPHeader, DefaultIPv4Prefix and DefaultIPv6Prefix are
-	// the [request] table's.
-	DefaultClientIPHeader = "x-forwarded-for"
-	DefaultIPv4Prefix     = 32
-	DefaultIPv6Prefix     = 64
-
-	DefaultBreakerFailureRate = breaker.DefaultFailureRate
-	DefaultBreakerMinCalls    = breaker.DefaultMinCalls
-	DefaultBreakerFailures    = breaker.DefaultFailures
-	DefaultBreakerWindow      = breaker.DefaultWindow
-	DefaultBreakerCooldown    = breaker.DefaultCooldown
 )
 
 // MaxKeyPrefix is the longest store.key_prefix, in bytes.
@@ -202,6 +188,9 @@ type Envoy struct {
 
 // Store is the [store] table: the embedded store's bounds, or the Redis
 // that the daemons of a fleet share.
+// MaxKeys, SweepInterval, Timeout, SyncInterval and the Breaker fields are
+// zero when the file does not set them: the default of the engine that
+// reads them (memstore, redisx, shardcache, breaker).
 type Store struct {
 	// MaxKeys bounds the number of counter keys held by the embedded
 	// store.
@@ -304,7 +293,8 @@ func (s *Store) RedisPassword() (string, error) {
 
 // Request is the [request] table: how the daemon derives descriptors
 // (ip, method, host, endpoint and Descriptors) from a request's
-// attributes. Package derive compiles and checks it.
+// attributes. Package derive compiles and checks it, and fills in its
+// defaults for the fields the file does not set (zero here).
 type Request struct {
 	// TrustedProxies lists the addresses and CIDRs whose forwarding
 	// header (ClientIPHeader) names the client.
@@ -455,7 +445,8 @@ func (j Jitter) String() string {
 // IsZero reports whether j adds nothing.
 func (j Jitter) IsZero() bool { return j.Fixed == 0 && j.Fraction == 0 }
 
-// Default returns a Config holding every default and no rules.
+// Default returns a Config holding every default that config owns and no
+// rules; the settings an engine reads are zero: its default.
 func Default() *Config {
 	return &Config{
 		Server: Server{
@@ -471,14 +462,9 @@ func Default() *Config {
 			LogFormat:      DefaultLogFormat,
 			ConfigPoll:     Duration(DefaultConfigPoll),
 		},
-		Request: Request{
-			ClientIPHeader: DefaultClientIPHeader,
-			IPv4Prefix:     DefaultIPv4Prefix,
-			IPv6Prefix:     DefaultIPv6Prefix,
-		},
 		Admin: Admin{
 			HTTP:       DefaultAdminHTTP,
-			SocketUIDs: slices.Clone(DefaultSocketUIDs),
+			SocketUIDs: DefaultSocketUIDs(),
 		},
 		Log: Log{
 			Decisions:       DefaultDecisions,
@@ -487,19 +473,9 @@ func Default() *Config {
 			AllowedRate:     DefaultAllowedRate,
 		},
 		Store: Store{
-			MaxKeys:       DefaultMaxKeys,
-			SweepInterval: Duration(DefaultSweepInterval),
-			Mode:          DefaultRedisMode,
-			KeyPrefix:     DefaultKeyPrefix,
-			Timeout:       Duration(DefaultRedisTimeout),
-			SyncInterval:  Duration(DefaultSyncInterval),
-			ChangesPoll:   Duration(DefaultChangesPoll),
-
-			BreakerFailureRate: DefaultBreakerFailureRate,
-			BreakerMinCalls:    DefaultBreakerMinCalls,
-			BreakerFailures:    DefaultBreakerFailures,
-			BreakerWindow:      Duration(DefaultBreakerWindow),
-			BreakerCooldown:    Duration(DefaultBreakerCooldown),
+			Mode:        DefaultRedisMode,
+			KeyPrefix:   DefaultKeyPrefix,
+			ChangesPoll: Duration(DefaultChangesPoll),
 		},
 	}
 }
@@ -534,7 +510,7 @@ func Parse(data []byte, name string) (*Config, error) {
 		problems = append(problems, fmt.Errorf("%s: %s", name, p))
 	}
 	c.setDefaults()
-	for _, p := range c.validate() {
+	for _, p := range c.validate(md.IsDefined) {
 		problems = append(problems, fmt.Errorf("%s: %s", name, p))
 	}
 	if len(problems) > 0 {

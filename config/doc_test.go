@@ -1,4 +1,4 @@
-package config
+package config_test
 
 import (
 	"fmt"
@@ -11,7 +11,34 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/breaker"
+	"github.com/rld/rld/config"
+	"github.com/rld/rld/derive"
+	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/shardcache"
 )
+
+// engineDefaults are the defaults of the keys that an engine reads: config
+// leaves them zero (Default) and the engine's constructor fills them in,
+// so configuration.md states the engine's. Only this test imports the
+// engines (an external test: derive imports config), to hold the
+// documentation to them.
+var engineDefaults = map[string]any{
+	"store.max_keys":             memstore.DefaultMaxKeys,
+	"store.sweep_interval":       config.Duration(memstore.DefaultSweepInterval),
+	"store.timeout":              config.Duration(redisx.DefaultTimeout),
+	"store.sync_interval":        config.Duration(shardcache.DefaultSyncInterval),
+	"store.breaker_failure_rate": breaker.DefaultFailureRate,
+	"store.breaker_min_calls":    breaker.DefaultMinCalls,
+	"store.breaker_failures":     breaker.DefaultFailures,
+	"store.breaker_window":       config.Duration(breaker.DefaultWindow),
+	"store.breaker_cooldown":     config.Duration(breaker.DefaultCooldown),
+	"request.client_ip_header":   derive.DefaultIPHeader,
+	"request.ipv4_prefix":        derive.DefaultIPv4Prefix,
+	"request.ipv6_prefix":        derive.DefaultIPv6Prefix,
+}
 
 // docTables reads the key tables of docs/configuration.md: section ("",
 // "server", "store", "admin", "log", "rule") → key → the row's default
@@ -60,9 +87,9 @@ func tomlKeys(typ reflect.Type) map[string]reflect.StructField {
 // it: `"text"`, `"30s"`, `100`, `0.01`, `[0]`, `[]`.
 func docDefault(v reflect.Value) string {
 	switch x := v.Interface().(type) {
-	case Duration:
+	case config.Duration:
 		return strconv.Quote(x.String())
-	case RedisMode:
+	case config.RedisMode:
 		return strconv.Quote(string(x))
 	case string:
 		return strconv.Quote(x)
@@ -87,12 +114,13 @@ func docDefault(v reflect.Value) string {
 // TestConfigurationDocumented: every key the config accepts — the toml
 // tags of Config and of its tables, which are all it accepts — has its
 // row in docs/configuration.md, under its table's section, with the
-// default that Default() gives it; every row names a key that exists;
+// default that Default() gives it, or for a key an engine reads (Default
+// leaves it zero), the engine's default; every row names a key that exists;
 // and the inline tables of a rule (penalty, block_after) name each of
 // their keys and bounds in their row.
 func TestConfigurationDocumented(t *testing.T) {
 	docs := docTables(t)
-	def := reflect.ValueOf(Default()).Elem()
+	def := reflect.ValueOf(config.Default()).Elem()
 	seen := map[string]bool{}
 	check := func(section string, typ reflect.Type, defaults reflect.Value) {
 		seen[section] = true
@@ -102,7 +130,7 @@ func TestConfigurationDocumented(t *testing.T) {
 			if section == "" && (ft.Kind() == reflect.Struct || ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct) {
 				continue // a table: its own section
 			}
-			if section != "" && ft.Kind() == reflect.Struct && ft != reflect.TypeOf(Duration(0)) && ft != reflect.TypeOf(Jitter{}) {
+			if section != "" && ft.Kind() == reflect.Struct && ft != reflect.TypeOf(config.Duration(0)) && ft != reflect.TypeOf(config.Jitter{}) {
 				continue // a sub-table ([request.jwt]): checked as its own section below
 			}
 			cells, ok := rows[key]
@@ -111,9 +139,14 @@ func TestConfigurationDocumented(t *testing.T) {
 			}
 			assert.NotEmpty(t, strings.TrimSpace(cells[0]), "%s: a default", joinKey(section, key))
 			if defaults.IsValid() {
-				want := "`" + docDefault(defaults.FieldByIndex(f.Index)) + "`"
+				v := defaults.FieldByIndex(f.Index)
+				if ev, ok := engineDefaults[joinKey(section, key)]; ok {
+					assert.True(t, v.IsZero(), "%s: an engine's setting, which config.Default() leaves zero, has %v", joinKey(section, key), v)
+					v = reflect.ValueOf(ev)
+				}
+				want := "`" + docDefault(v) + "`"
 				assert.True(t, strings.HasPrefix(cells[0], want),
-					"%s: configuration.md gives the default %s, Default() has %s", joinKey(section, key), cells[0], want)
+					"%s: configuration.md gives the default %s, config.Default() has %s", joinKey(section, key), cells[0], want)
 			}
 			if ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct {
 				for sub := range tomlKeys(ft.Elem()) {
@@ -127,13 +160,13 @@ func TestConfigurationDocumented(t *testing.T) {
 			assert.True(t, ok, "docs/configuration.md documents %s, which the config does not accept", joinKey(section, key))
 		}
 	}
-	check("", reflect.TypeOf(Config{}), def)
-	for key, f := range tomlKeys(reflect.TypeOf(Config{})) {
+	check("", reflect.TypeOf(config.Config{}), def)
+	for key, f := range tomlKeys(reflect.TypeOf(config.Config{})) {
 		switch {
 		case f.Type.Kind() == reflect.Struct:
 			check(key, f.Type, def.FieldByIndex(f.Index))
 			for sub, sf := range tomlKeys(f.Type) {
-				if sf.Type.Kind() == reflect.Struct && sf.Type != reflect.TypeOf(Duration(0)) && sf.Type != reflect.TypeOf(Jitter{}) {
+				if sf.Type.Kind() == reflect.Struct && sf.Type != reflect.TypeOf(config.Duration(0)) && sf.Type != reflect.TypeOf(config.Jitter{}) {
 					check(key+"."+sub, sf.Type, def.FieldByIndex(f.Index).FieldByIndex(sf.Index))
 				}
 			}
@@ -162,9 +195,9 @@ func joinKey(section, key string) string {
 func TestShippedConfigKeys(t *testing.T) {
 	b, err := os.ReadFile("../rld.toml")
 	require.NoError(t, err)
-	tables := map[string]map[string]reflect.StructField{"": tomlKeys(reflect.TypeOf(Config{}))}
+	tables := map[string]map[string]reflect.StructField{"": tomlKeys(reflect.TypeOf(config.Config{}))}
 	free := map[string]bool{} // tables of names the user chooses ([request.descriptors])
-	for key, f := range tomlKeys(reflect.TypeOf(Config{})) {
+	for key, f := range tomlKeys(reflect.TypeOf(config.Config{})) {
 		switch {
 		case f.Type.Kind() == reflect.Struct:
 			tables[key] = tomlKeys(f.Type)

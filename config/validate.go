@@ -23,8 +23,10 @@ func (p *problems) add(format string, args ...any) {
 }
 
 // validate returns every problem of c, each naming the field path and the
-// bad value, in file order.
-func (c *Config) validate() []string {
+// bad value, in file order. set reports whether the file gives a key
+// (toml.MetaData.IsDefined): a setting that an engine reads is left zero
+// when unset, and checked only when given.
+func (c *Config) validate(set func(key ...string) bool) []string {
 	var p problems
 	for i, s := range c.Allow {
 		if _, err := ParseSelector(s); err != nil {
@@ -37,7 +39,7 @@ func (c *Config) validate() []string {
 		}
 	}
 	c.Server.validate(&p)
-	c.Store.validate(&p)
+	c.Store.validate(&p, func(key string) bool { return set("store", key) })
 	c.Admin.validate(&p)
 	c.Log.validate(&p)
 	c.Envoy.validate(&p)
@@ -115,13 +117,12 @@ func (s *Server) validate(p *problems) {
 	}
 }
 
-func (s *Store) validate(p *problems) {
-	if s.MaxKeys <= 0 {
-		p.add("store.max_keys = %d: must be positive", s.MaxKeys)
-	}
-	if s.SweepInterval < Duration(100*time.Millisecond) || s.SweepInterval > Duration(time.Hour) {
-		p.add("store.sweep_interval = %q: want 100ms to 1h", s.SweepInterval)
-	}
+// validate checks s; set reports whether the file gives a key of the
+// [store] table. The keys an engine reads (max_keys, sweep_interval,
+// timeout, sync_interval, breaker_*) are checked when given: unset, they
+// are zero, and the engine fills in its default.
+func (s *Store) validate(p *problems, set func(key string) bool) {
+	s.validateEngines(p, set)
 	for i, addr := range s.Redis {
 		if _, port, err := net.SplitHostPort(addr); err != nil {
 			p.add("store.redis[%d] = %q: not host:port: %v", i, addr, err)
@@ -165,25 +166,37 @@ func (s *Store) validate(p *problems) {
 	if s.ChangesPoll < Duration(10*time.Millisecond) || s.ChangesPoll > Duration(time.Minute) {
 		p.add("store.changes_poll = %q: want 10ms to 1m", s.ChangesPoll)
 	}
-	if s.SyncInterval < Duration(10*time.Millisecond) || s.SyncInterval > Duration(10*time.Second) {
+}
+
+// validateEngines checks the [store] keys that an engine reads, those
+// the file gives (set) or that are not zero.
+func (s *Store) validateEngines(p *problems, set func(key string) bool) {
+	given := func(key string, zero bool) bool { return !zero || set(key) }
+	if given("max_keys", s.MaxKeys == 0) && s.MaxKeys <= 0 {
+		p.add("store.max_keys = %d: must be positive", s.MaxKeys)
+	}
+	if given("sweep_interval", s.SweepInterval == 0) && (s.SweepInterval < Duration(100*time.Millisecond) || s.SweepInterval > Duration(time.Hour)) {
+		p.add("store.sweep_interval = %q: want 100ms to 1h", s.SweepInterval)
+	}
+	if given("sync_interval", s.SyncInterval == 0) && (s.SyncInterval < Duration(10*time.Millisecond) || s.SyncInterval > Duration(10*time.Second)) {
 		p.add("store.sync_interval = %q: want 10ms to 10s", s.SyncInterval)
 	}
-	if s.Timeout <= 0 {
+	if given("timeout", s.Timeout == 0) && s.Timeout <= 0 {
 		p.add("store.timeout = %q: must be positive", s.Timeout)
 	}
-	if s.BreakerFailureRate < 1 || s.BreakerFailureRate > 100 {
+	if given("breaker_failure_rate", s.BreakerFailureRate == 0) && (s.BreakerFailureRate < 1 || s.BreakerFailureRate > 100) {
 		p.add("store.breaker_failure_rate = %d: want a percentage, 1 to 100", s.BreakerFailureRate)
 	}
-	if s.BreakerMinCalls < 1 || s.BreakerMinCalls > MaxBreakerMinCalls {
+	if given("breaker_min_calls", s.BreakerMinCalls == 0) && (s.BreakerMinCalls < 1 || s.BreakerMinCalls > MaxBreakerMinCalls) {
 		p.add("store.breaker_min_calls = %d: want 1 to %d", s.BreakerMinCalls, MaxBreakerMinCalls)
 	}
-	if s.BreakerFailures < 1 || s.BreakerFailures > MaxBreakerFailures {
+	if given("breaker_failures", s.BreakerFailures == 0) && (s.BreakerFailures < 1 || s.BreakerFailures > MaxBreakerFailures) {
 		p.add("store.breaker_failures = %d: want 1 to %d", s.BreakerFailures, MaxBreakerFailures)
 	}
-	if s.BreakerWindow < Duration(time.Millisecond) || s.BreakerWindow > Duration(time.Minute) {
+	if given("breaker_window", s.BreakerWindow == 0) && (s.BreakerWindow < Duration(time.Millisecond) || s.BreakerWindow > Duration(time.Minute)) {
 		p.add("store.breaker_window = %q: want 1ms to 1m", s.BreakerWindow)
 	}
-	if s.BreakerCooldown < Duration(time.Millisecond) || s.BreakerCooldown > Duration(time.Minute) {
+	if given("breaker_cooldown", s.BreakerCooldown == 0) && (s.BreakerCooldown < Duration(time.Millisecond) || s.BreakerCooldown > Duration(time.Minute)) {
 		p.add("store.breaker_cooldown = %q: want 1ms to 1m", s.BreakerCooldown)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -27,13 +26,15 @@ import (
 // opsState is the daemon's operations side: the configuration in force,
 // the decision observer, and the admin API's faces.
 type opsState struct {
-	loaded    atomic.Pointer[loadedConfig]
-	obs       *decisions.Observer
-	admin     *admin.Server
-	token     [sha256.Size]byte // SHA-256 of the write role's token (admin.token_file)
-	readToken [sha256.Size]byte // SHA-256 of the read role's token (admin.read_token_file)
-	hasTok    bool              // admin.token_file is configured
-	hasRead   bool              // admin.read_token_file is configured
+	obs *decisions.Observer
+	// infoSeries names the rld_config_info series of the last load;
+	// guarded by reloadMu (or New, alone).
+	infoSeries string
+	admin      *admin.Server
+	token      [sha256.Size]byte // SHA-256 of the write role's token (admin.token_file)
+	readToken  [sha256.Size]byte // SHA-256 of the read role's token (admin.read_token_file)
+	hasTok     bool              // admin.token_file is configured
+	hasRead    bool              // admin.read_token_file is configured
 
 	httpLn  net.Listener
 	httpSrv *fasthttp.Server
@@ -41,7 +42,7 @@ type opsState struct {
 
 // initOps builds the operations side from cfg: New calls it once the
 // store and policy are built.
-func (d *Daemon) initOps(cfg *config.Config, data []byte) error {
+func (d *Daemon) initOps(cfg *config.Config) error {
 	id := daemonID()
 	if d.fleet != nil {
 		id = d.fleet.id
@@ -71,7 +72,7 @@ func (d *Daemon) initOps(cfg *config.Config, data []byte) error {
 		d.log.Warn("admin.socket_uids or admin.read_socket_uids names uids that this process's user namespace does not map: their admin frames arrive as uid 65534 and are refused (under systemd, set PrivateUsers=no in a drop-in)",
 			slog.Any("uids", u))
 	}
-	d.setLoaded(data)
+	d.announceLoaded(d.loaded())
 	return nil
 }
 
@@ -86,7 +87,7 @@ func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.E
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	e := s.d.policy.Load().Explain(ctx, &policy.Request{Now: time.Now(), Descs: descs, Cost: a.Cost})
+	e := s.d.pol().Explain(ctx, &policy.Request{Now: time.Now(), Descs: descs, Cost: a.Cost})
 	res := admin.ExplainResult{List: e.List, Decision: explainDecision(&e.Decision), Rules: make([]admin.RuleMatch, 0, len(e.Rules))}
 	for i := range e.Rules {
 		res.Rules = append(res.Rules, explainRule(&e.Rules[i]))
@@ -150,14 +151,14 @@ func explainRule(m *policy.Match) admin.RuleMatch {
 
 // Top implements admin.Service.
 func (s adminService) Top(ctx context.Context, a admin.TopArgs) (admin.TopResult, error) {
-	return s.d.ops.obs.FleetTop(ctx, s.d.policy.Load(), s.d.tops, syncTimeout, a, s.d.log)
+	return s.d.ops.obs.FleetTop(ctx, s.d.pol(), s.d.tops, syncTimeout, a, s.d.log)
 }
 
 // Config implements admin.Service.
 func (s adminService) Config(context.Context) (admin.ConfigResult, error) {
 	lc := s.d.loaded()
 	res := admin.ConfigResult{Hash: lc.hash, Path: lc.path, LoadedAt: lc.at, Rules: []string{}}
-	for _, r := range s.d.policy.Load().Rules() {
+	for _, r := range s.d.pol().Rules() {
 		res.Rules = append(res.Rules, r.Summary)
 	}
 	return res, nil

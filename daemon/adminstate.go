@@ -30,7 +30,7 @@ func (s adminService) operate(ctx context.Context, kind algo.OpKind, n int64, t 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	applied, err := s.d.policy.Load().Operate(ctx, time.Now(), kind, n, pt)
+	applied, err := s.d.pol().Operate(ctx, time.Now(), kind, n, pt)
 	if errors.Is(err, policy.ErrNoMatch) {
 		return admin.StateResult{}, admin.Errorf(admin.CodeNotFound, "%v", err)
 	}

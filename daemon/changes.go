@@ -66,12 +66,12 @@ func (d *Daemon) openChanges(cfg *config.Config) {
 // installChanges compiles ch with the configuration in force and swaps
 // the new Policy in. The caller holds reloadMu, or is New.
 func (d *Daemon) installChanges(ch *policy.Changes) error {
-	old := d.policy.Load()
+	old := d.pol()
 	p, err := policy.Compile(d.cfg(), ch, d.stores)
 	if err != nil {
 		return fmt.Errorf("cannot compile the overrides and blocks: %w", err)
 	}
-	d.policy.Store(p)
+	d.swapLocked(func(f *inForce) { f.policy = p })
 	d.compiles.Add(1)
 	changesCompiles.Inc()
 	d.reportChanges(p)
@@ -130,7 +130,7 @@ func (d *Daemon) change(ctx context.Context, validate func(p *policy.Policy, now
 	ctx, cancel := context.WithTimeout(ctx, changeTimeout)
 	defer cancel()
 	if validate != nil {
-		if err := validate(d.policy.Load(), time.Now().Add(d.chStore.Skew())); err != nil {
+		if err := validate(d.pol(), time.Now().Add(d.chStore.Skew())); err != nil {
 			return err
 		}
 	}
@@ -263,7 +263,7 @@ func (s adminService) Unblock(ctx context.Context, a admin.IDArgs) (admin.Delete
 
 // List implements admin.ChangeService.
 func (s adminService) List(context.Context) (admin.ListResult, error) {
-	p := s.d.policy.Load()
+	p := s.d.pol()
 	orphan := map[string]bool{}
 	for _, o := range p.Orphans() {
 		orphan[o.ID] = true

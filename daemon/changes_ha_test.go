@@ -11,15 +11,15 @@ import (
 
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/config"
 	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/redistest"
-	"github.com/rld/rld/redisx"
 	"github.com/rld/rld/wire"
 )
 
 // changesKey is the Redis key of the fleet's changes with the default
 // key prefix: one hash, in one slot.
-const changesKey = "{" + redisx.DefaultKeyPrefix + "changes}"
+const changesKey = "{" + config.DefaultKeyPrefix + "changes}"
 
 // haChangeConfig is rld.toml of a daemon of the changes' Cluster and
 // Sentinel tests: store is the [store] lines naming Redis. The version is

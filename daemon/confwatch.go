@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
-	"sync"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -30,27 +29,24 @@ func ConfigHash(data []byte) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// configInfo is the rld_config_info{hash="…"} series in force; a load
-// replaces it. The metrics are the process's: with several daemons in one
-// process (tests), the last load wins.
-var configInfo struct {
-	mu   sync.Mutex // guards name
-	name string
-}
-
 var configLoadedAt = metrics.NewGauge(`rld_config_last_load_timestamp_seconds`, nil)
 
-// setLoaded records data as the configuration in force.
-func (d *Daemon) setLoaded(data []byte) {
-	lc := &loadedConfig{hash: ConfigHash(data), path: d.opts.ConfigPath, at: time.Now()}
-	d.ops.loaded.Store(lc)
-	configInfo.mu.Lock()
-	if configInfo.name != "" {
-		metrics.UnregisterMetric(configInfo.name)
+// newLoaded describes data, read from the configuration file now.
+func (d *Daemon) newLoaded(data []byte) *loadedConfig {
+	return &loadedConfig{hash: ConfigHash(data), path: d.opts.ConfigPath, at: time.Now()}
+}
+
+// announceLoaded tells the metrics and the decision log that lc, put in
+// force, is the configuration. The caller holds reloadMu, or is New. The
+// rld_config_info{hash="…"} series of the previous load is unregistered;
+// the metrics are the process's, so with several daemons in one process
+// (tests) a daemon unregisters only the series of its own last load.
+func (d *Daemon) announceLoaded(lc *loadedConfig) {
+	if d.ops.infoSeries != "" {
+		metrics.UnregisterMetric(d.ops.infoSeries)
 	}
-	configInfo.name = `rld_config_info{hash="` + lc.hash + `"}`
-	metrics.GetOrCreateGauge(configInfo.name, nil).Set(1)
-	configInfo.mu.Unlock()
+	d.ops.infoSeries = `rld_config_info{hash="` + lc.hash + `"}`
+	metrics.GetOrCreateGauge(d.ops.infoSeries, nil).Set(1)
 	configLoadedAt.Set(float64(lc.at.UnixMilli()) / 1000)
 	lastReloadOK.Set(1)
 	if d.ops.obs != nil {
@@ -59,7 +55,7 @@ func (d *Daemon) setLoaded(data []byte) {
 }
 
 // loaded returns the configuration file in force.
-func (d *Daemon) loaded() *loadedConfig { return d.ops.loaded.Load() }
+func (d *Daemon) loaded() *loadedConfig { return d.live.Load().file }
 
 // pollConfig hashes the configuration file every interval and reloads it
 // when its content differs from the one in force, until ctx is done. A

@@ -217,8 +217,9 @@ func (cn *conn) serve(ctx context.Context) {
 // start. lost is true when framing is lost, or an answer could not be
 // written, and the connection must close.
 func (cn *conn) process(ctx context.Context, now time.Time, start, end, maxInflight int) (int, bool) {
-	p := cn.d.policy.Load()
-	cn.fs.dv = cn.d.deriver.Load()
+	live := cn.d.live.Load() // the policy and deriver of one configuration
+	p := live.policy
+	cn.fs.dv = live.deriver
 	served := 0
 	defer func() { framesServed.Add(served) }()
 	for {

@@ -60,11 +60,9 @@ type Daemon struct {
 	// once and loads the overrides and blocks when it does.
 	redisSilent bool
 
-	conf   atomic.Pointer[config.Config]
-	policy atomic.Pointer[policy.Policy]
-	// deriver turns requests' attributes into descriptors ([request]);
-	// a reload swaps it with the policy.
-	deriver atomic.Pointer[derive.Deriver]
+	// live is the configuration in force and what is built from it: a
+	// reload swaps it as one pointer (see inForce).
+	live atomic.Pointer[inForce]
 
 	reloadMu   sync.Mutex // serialises reloads and changes; guards lastConfig and failedConfig
 	lastConfig []byte
@@ -133,6 +131,9 @@ func New(opts Options) (*Daemon, error) {
 	// The penalty state outlives reloads and changes; it is bounded as
 	// the embedded store's keys are.
 	d.stores.Penalties = policy.NewPenalties(cfg.Store.MaxKeys, d.autoBlock)
+	// So does the record of the leases settled: a lease acquired before
+	// a reload is settled once after it.
+	d.stores.Leases = policy.NewLeases()
 	p, err := policy.Compile(cfg, nil, d.stores)
 	if err != nil {
 		d.closeStore()
@@ -143,11 +144,9 @@ func New(opts Options) (*Daemon, error) {
 		d.closeStore()
 		return nil, fmt.Errorf("config %s: %w", opts.ConfigPath, err)
 	}
-	d.conf.Store(cfg)
-	d.policy.Store(p)
-	d.deriver.Store(dv)
+	d.live.Store(&inForce{cfg: cfg, policy: p, deriver: dv, file: d.newLoaded(data)})
 	d.openChanges(cfg)
-	if err := d.initOps(cfg, data); err != nil {
+	if err := d.initOps(cfg); err != nil {
 		d.closeStore()
 		return nil, err
 	}
@@ -313,7 +312,34 @@ func newLogger(level, format string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
 }
 
-func (d *Daemon) cfg() *config.Config { return d.conf.Load() }
+// inForce is the configuration in force and what is built from it. A
+// reload swaps all of it at once, so that no reader sees the rules of one
+// file with the request derivation or the file hash of another; a change
+// of the overrides and blocks, or a re-read of the request keys, swaps in
+// a copy with a new policy or deriver (swapLocked).
+type inForce struct {
+	cfg     *config.Config
+	policy  *policy.Policy  // compiled from cfg with the changes in force
+	deriver *derive.Deriver // turns requests' attributes into descriptors ([request])
+	file    *loadedConfig   // the file cfg was read from
+}
+
+// cfg returns the configuration in force.
+func (d *Daemon) cfg() *config.Config { return d.live.Load().cfg }
+
+// pol returns the policy in force.
+func (d *Daemon) pol() *policy.Policy { return d.live.Load().policy }
+
+// dv returns the deriver in force.
+func (d *Daemon) dv() *derive.Deriver { return d.live.Load().deriver }
+
+// swapLocked puts in force a copy of what is in force that set changes.
+// The caller holds reloadMu, or is New.
+func (d *Daemon) swapLocked(set func(*inForce)) {
+	next := *d.live.Load()
+	set(&next)
+	d.live.Store(&next)
+}
 
 // Ready is closed once the daemon listens and serves.
 func (d *Daemon) Ready() <-chan struct{} { return d.ready }
@@ -357,7 +383,7 @@ func (d *Daemon) Reload() error {
 		if dv, err := derive.New(d.cfg().Request); err != nil {
 			d.log.Error("request.jwt keys reload failed; keeping the keys in force", slog.Any("error", err))
 		} else {
-			d.deriver.Store(dv)
+			d.swapLocked(func(f *inForce) { f.deriver = dv })
 		}
 		d.log.Info("config unchanged; reload skipped (request keys read again)", slog.String("path", d.opts.ConfigPath))
 		d.inForceAgainLocked()
@@ -371,7 +397,7 @@ func (d *Daemon) Reload() error {
 	}
 	if err == nil {
 		applyOverrides(cfg, d.opts)
-		p, err = policy.Compile(cfg, d.policy.Load().Changes(), d.stores)
+		p, err = policy.Compile(cfg, d.pol().Changes(), d.stores)
 	}
 	if err == nil {
 		dv, err = derive.New(cfg.Request)
@@ -396,13 +422,12 @@ func (d *Daemon) Reload() error {
 		cfg.Store = old.Store
 	}
 	keepOpsSettings(d.log, old, cfg)
-	d.conf.Store(cfg)
-	d.policy.Store(p)
-	d.deriver.Store(dv)
+	lc := d.newLoaded(data)
+	d.live.Store(&inForce{cfg: cfg, policy: p, deriver: dv, file: lc})
 	d.reportChanges(p)
 	d.lastConfig = data
 	d.failedConfig = ""
-	d.setLoaded(data)
+	d.announceLoaded(lc)
 	reloadsOK.Inc()
 	lastReloadOK.Set(1)
 	d.log.Info("config reloaded", slog.String("path", d.opts.ConfigPath), slog.Int("rules", len(cfg.Rules)))

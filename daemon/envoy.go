@@ -29,7 +29,7 @@ func (d *Daemon) startEnvoy() error {
 	if e.Listen == "" && e.Socket == "" {
 		return nil
 	}
-	srv, err := envoyrls.New(envoyrls.Options{Policy: func() *policy.Policy { return d.policy.Load() }})
+	srv, err := envoyrls.New(envoyrls.Options{Policy: func() *policy.Policy { return d.pol() }})
 	if err != nil {
 		return err
 	}

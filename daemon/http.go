@@ -235,12 +235,13 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", bad)
 		return
 	}
-	p := d.policy.Load()
+	live := d.live.Load() // the policy and deriver of one configuration
+	p := live.policy
 	var dec policy.Decision
 	s.lease = nil
 	descs := s.descs
 	if attrs {
-		r := d.deriver.Load().Derive(s.in, now, &s.ds)
+		r := live.deriver.Derive(s.in, now, &s.ds)
 		descs = r.Descs
 		if r.Oversize {
 			dec = oversizeDecision
@@ -311,9 +312,9 @@ func (d *Daemon) serveRelease(ctx *fasthttp.RequestCtx) {
 	s.lease = nil
 	var dec policy.Decision
 	if settle {
-		dec = d.policy.Load().Settle(context.Background(), now, lease, int64(cost))
+		dec = d.pol().Settle(context.Background(), now, lease, int64(cost))
 	} else {
-		dec = d.policy.Load().Release(context.Background(), now, lease)
+		dec = d.pol().Release(context.Background(), now, lease)
 	}
 	d.writeDecision(ctx, s, now, &dec)
 }

@@ -216,7 +216,7 @@ func (d *Daemon) addAttributes(ctx *fasthttp.RequestCtx, s *httpScratch) (bool, 
 		s.avals = derive.AppendValue(s.avals, v, limit)
 		add(name, start)
 	}
-	for _, name := range d.deriver.Load().Headers() {
+	for _, name := range d.dv().Headers() {
 		start, n := len(s.avals), 0
 		var joined []byte
 		for k, v := range h.AllInOrder() {

@@ -112,7 +112,7 @@ func (d *Daemon) storeAutoBlocksLocked(batch []policy.AutoBlock) {
 		now := time.Now().Add(d.chStore.Skew())
 		v := b
 		v.Expires = now.Add(ab.For)
-		err := d.policy.Load().ValidateBlock(&v, now)
+		err := d.pol().ValidateBlock(&v, now)
 		if err == nil {
 			err = d.chStore.AddBlock(ctx, &b, ab.For)
 		}

@@ -64,12 +64,12 @@ func TestAutoBlockBurstCompilesOnce(t *testing.T) {
 	wg.Wait()
 	d.reloadMu.Unlock()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(d.policy.Load().Changes().Blocks) < n {
+	for len(d.pol().Changes().Blocks) < n {
 		require.True(t, time.Now().Before(deadline), "the %d blocks not in force within 10s", n)
 		time.Sleep(time.Millisecond) // polls a condition
 	}
 	assert.Equal(t, int64(1), d.compiles.Load()-before, "one compile for the burst")
-	for _, b := range d.policy.Load().Changes().Blocks {
+	for _, b := range d.pol().Changes().Blocks {
 		assert.Equal(t, autoBlockAuthor, b.Author)
 	}
 
@@ -77,7 +77,7 @@ func TestAutoBlockBurstCompilesOnce(t *testing.T) {
 	before = d.compiles.Load()
 	for i := range 3 {
 		d.autoBlock(autoBlockFor(fmt.Sprintf("late-%d", i)))
-		for len(d.policy.Load().Changes().Blocks) < n+i+1 {
+		for len(d.pol().Changes().Blocks) < n+i+1 {
 			require.True(t, time.Now().Before(deadline), "a late block not in force")
 			time.Sleep(time.Millisecond) // polls a condition
 		}
@@ -96,7 +96,7 @@ func TestAutoBlockStopWaits(t *testing.T) {
 	for i := range 50 {
 		d.autoBlock(autoBlockFor(fmt.Sprintf("abuser-%d", i)))
 	}
-	assert.Empty(t, d.policy.Load().Changes().Blocks, "queued, not stored yet")
+	assert.Empty(t, d.pol().Changes().Blocks, "queued, not stored yet")
 	stopped := make(chan struct{})
 	go func() { d.stopAutoBlocks(); close(stopped) }()
 	select {
@@ -106,7 +106,7 @@ func TestAutoBlockStopWaits(t *testing.T) {
 	}
 	d.reloadMu.Unlock()
 	<-stopped
-	assert.Len(t, d.policy.Load().Changes().Blocks, 50, "the blocks queued are stored before stop returns")
+	assert.Len(t, d.pol().Changes().Blocks, 50, "the blocks queued are stored before stop returns")
 
 	deadline := time.Now().Add(5 * time.Second)
 	for runtime.NumGoroutine() > base {
@@ -114,7 +114,7 @@ func TestAutoBlockStopWaits(t *testing.T) {
 		time.Sleep(time.Millisecond) // polls a condition
 	}
 	d.autoBlock(autoBlockFor("after-stop"))
-	assert.Len(t, d.policy.Load().Changes().Blocks, 50, "a block after stop is dropped")
+	assert.Len(t, d.pol().Changes().Blocks, 50, "a block after stop is dropped")
 	assert.LessOrEqual(t, runtime.NumGoroutine(), base, "no goroutine started after stop")
 	d.stopAutoBlocks() // idempotent
 }

@@ -69,14 +69,16 @@ func redisOptions(sc *config.Store, password string) redisx.Options {
 }
 
 // newFleet builds the store, the cache and the fallback on the Redis
-// client c as sc configures them.
+// client c as sc configures them. The cache and the fallback wait on
+// Redis as long as c does: its timeout, store.timeout or redisx's default.
 func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 	f := &fleet{c: c, rs: redisx.NewStore(c), recalls: redisx.NewRecalls(c), id: daemonID()}
+	timeout := c.Options().Timeout
 	f.peers.Store(1)
 	f.cache = shardcache.New(f.rs, shardcache.Options{
 		SyncInterval: time.Duration(sc.SyncInterval),
 		MaxEntries:   sc.MaxKeys,
-		Timeout:      time.Duration(sc.Timeout),
+		Timeout:      timeout,
 		Peers:        func() int { return int(f.peers.Load()) },
 		Clock:        time.Now,
 		Holder:       f.id,
@@ -94,7 +96,7 @@ func newFleet(c *redisx.Client, sc *config.Store) *fleet {
 		NewLocal: func() policy.LocalStore {
 			return memstore.New(memstore.Options{MaxKeys: sc.MaxKeys})
 		},
-		Timeout: time.Duration(sc.Timeout),
+		Timeout: timeout,
 		Seed:    f.cache.Known, // an outage starts from what the cache knew
 		Clock:   time.Now,
 	})

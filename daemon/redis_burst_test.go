@@ -18,9 +18,9 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/client"
-	"github.com/rld/rld/config"
 	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/redisx"
 )
 
 // Bursts: every rule allows burstLimit units per burstPeriod (capacity
@@ -300,7 +300,7 @@ func TestCachedFullBurstsDefaultTimeout(t *testing.T) {
 		t.Run(k.String(), func(t *testing.T) {
 			shape := shapes(k)["capacity"]
 			shape.n = max(int(run/shape.every), 2)
-			cached, strict := burstOutcome{timeout: config.DefaultRedisTimeout}, burstOutcome{timeout: config.DefaultRedisTimeout}
+			cached, strict := burstOutcome{timeout: redisx.DefaultTimeout}, burstOutcome{timeout: redisx.DefaultTimeout}
 			key := fmt.Sprintf("full-%s-%d", k, time.Now().UnixNano())
 			var wg sync.WaitGroup
 			wg.Go(func() { sendBursts(cs, descs(k.String(), key), k, shape, &cached) })

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/config"
 	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/redistest"
 	"github.com/rld/rld/redisx"
@@ -99,7 +100,7 @@ period = "1h"
 	if started.Truncate(time.Hour) != time.Now().Truncate(time.Hour) {
 		t.Skip("the run straddled the hour's window boundary")
 	}
-	c, err := redisx.New(context.Background(), redisx.Options{Addrs: []string{srv.Addr}, Timeout: time.Second, KeyPrefix: redisx.DefaultKeyPrefix})
+	c, err := redisx.New(context.Background(), redisx.Options{Addrs: []string{srv.Addr}, Timeout: time.Second, KeyPrefix: config.DefaultKeyPrefix})
 	require.NoError(t, err)
 	defer c.Close()
 	params := algo.Params{Kind: algo.FixedWindow, Limit: limit, Period: time.Hour}

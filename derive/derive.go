@@ -92,11 +92,12 @@ type Deriver struct {
 	headers []string
 }
 
-// Defaults of the [request] table, for a zero value of a field.
+// Defaults of the [request] table, for a zero value of a field: config
+// leaves a key the file does not set zero.
 const (
-	DefaultIPHeader   = config.DefaultClientIPHeader
-	DefaultIPv4Prefix = config.DefaultIPv4Prefix
-	DefaultIPv6Prefix = config.DefaultIPv6Prefix
+	DefaultIPHeader   = "x-forwarded-for"
+	DefaultIPv4Prefix = 32
+	DefaultIPv6Prefix = 64
 )
 
 // New compiles the [request] table. It returns every problem it finds,

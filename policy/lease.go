@@ -90,50 +90,49 @@ const (
 // which the Redis store records beside the counter, atomically with the
 // correction, so that settling one lease through two daemons of a fleet
 // charges it once and refuses the second ("settled already"); a daemon
-// also keeps its own record (settledLeases), the only one of the
-// embedded store.
+// also keeps its own record (Leases, shared by its Policies), the only
+// one of the embedded store.
 
-// processLeaseKey signs the leases when Stores.LeaseKey is nil.
-var processLeaseKey = func() []byte {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		panic("BUG: policy: no randomness: " + err.Error())
-	}
-	return b
-}()
+// Leases is what the Policies of one daemon share about the leases of
+// acquires: the key that signs them when Stores.LeaseKey is nil, the
+// sequences that number leases and concurrency slots, and the record of
+// the leases settled. Create it with NewLeases; it is safe for concurrent
+// use.
+type Leases struct {
+	key   []byte        // random: signs the leases when Stores.LeaseKey is nil
+	nonce atomic.Uint64 // numbers the leases, from a random start
+	slots atomic.Uint64 // numbers the concurrency slots, from a random start
 
-// leaseNonce numbers the leases of this process, from a random start so
-// that two processes (or one restarted) do not repeat each other's.
-var leaseNonce = func() *atomic.Uint64 {
-	var b [8]byte
+	// settled remembers the leases settled through these Leases, until
+	// MaxLeaseAge after their acquire, so that a second Settle of one
+	// is refused rather than charged or refunded twice. (A release
+	// needs no record: the slots it frees are gone after it.)
+	mu      sync.Mutex       // guards settled and sweep
+	settled map[uint64]int64 // lease tag → unix µs until which it is kept
+	sweep   int64            // unix µs of the next sweep of settled
+}
+
+// NewLeases returns Leases with a random key and sequences that start at
+// random, so that two daemons (or one restarted) do not repeat each
+// other's numbers.
+func NewLeases() *Leases {
+	var b [48]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic("BUG: policy: no randomness: " + err.Error())
 	}
-	n := new(atomic.Uint64)
-	n.Store(binary.BigEndian.Uint64(b[:]))
-	return n
-}()
-
-// slotSeq numbers the concurrency slots this process acquires, from a
-// random start so that two processes (or one restarted) do not repeat
-// each other's.
-var slotSeq = func() *atomic.Uint64 {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("BUG: policy: no randomness: " + err.Error())
-	}
-	n := new(atomic.Uint64)
-	n.Store(binary.BigEndian.Uint64(b[:]))
-	return n
-}()
+	l := &Leases{key: b[:32], settled: make(map[uint64]int64)}
+	l.nonce.Store(binary.BigEndian.Uint64(b[32:40]))
+	l.slots.Store(binary.BigEndian.Uint64(b[40:48]))
+	return l
+}
 
 // nextSlot returns the id of a new slot: never 0, never the same twice
-// in a process (splitmix64's finalizer, a bijection, of the next count),
-// and as unlikely to be another process's as two random 64-bit numbers
-// are to meet.
-func nextSlot() uint64 {
+// from l (splitmix64's finalizer, a bijection, of the next count), and as
+// unlikely to be another daemon's as two random 64-bit numbers are to
+// meet.
+func (l *Leases) nextSlot() uint64 {
 	for {
-		x := slotSeq.Add(1)
+		x := l.slots.Add(1)
 		x ^= x >> 30
 		x *= 0xbf58476d1ce4e5b9
 		x ^= x >> 27
@@ -150,7 +149,7 @@ func (p *Policy) leaseKey() []byte {
 	if len(p.stores.LeaseKey) > 0 {
 		return p.stores.LeaseKey
 	}
-	return processLeaseKey
+	return p.leases.key
 }
 
 // AcquireTo decides a request as CheckTo does, and then the concurrency
@@ -210,7 +209,7 @@ func (p *Policy) lease(ctx context.Context, now time.Time, cost int64, sc *Scrat
 	raw := append(sc.leaseRaw[:0], leaseVersion)
 	raw = binary.AppendUvarint(raw, uint64(cost))
 	raw = binary.AppendUvarint(raw, uint64(max(now.UnixMicro(), 0)))
-	raw = binary.BigEndian.AppendUint64(raw, leaseNonce.Add(1))
+	raw = binary.BigEndian.AppendUint64(raw, p.leases.nonce.Add(1))
 	for i := range sc.taken {
 		t := &sc.taken[i]
 		params := p.rules[t.rule].paramsAt(int(t.tier))
@@ -344,43 +343,31 @@ func parseLease(lease, key []byte) (parsedLease, error) {
 	return pl, nil
 }
 
-// settledLeases remembers the leases this process settled, until
-// MaxLeaseAge after their acquire, so that a second Settle of one is
-// refused rather than charged or refunded twice. (A release needs no
-// record: the slots it frees are gone after it.) The Policies of a daemon
-// share it.
-var settledLeases = struct {
-	mu    sync.Mutex       // guards m and sweep
-	m     map[uint64]int64 // lease tag → unix µs until which it is kept
-	sweep int64            // unix µs of the next sweep of m
-}{m: make(map[uint64]int64)}
-
 // markSettled records the lease tag, issued at issued (unix µs), as
 // settled at now, and reports false when it was already.
-func markSettled(tag uint64, issued, now int64) bool {
-	s := &settledLeases
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if now >= s.sweep {
-		for k, until := range s.m {
+func (l *Leases) markSettled(tag uint64, issued, now int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now >= l.sweep {
+		for k, until := range l.settled {
 			if until <= now {
-				delete(s.m, k)
+				delete(l.settled, k)
 			}
 		}
-		s.sweep = now + time.Minute.Microseconds()
+		l.sweep = now + time.Minute.Microseconds()
 	}
-	if _, ok := s.m[tag]; ok {
+	if _, ok := l.settled[tag]; ok {
 		return false
 	}
-	s.m[tag] = issued + MaxLeaseAge.Microseconds()
+	l.settled[tag] = issued + MaxLeaseAge.Microseconds()
 	return true
 }
 
 // unmarkSettled forgets that the lease tag was settled.
-func unmarkSettled(tag uint64) {
-	settledLeases.mu.Lock()
-	delete(settledLeases.m, tag)
-	settledLeases.mu.Unlock()
+func (l *Leases) unmarkSettled(tag uint64) {
+	l.mu.Lock()
+	delete(l.settled, tag)
+	l.mu.Unlock()
 }
 
 // Release gives back the concurrency slots of lease, which AcquireTo
@@ -473,7 +460,7 @@ func (s *settling) open(lease []byte) error {
 		return fmt.Errorf("%w: not signed with this daemon's lease key (give the fleet one: store.lease_key_file)", ErrUnknownLease)
 	case s.now.UnixMicro()-pl.issued > MaxLeaseAge.Microseconds():
 		return fmt.Errorf("%w: acquired more than %s ago", ErrUnknownLease, MaxLeaseAge)
-	case s.settle && !markSettled(pl.tag, pl.issued, s.now.UnixMicro()):
+	case s.settle && !s.p.leases.markSettled(pl.tag, pl.issued, s.now.UnixMicro()):
 		return fmt.Errorf("%w: settled already", ErrUnknownLease)
 	}
 	s.pl = pl
@@ -490,7 +477,7 @@ func (s *settling) open(lease []byte) error {
 // recorded otherwise and stops there, having changed nothing. Then the
 // concurrency slots. A settle's ops carry the lease's identity, marked
 // with the actual cost: a store that keeps a record of it (Redis,
-// fleet-wide) applies each entry's correction once; settledLeases is this
+// fleet-wide) applies each entry's correction once; p.leases is this
 // daemon's record, and the embedded store's only one.
 func (s *settling) apply() error {
 	if !s.settle && !s.pl.holdsSlots() {
@@ -634,7 +621,7 @@ func (s *settling) failed(err error) Decision {
 	case errors.As(err, &re):
 		re.r.m.inc(decError)
 		if s.settle {
-			unmarkSettled(s.pl.tag) // what was not done may be tried again
+			s.p.leases.unmarkSettled(s.pl.tag) // what was not done may be tried again
 		}
 		return Decision{Status: StatusError, Code: CodeInternal, Rule: re.r.name, Period: re.period, Err: err}
 	}

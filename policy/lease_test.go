@@ -414,3 +414,41 @@ func TestSettleStoreFailure(t *testing.T) {
 	r = p.Settle(ctx, t0, lease, 30)
 	assert.Equal(t, CodeNotFound, r.Code, "settled once")
 }
+
+// TestLeasesShared: the Policies compiled over one Stores share its
+// Leases: a lease acquired through one is verified and settled once
+// through another (a reload), with no key of its own; Policies with
+// Leases of their own share nothing, neither a key nor a settle record.
+func TestLeasesShared(t *testing.T) {
+	cfg, err := config.Parse([]byte(settleRules), "leases.toml")
+	require.NoError(t, err)
+	ctx := context.Background()
+	st := Stores{Cached: memstore.New(memstore.Options{}), Leases: NewLeases()}
+	compile := func(st Stores) *Policy {
+		t.Helper()
+		p, err := Compile(cfg, nil, st)
+		require.NoError(t, err)
+		return p
+	}
+	before, after := compile(st), compile(st)
+	var sc Scratch
+	var d Decision
+	now := t0.Add(time.Minute)
+	chat := descs("api_key=k", "endpoint=/v1/chat", "slot=yes")
+	lease := before.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 10}, &sc, &d)
+	require.Equal(t, StatusAllowed, d.Status)
+	r := after.Settle(ctx, now, lease, 4)
+	require.Equal(t, StatusAllowed, r.Status, "the reloaded Policy verifies the lease: %v", r.Err)
+	r = before.Settle(ctx, now, lease, 4)
+	assert.Equal(t, CodeNotFound, r.Code, "settled once, through either")
+	assert.ErrorIs(t, r.Err, ErrUnknownLease)
+
+	st.Leases = nil // each Policy its own: a random key each
+	own, other := compile(st), compile(st)
+	lease = own.AcquireTo(ctx, &Request{Now: now, Descs: chat, Cost: 10}, &sc, &d)
+	require.Equal(t, StatusAllowed, d.Status)
+	r = other.Settle(ctx, now, lease, 4)
+	assert.Equal(t, CodeNotFound, r.Code, "not signed with the other Policy's key")
+	r = own.Settle(ctx, now, lease, 4)
+	assert.Equal(t, StatusAllowed, r.Status, "%v", r.Err)
+}

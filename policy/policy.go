@@ -45,6 +45,7 @@ type Policy struct {
 	blocks   []globBlock
 	orphans  []Orphan
 	pens     *Penalties // the keys' penalty state: stores.Penalties, or the Policy's own
+	leases   *Leases    // stores.Leases, or the Policy's own
 
 	denyM, allowM, noneM *counters
 }
@@ -232,8 +233,13 @@ type Stores struct {
 	Fallback *Fallback
 	// LeaseKey signs the leases of acquires (HMAC-SHA256), which
 	// Release and Settle verify: the daemons of a fleet share it. Nil:
-	// a random key of this process, the same for every Policy.
+	// the random key of Leases.
 	LeaseKey []byte
+	// Leases numbers the leases and slots of acquires and remembers the
+	// leases settled; the Policies compiled over one share it, so that a
+	// lease acquired before a reload is settled once after it. Nil: each
+	// Policy keeps its own.
+	Leases *Leases
 	// Penalties keeps the penalty state of the keys of rules with a
 	// penalty or a block_after, and asks for their automatic blocks;
 	// the Policies compiled over one share it. Nil: each Policy keeps its
@@ -282,6 +288,10 @@ func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
 		denyM:    newCounters(RuleDeny, decBlocked),
 		allowM:   newCounters(RuleAllow, decAllowed),
 		noneM:    newCounters("none", decAllowed),
+		leases:   st.Leases,
+	}
+	if p.leases == nil {
+		p.leases = NewLeases()
 	}
 	var err error
 	if p.deny, err = compileSelectors(cfg.Deny); err != nil {
@@ -700,7 +710,7 @@ func (p *Policy) ask(c *checking, r *rule, t *ruleTake, res *algo.Result) (outco
 	key := c.sc.keys[t.start:t.end]
 	st, slots := r.slots, r.slots != nil
 	if slots && t.hold && t.params.Kind == algo.Concurrency && !t.peek {
-		t.slot = nextSlot()
+		t.slot = p.leases.nextSlot()
 	}
 	var err error
 	switch {

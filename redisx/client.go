@@ -36,19 +36,14 @@ const (
 // Defaults of Options.
 const (
 	// DefaultTimeout bounds every call: a check never waits longer on
-	// Redis. On a loaded two-core host (rld-bench, 64 checks in flight
-	// over 2,000,000 keys) 5 ms timed out more than half of the calls and
-	// 10 ms a fifth; 20 ms about 1% and 25 ms 0.6%. Keep
-	// shardcache.DefaultTimeout the same.
-	DefaultTimeout = 25 * time.Millisecond
+	// Redis. It is deadline.DefaultStore, shardcache's default too.
+	DefaultTimeout = deadline.DefaultStore
 	// DefaultDialTimeout bounds the set-up of one connection.
 	DefaultDialTimeout = 500 * time.Millisecond
 	// DefaultWriteTimeout is how long a connection may go without an
 	// answer to what it sent before rueidis closes it (rueidis's
 	// ConnWriteTimeout, 10 s by default).
 	DefaultWriteTimeout = 500 * time.Millisecond
-	// DefaultKeyPrefix is the key prefix of rld's configuration.
-	DefaultKeyPrefix = "rld:"
 )
 
 // Reconnection back-off while no connection has ever been made.

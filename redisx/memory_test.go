@@ -16,6 +16,9 @@ import (
 	"github.com/rld/rld/redisx"
 )
 
+// keyPrefix is the prefix of rld's configuration (config.DefaultKeyPrefix).
+const keyPrefix = "rld:"
+
 // TestMemoryPerKey logs what one counter costs in Redis for each
 // algorithm, next to the seeds' napkin figure of 56 bytes for a token
 // bucket: MEMORY USAGE of one key (key, value and Redis's per-key
@@ -24,7 +27,7 @@ import (
 // key is a realistic one: rule "per-key", one 24-byte api_key.
 func TestMemoryPerKey(t *testing.T) {
 	srv := redistest.Standalone(t)
-	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}, KeyPrefix: redisx.DefaultKeyPrefix})
+	c := newClient(t, redisx.Options{Addrs: []string{srv.Addr}, KeyPrefix: keyPrefix})
 	rs := redisx.NewStore(c)
 	ctx := context.Background()
 	counterKey := func(i int) []byte {
@@ -57,13 +60,13 @@ func TestMemoryPerKey(t *testing.T) {
 	const many = 2000
 	var b strings.Builder
 	fmt.Fprintf(&b, "Redis memory per counter key (key %q + {counter key of %d bytes} + suffix), napkin figure 56 B:\n",
-		redisx.DefaultKeyPrefix, len(counterKey(0)))
+		keyPrefix, len(counterKey(0)))
 	fmt.Fprintf(&b, "%-28s %14s %22s\n", "algorithm", "MEMORY USAGE", "used_memory/key ("+strconv.Itoa(many)+")")
 	for _, k := range kinds {
 		p := algo.Params{Kind: k, Limit: 100, Period: time.Minute}
 		_, err := rs.Take(ctx, counterKey(0), p, 1, time.Now(), false)
 		require.NoError(t, err)
-		one := usage(string(redisx.AppendKey(nil, redisx.DefaultKeyPrefix, counterKey(0), k)))
+		one := usage(string(redisx.AppendKey(nil, keyPrefix, counterKey(0), k)))
 
 		_, err = redistest.Do(srv.Addr, "FLUSHALL")
 		require.NoError(t, err)
@@ -94,7 +97,7 @@ func TestMemoryPerKey(t *testing.T) {
 			_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
 			require.NoError(t, err)
 		}
-		one := usage(string(redisx.AppendKey(nil, redisx.DefaultKeyPrefix, key, algo.SlidingLog)))
+		one := usage(string(redisx.AppendKey(nil, keyPrefix, key, algo.SlidingLog)))
 		fmt.Fprintf(&b, "%-28s %12d B\n", fmt.Sprintf("sliding_log (%d admissions)", limit), one)
 	}
 	t.Log(b.String())

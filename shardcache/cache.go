@@ -14,6 +14,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/coalesce"
+	"github.com/rld/rld/deadline"
 )
 
 // Defaults of Options.
@@ -21,7 +22,7 @@ const (
 	DefaultSyncInterval = 100 * time.Millisecond
 	DefaultMaxEntries   = 100_000
 	DefaultShards       = 64
-	DefaultTimeout      = 25 * time.Millisecond // redisx.DefaultTimeout
+	DefaultTimeout      = deadline.DefaultStore // the store's own: redisx's default too
 )
 
 // Options configures a Cache. The zero value of each field means its
