@@ -166,8 +166,16 @@ func runningDaemon(path string) bool {
 // and purge the package and must leave it as they found it. An empty
 // /run/rld, which an rld run by hand as root leaves behind, is put back
 // after the purge (which removes /run/rld).
+// dpkgMu is held by the test that installs the package, from
+// installable to its purge.
+var dpkgMu sync.Mutex
+
 func installable(t *testing.T) {
 	t.Helper()
+	// One test at a time installs: dpkg has one database. The others
+	// (lintian, the image, Prometheus) run beside it.
+	dpkgMu.Lock()
+	t.Cleanup(dpkgMu.Unlock)
 	if runningDaemon(runSocket) {
 		t.Skipf("an rld answers on %s (`make run` as root, or an installed rld): this test installs, "+
 			"runs and purges the package, which would take its place and remove /run/rld; stop it to run the packaging tests", runSocket)
@@ -234,6 +242,7 @@ func freeAddr(t *testing.T) string {
 // TestLintian: lintian finds no error and no warning in the package (the
 // overrides in debian/lintian-overrides say why each is not one).
 func TestLintian(t *testing.T) {
+	t.Parallel()
 	needRoot(t)
 	deb, _ := buildDeb(t)
 	out := sh(t, "lintian", "--fail-on", "error,warning", "--pedantic", deb)
@@ -251,6 +260,7 @@ func TestLintian(t *testing.T) {
 // with systemd-analyze, then removes and purges it and finds the machine
 // as it was.
 func TestInstallRunRemovePurge(t *testing.T) {
+	t.Parallel()
 	needRoot(t)
 	installable(t) // before building: skip at once when an rld runs here
 	deb, version := buildDeb(t)
@@ -505,6 +515,7 @@ func runActivated(t *testing.T) {
 // installs the next version: dpkg keeps the changed configuration (and its
 // owner and mode), and the new version is the one installed.
 func TestUpgradeKeepsConfig(t *testing.T) {
+	t.Parallel()
 	needRoot(t)
 	installable(t)
 	a := mkdeb(t, "1.0.0~upgradetest1")

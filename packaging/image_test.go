@@ -69,6 +69,7 @@ type imageInspect struct {
 // binary make built, so no shell), and the same image ID when built again
 // from the same commit.
 func TestImage(t *testing.T) {
+	t.Parallel()
 	podman := needPodman(t)
 	dir := t.TempDir()
 	img := makeImage(t, filepath.Join(dir, "a"), "a")

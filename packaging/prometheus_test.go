@@ -144,6 +144,7 @@ func (p *prometheus) poll(t *testing.T, q string, deadline time.Time, ok func([]
 // number; the alert rules load and evaluate; every query of the Grafana
 // dashboard returns a series.
 func TestPrometheus(t *testing.T) {
+	t.Parallel()
 	for _, tool := range []string{"prometheus", "promtool"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is missing (package prometheus; make deps installs it): %v", tool, err)

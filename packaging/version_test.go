@@ -61,6 +61,7 @@ func TestDebVersion(t *testing.T) {
 // SHA256SUMS of both; without the tag, or with uncommitted changes, it
 // refuses and builds nothing.
 func TestRelease(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds rld and its package in a clone")
 	}
