@@ -141,7 +141,7 @@ period = "1h"
 	defer p.Close()
 	bin, err := daemontest.Binary()
 	require.NoError(t, err)
-	const n = 1200
+	const n = 300 // six pages and more
 	ids := map[string]bool{}
 	for i := range n {
 		args, _ := json.Marshal(admin.BlockArgs{Rule: "per-ip", Key: admin.Pairs{"ip": fmt.Sprintf("10.0.%d.%d", i/256, i%256)},
