@@ -43,7 +43,7 @@ var metricHelp = map[string]string{
 	"rld_cache_late_answers_total":           "Take-with-lease calls answered after store.timeout, whose grant was given back to Redis.",
 	"rld_cache_late_units_returned_total":    "Lease units of late take-with-lease answers given back to Redis.",
 	"rld_envoy_requests_total":               "ShouldRateLimit calls of the Envoy face, by overall code (ok, over_limit, invalid, unavailable).",
-	"rld_cache_recalls_total":                "Recalls of other daemons' lease units for a refused check (sent), those after which the check was admitted, other daemons' recalls received (and returned a lease for); settles' refunds announced to the other daemons (refund_sent) and their announcements received (refund_received).",
+	"rld_cache_recalls_total":                "Recalls of other daemons' lease units for a refused check (sent), those after which the check was admitted, other daemons' recalls received (and returned a lease for), grants that came after a recall of their key and went back at once (returned_late), checks of a waiting recall admitted from this daemon's own lease (own_lease); settles' refunds announced to the other daemons (refund_sent) and their announcements received (refund_received).",
 	"rld_changes_compiles_total":             "Rule sets compiled for a change of the overrides and blocks (a burst of automatic blocks counts once).",
 	"rld_changes_loads_total":                "With Redis: loads of the fleet's overrides and blocks, via announce or poll.",
 	"rld_changes_load_errors_total":          "With Redis: loads of the fleet's overrides and blocks that failed, and entries that could not be read.",

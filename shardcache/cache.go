@@ -506,6 +506,9 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 			localAllowed.Inc()
 			admitted++
 		}
+		// A recall that came while the call was out found its grant
+		// still out: what is left of the lease goes back now.
+		ret, back := c.lateRecall(e, key, sent)
 		var denied algo.Result
 		if admitted < len(costs) {
 			e.denials += int64(len(costs) - admitted)
@@ -525,6 +528,9 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		// soon though the entry was quiet before the call.
 		c.touch(sh, e, reqs[len(reqs)-1].ns, true)
 		sh.mu.Unlock()
+		if back {
+			c.giveBack(ret)
+		}
 		firstLocal := admitted - len(fromLease)
 		for k := range costs {
 			switch {
@@ -965,9 +971,15 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 		sh.mu.Lock()
 		var spent, spentAt int64
 		if e := sh.m[key]; e != nil && e.p == p {
-			spent, spentAt = c.takeSpent(e), e.leaseAt
+			admitted += c.takeOwn(e, costs[admitted:])
+			if admitted < len(costs) {
+				spent, spentAt = c.takeSpent(e), e.leaseAt
+			}
 		}
 		sh.mu.Unlock()
+		if admitted == len(costs) {
+			break
+		}
 		rest := costs[admitted:]
 		a, _, parked, r2, err := c.takeLease(ctx, key, p, rest, 0, spent, spentAt, c.leaseLife())
 		storeCalls.Inc()
@@ -986,6 +998,26 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 		recallsAdmitted.Inc()
 	}
 	return admitted, r
+}
+
+// takeOwn admits costs, in order, from e's own lease while it covers
+// them, and returns how many it admitted: units this daemon leased
+// while its take waited for a recall (a sync's top-up) count as parked
+// at the store, and would be waited for in vain. What they admit is
+// counted as spent (the take's next call reports it); the caller counts
+// it as used. The caller holds e's shard lock.
+func (c *Cache) takeOwn(e *entry, costs []int64) int {
+	now := c.o.Clock().UnixNano()
+	n := 0
+	for n < len(costs) && e.lease >= costs[n] && now < e.leaseUntil {
+		e.lease -= costs[n]
+		e.spent += costs[n]
+		n++
+	}
+	if n > 0 {
+		ownLeaseAdmitted.Add(n)
+	}
+	return n
 }
 
 // applyLease adds leased units, taken at the store's time r.At by a call
