@@ -466,8 +466,9 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 			c.unsent(sh, key, p, spent, spentAt, err)
 			return err
 		}
+		unsettled := false // refused with units still parked: not the store's refusal
 		if admitted < len(costs) && parked > 0 && r.RetryAfter != algo.Never && mayRecall {
-			admitted, r = c.recall(ctx, sh, key, p, costs, admitted, r)
+			admitted, r, unsettled = c.recall(ctx, sh, key, p, costs, admitted, r)
 		}
 		storeDecided.Add(len(costs))
 		leasesGranted.Add(int(leased))
@@ -515,12 +516,16 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 			denied = algo.Result{Limit: p.Capacity(), Remaining: r.Remaining, Reset: r.Reset, RetryAfter: r.RetryAfter, At: r.At}
 			// The answer of a call sent before the key changed (a
 			// refund, a reset) is given to the checks it decided, but
-			// is not kept: the change may have made room since.
+			// is not kept: the change may have made room since. Nor is
+			// a refusal whose recall ended with units still parked:
+			// they may be back for the next check.
 			if r.RetryAfter != algo.Never && !stale {
 				denied.RetryAfter = c.denialFor(e, r.RetryAfter)
-				e.deniedUntil = sent + int64(denied.RetryAfter)
-				e.deniedCost = costs[admitted]
-				e.gone = missDenied
+				if !unsettled {
+					e.deniedUntil = sent + int64(denied.RetryAfter)
+					e.deniedCost = costs[admitted]
+					e.gone = missDenied
+				}
 			}
 		}
 		allowed := algo.Result{Allowed: true, Limit: p.Capacity(), Remaining: min(r.Remaining+e.lease, p.Capacity()), Reset: r.Reset, At: r.At}
@@ -952,11 +957,13 @@ const (
 // recall asks the other daemons to return key's parked lease units and
 // retries costs[admitted:] until they are admitted, nothing is parked
 // any more, or Options.RecallWait has passed. It returns how many costs
-// are admitted in all and the last Result. No shard lock is held.
-func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (int, algo.Result) {
+// are admitted in all, the last Result, and whether costs were left
+// refused with units still parked (the recall or its retries did not
+// finish in time). No shard lock is held.
+func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (_ int, _ algo.Result, unsettled bool) {
 	recallsSent.Inc()
 	if err := c.o.Recall(ctx, []byte(key), p.Kind); err != nil {
-		return admitted, r
+		return admitted, r, true
 	}
 	wait := recallPoll
 	deadline := time.Now().Add(c.o.RecallWait) // the wall clock: a wait, not a decision
@@ -965,7 +972,7 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 	for admitted < len(costs) && time.Until(deadline) >= wait {
 		select {
 		case <-ctx.Done():
-			return admitted, r
+			return admitted, r, true
 		case <-t.C:
 		}
 		sh.mu.Lock()
@@ -985,19 +992,20 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 		storeCalls.Inc()
 		if err != nil {
 			c.unsent(sh, key, p, spent, spentAt, err)
-			return admitted, r
+			return admitted, r, true
 		}
 		admitted, r = admitted+a, r2
 		if a < len(rest) && parked == 0 {
-			break // nothing parked any more: a true refusal
+			return admitted, r, false // nothing parked any more: a true refusal
 		}
 		wait = min(2*wait, maxRecallPoll)
 		t.Reset(wait)
 	}
 	if admitted == len(costs) {
 		recallsAdmitted.Inc()
+		return admitted, r, false
 	}
-	return admitted, r
+	return admitted, r, true
 }
 
 // takeOwn admits costs, in order, from e's own lease while it covers

@@ -179,3 +179,42 @@ func TestRecallWaitUsesOwnLease(t *testing.T) {
 		})
 	}
 }
+
+// TestUnsettledRefusalIsNotKept: daemon b's take is refused while
+// daemon a holds units of the key, and b's recall does not reach a in
+// time (lost here; on a loaded host, late). b refuses the check, but
+// keeps no denial of the key: the refusal was not the store's. Once a
+// gives its lease back (the recall arriving late), b's next check asks
+// the store and is admitted, where a kept denial would refuse it for up
+// to a sync interval.
+func TestUnsettledRefusalIsNotKept(t *testing.T) {
+	for _, k := range cachedKinds {
+		t.Run(k.String(), func(t *testing.T) {
+			b := newAlgoBackend()
+			ca, cb := recallPair(b, true)
+			p := algo.Params{Kind: k, Limit: 40, Period: time.Hour}
+			key := []byte("unsettled")
+			for range 12 {
+				r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+			}
+			held, _, _ := ca.Held(key)
+			require.Positive(t, held, "a holds no lease")
+			for i := 0; ; i++ {
+				require.Less(t, i, int(p.Limit), "b is never refused")
+				r, err := cb.Take(ctx, key, p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				if !r.Allowed {
+					break
+				}
+			}
+			ca.Recalled(key, k, b.clk.Now())
+			require.Eventually(t, func() bool { return b.remaining(string(key), p) >= held }, 5*time.Second, time.Millisecond,
+				"a's lease went back")
+			r, err := cb.Take(ctx, key, p, 1, b.clk.Now(), false)
+			require.NoError(t, err)
+			assert.True(t, r.Allowed, "b's next check, with a's units back at the store: %+v", r)
+		})
+	}
+}
