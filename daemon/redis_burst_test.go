@@ -278,21 +278,21 @@ func TestCachedBurstsNoFalseRejections(t *testing.T) {
 // them (a bucket's every 1.25 periods, 80% of its rate; see shapes),
 // for each algorithm that leases in turn: the strict rule on the same
 // traffic, the control, refuses no check while Redis answers within
-// store.timeout; the cached rule refuses at most 2% of them. That is
-// not yet none: at a burst's edge a recall of the units other daemons
-// hold does not always finish within half the timeout (docs/cache.md,
-// "Units nobody holds"), and 0.1-0.2% of the checks are refused there
-// over 15 s per algorithm at the default 25 ms, up to 1.3% over the 3 s
-// of make test, where one burst's edge weighs more. A refusal that is
+// store.timeout, and neither does the cached rule: at a burst's edge,
+// the units another daemon leased by a call that was out when the
+// recall came go back as they come (docs/cache.md, "Leases never refuse
+// a client under its limit"). A refusal that is
 // degraded (decided by the fail mode: a Redis call outlasted
 // store.timeout), or answered later than store.timeout (some call
 // outlasted it: a recall's round trips no longer fit), is counted and
 // logged, not failed: on a loaded two-core host under -race, calls of
 // 10 ms and more are common. Each algorithm runs burstSeconds (3 s;
-// RLD_BURST_SECONDS sets it, 60 for the soak).
+// RLD_BURST_SECONDS sets it, 60 for the soak); RLD_BURST_TIMEOUT sets
+// another store.timeout, to compare.
 func TestCachedFullBurstsDefaultTimeout(t *testing.T) {
 	srv := redistest.Standalone(t)
-	fleet := startFleet(t, 3, burstConfig(fmt.Sprintf("redis = [%q]", srv.Addr), ""))
+	timeout := burstTimeout(t)
+	fleet := startFleet(t, 3, burstConfig(fmt.Sprintf("redis = [%q]", srv.Addr), os.Getenv("RLD_BURST_TIMEOUT")))
 	waitPeers(t, fleet)
 	cs := daemonClients(t, fleet)
 	run := burstSeconds(t)
@@ -300,7 +300,7 @@ func TestCachedFullBurstsDefaultTimeout(t *testing.T) {
 		t.Run(k.String(), func(t *testing.T) {
 			shape := shapes(k)["capacity"]
 			shape.n = max(int(run/shape.every), 2)
-			cached, strict := burstOutcome{timeout: redisx.DefaultTimeout}, burstOutcome{timeout: redisx.DefaultTimeout}
+			cached, strict := burstOutcome{timeout: timeout}, burstOutcome{timeout: timeout}
 			key := fmt.Sprintf("full-%s-%d", k, time.Now().UnixNano())
 			var wg sync.WaitGroup
 			wg.Go(func() { sendBursts(cs, descs(k.String(), key), k, shape, &cached) })
@@ -320,11 +320,7 @@ func TestCachedFullBurstsDefaultTimeout(t *testing.T) {
 				}
 				assert.EqualValues(t, shape.n*shape.size, o.sent.Load(), name)
 				assert.Zero(t, o.errs.Load(), name)
-				if name == "strict" {
-					assert.Zero(t, o.onTime(), "%s: refused while Redis answered within store.timeout", name)
-				} else {
-					assert.LessOrEqual(t, 50*o.onTime(), o.sent.Load(), "%s: refused more than 2%% while Redis answered within store.timeout", name)
-				}
+				assert.Zero(t, o.onTime(), "%s: refused while Redis answered within store.timeout", name)
 			}
 			t.Logf("%s: recalls sent %d, admitted after a recall %d; late answers %d; units counted out on lease in Redis after the run %d (capacity %d)",
 				k, sent2-sent, admitted2-admitted, lateAnswers()-late, unitsOut(t, srv.Addr, key), burstLimit)
@@ -342,6 +338,19 @@ func burstSeconds(t *testing.T) time.Duration {
 	n, err := strconv.Atoi(v)
 	require.NoError(t, err, "RLD_BURST_SECONDS")
 	return time.Duration(n) * time.Second
+}
+
+// burstTimeout returns the store.timeout of
+// TestCachedFullBurstsDefaultTimeout: RLD_BURST_TIMEOUT (to compare
+// others with the default), or the default.
+func burstTimeout(t *testing.T) time.Duration {
+	v := os.Getenv("RLD_BURST_TIMEOUT")
+	if v == "" {
+		return redisx.DefaultTimeout
+	}
+	d, err := time.ParseDuration(v)
+	require.NoError(t, err, "RLD_BURST_TIMEOUT")
+	return d
 }
 
 // daemonClients returns a client of each daemon of fleet.

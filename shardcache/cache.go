@@ -459,6 +459,9 @@ type missRun struct {
 	admitted int
 	leased   int64
 	r        algo.Result
+	// unsettled: refused with units still parked (a recall or its
+	// retries did not finish in time), not the store's own refusal.
+	unsettled bool
 }
 
 // fromLease answers the checks of m that the key's lease can, under the
@@ -517,7 +520,7 @@ func (c *Cache) fromStore(ctx context.Context, m *missRun) error {
 		return err
 	}
 	if m.admitted < len(m.costs) && parked > 0 && m.r.RetryAfter != algo.Never && m.mayRecall {
-		m.admitted, m.r = c.recall(ctx, m.sh, m.key, m.p, m.costs, m.admitted, m.r)
+		m.admitted, m.r, m.unsettled = c.recall(ctx, m.sh, m.key, m.p, m.costs, m.admitted, m.r)
 	}
 	storeDecided.Add(len(m.costs))
 	leasesGranted.Add(int(m.leased))
@@ -554,6 +557,9 @@ func (c *Cache) answer(m *missRun) {
 	}
 	firstLocal := m.admitted
 	fromLease := c.refusedFromLease(m, e)
+	// A recall that came while the call was out found its grant still
+	// out: what is left of the lease goes back now.
+	ret, back := c.lateRecall(e, m.key, m.sent)
 	denied := c.denial(m, e, stale)
 	r := &m.r
 	allowed := algo.Result{Allowed: true, Limit: m.p.Capacity(), Remaining: min(r.Remaining+e.lease, m.p.Capacity()), Reset: r.Reset, At: r.At}
@@ -561,6 +567,9 @@ func (c *Cache) answer(m *missRun) {
 	// though the entry was quiet before the call.
 	c.touch(m.sh, e, m.reqs[len(m.reqs)-1].ns, true)
 	m.sh.mu.Unlock()
+	if back {
+		c.giveBack(ret)
+	}
 	for k := range m.costs {
 		switch {
 		case k < firstLocal:
@@ -603,11 +612,17 @@ func (c *Cache) denial(m *missRun, e *entry, stale bool) algo.Result {
 	r := &m.r
 	e.denials += int64(len(m.costs) - m.admitted)
 	denied = algo.Result{Limit: m.p.Capacity(), Remaining: r.Remaining, Reset: r.Reset, RetryAfter: r.RetryAfter, At: r.At}
+	// The answer of a call sent before the key changed (a refund, a
+	// reset) is given to the checks it decided, but is not kept: the
+	// change may have made room since. Nor is a refusal whose recall
+	// ended with units still parked: they may be back for the next check.
 	if r.RetryAfter != algo.Never && !stale {
 		denied.RetryAfter = c.denialFor(e, r.RetryAfter)
-		e.deniedUntil = m.sent + int64(denied.RetryAfter)
-		e.deniedCost = m.costs[m.admitted]
-		e.gone = missDenied
+		if !m.unsettled {
+			e.deniedUntil = m.sent + int64(denied.RetryAfter)
+			e.deniedCost = m.costs[m.admitted]
+			e.gone = missDenied
+		}
 	}
 	return denied
 }
@@ -1022,11 +1037,13 @@ const (
 // recall asks the other daemons to return key's parked lease units and
 // retries costs[admitted:] until they are admitted, nothing is parked
 // any more, or Options.RecallWait has passed. It returns how many costs
-// are admitted in all and the last Result. No shard lock is held.
-func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (int, algo.Result) {
+// are admitted in all, the last Result, and whether costs were left
+// refused with units still parked (the recall or its retries did not
+// finish in time). No shard lock is held.
+func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (_ int, _ algo.Result, unsettled bool) {
 	recallsSent.Inc()
 	if err := c.o.Recall(ctx, []byte(key), p.Kind); err != nil {
-		return admitted, r
+		return admitted, r, true
 	}
 	wait := recallPoll
 	deadline := time.Now().Add(c.o.RecallWait) // the wall clock: a wait, not a decision
@@ -1035,33 +1052,60 @@ func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params
 	for admitted < len(costs) && time.Until(deadline) >= wait {
 		select {
 		case <-ctx.Done():
-			return admitted, r
+			return admitted, r, true
 		case <-t.C:
 		}
 		sh.mu.Lock()
 		var spent, spentAt int64
 		if e := sh.m[key]; e != nil && e.p == p {
-			spent, spentAt = c.takeSpent(e), e.leaseAt
+			admitted += c.takeOwn(e, costs[admitted:])
+			if admitted < len(costs) {
+				spent, spentAt = c.takeSpent(e), e.leaseAt
+			}
 		}
 		sh.mu.Unlock()
+		if admitted == len(costs) {
+			break
+		}
 		rest := costs[admitted:]
 		a, _, parked, r2, err := c.takeLease(ctx, key, p, rest, 0, spent, spentAt, c.leaseLife())
 		storeCalls.Inc()
 		if err != nil {
 			c.unsent(sh, key, p, spent, spentAt, err)
-			return admitted, r
+			return admitted, r, true
 		}
 		admitted, r = admitted+a, r2
 		if a < len(rest) && parked == 0 {
-			break // nothing parked any more: a true refusal
+			return admitted, r, false // nothing parked any more: a true refusal
 		}
 		wait = min(2*wait, maxRecallPoll)
 		t.Reset(wait)
 	}
 	if admitted == len(costs) {
 		recallsAdmitted.Inc()
+		return admitted, r, false
 	}
-	return admitted, r
+	return admitted, r, true
+}
+
+// takeOwn admits costs, in order, from e's own lease while it covers
+// them, and returns how many it admitted: units this daemon leased
+// while its take waited for a recall (a sync's top-up) count as parked
+// at the store, and would be waited for in vain. What they admit is
+// counted as spent (the take's next call reports it); the caller counts
+// it as used. The caller holds e's shard lock.
+func (c *Cache) takeOwn(e *entry, costs []int64) int {
+	now := c.o.Clock().UnixNano()
+	n := 0
+	for n < len(costs) && e.lease >= costs[n] && now < e.leaseUntil {
+		e.lease -= costs[n]
+		e.spent += costs[n]
+		n++
+	}
+	if n > 0 {
+		ownLeaseAdmitted.Add(n)
+	}
+	return n
 }
 
 // applyLease adds leased units, taken at the store's time r.At by a call

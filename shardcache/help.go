@@ -10,7 +10,7 @@ func MetricHelp() map[string]string {
 		"rld_cache_misses_total":              "Checks of cached rules that waited on Redis, by why the host could not answer: new, spent, lapsed, window, returned, recalled, denied, no_lease.",
 		"rld_cache_late_answers_total":        "Take-with-lease calls answered after store.timeout, whose grant was given back to Redis.",
 		"rld_cache_late_units_returned_total": "Lease units of late take-with-lease answers given back to Redis.",
-		"rld_cache_recalls_total":             "Recalls of other daemons' lease units for a refused check (sent), those after which the check was admitted, other daemons' recalls received (and returned a lease for); settles' refunds announced to the other daemons (refund_sent) and their announcements received (refund_received).",
+		"rld_cache_recalls_total":             "Recalls of other daemons' lease units for a refused check (sent), those after which the check was admitted, other daemons' recalls received (and returned a lease for), grants that came after a recall of their key and went back at once (returned_late), checks of a waiting recall admitted from this daemon's own lease (own_lease); settles' refunds announced to the other daemons (refund_sent) and their announcements received (refund_received).",
 		"rld_cache_lease_units_total":         "Lease units granted by Redis, returned unused, and lost.",
 		"rld_cache_entries":                   "Keys held by the hot-key cache.",
 		"rld_cache_evictions_total":           "Keys dropped from the hot-key cache to stay under store.max_keys.",

@@ -29,6 +29,11 @@ var (
 	recallsAdmitted = metrics.NewCounter(`rld_cache_recalls_total{event="admitted"}`)
 	recallsReceived = metrics.NewCounter(`rld_cache_recalls_total{event="received"}`)
 	recallsReturned = metrics.NewCounter(`rld_cache_recalls_total{event="returned"}`)
+	// A grant that came after a recall of its key (its call was out
+	// when the recall came), returned at once; and the checks of a take
+	// waiting on its recall admitted from this daemon's own lease.
+	lateRecalls      = metrics.NewCounter(`rld_cache_recalls_total{event="returned_late"}`)
+	ownLeaseAdmitted = metrics.NewCounter(`rld_cache_recalls_total{event="own_lease"}`)
 	// A settle's refunds announced to the other daemons, and the other
 	// daemons' announcements received (see Cache.Corrected).
 	refundsSent     = metrics.NewCounter(`rld_cache_recalls_total{event="refund_sent"}`)

@@ -574,6 +574,9 @@ func (c *Cache) apply(op *algo.Op, ref syncRef, sent int64) {
 	if op.Kind == algo.OpLease {
 		c.applyLease(ref.key, e, op.Granted, op.Result, sent, op.LeaseLife == c.warmLife())
 		c.schedule(ref.sh, e, c.tick(e.leaseUntil-3*int64(c.o.SyncInterval)))
+		if ret, ok := c.lateRecall(e, ref.key, sent); ok {
+			c.giveBack(ret)
+		}
 	}
 	c.learn(e, op.Result, sent)
 }
@@ -725,6 +728,37 @@ func (c *Cache) Recalled(key []byte, kind algo.Kind, now time.Time) {
 	}
 	op.Key = bytes.Clone(key)
 	sh.mu.Unlock()
+	c.giveBack(op)
+}
+
+// recalledSince reports whether e's key was recalled (Recalled) at or
+// after local time sent: noLeaseUntil is a sync interval after the
+// recall. The caller holds e's shard lock.
+func (c *Cache) recalledSince(e *entry, sent int64) bool {
+	return e.noLeaseUntil != 0 && e.noLeaseUntil-int64(c.o.SyncInterval) >= sent
+}
+
+// lateRecall returns the return of e's lease, key's, when the key was
+// recalled after sent, the time the call that just granted units of the
+// lease was sent: the recall found that grant still out and nothing (or
+// less) to give back, and the recalling daemon waits for those units,
+// which this daemon's burst may be over with. Handled as Recalled
+// would have, had it come after the grant. ok is false when there is
+// nothing to return. The caller holds e's shard lock and sends the
+// return with giveBack.
+func (c *Cache) lateRecall(e *entry, key string, sent int64) (op algo.Op, ok bool) {
+	if e.lease <= 0 || !c.recalledSince(e, sent) {
+		return algo.Op{}, false
+	}
+	op = c.returnOp(e, missRecalled)
+	op.Key = []byte(key)
+	lateRecalls.Inc()
+	return op, true
+}
+
+// giveBack sends op, the return of a recalled lease or the report of
+// what it admitted, in a call of its own.
+func (c *Cache) giveBack(op algo.Op) {
 	c.running.Add(1)
 	go func() {
 		defer c.running.Add(-1)
