@@ -201,40 +201,44 @@ func runBursts(t *testing.T, socks []string, kinds []algo.Kind) {
 		t.Cleanup(func() { c.Close() })
 		cs = append(cs, c)
 	}
-	for _, k := range kinds {
-		t.Run(k.String(), func(t *testing.T) {
-			type run struct {
-				name string
-				o    *burstOutcome
-			}
-			var runs []run
-			var wg sync.WaitGroup
-			for name, shape := range shapes(k) {
-				for _, rule := range []string{k.String(), "strict-" + k.String()} {
-					o := new(burstOutcome)
-					runs = append(runs, run{rule + "/" + name, o})
-					key := fmt.Sprintf("burst-%s-%s-%d", rule, name, time.Now().UnixNano())
-					wg.Go(func() { sendBursts(cs, descs(rule, key), k, shape, o) })
+	// The algorithms run at once, each on keys of its own.
+	sent, admitted := recalls()
+	t.Run("kinds", func(t *testing.T) {
+		for _, k := range kinds {
+			t.Run(k.String(), func(t *testing.T) {
+				t.Parallel()
+				type run struct {
+					name string
+					o    *burstOutcome
 				}
-			}
-			sent, admitted := recalls()
-			wg.Wait()
-			sent2, admitted2 := recalls()
-			t.Logf("%s: recalls sent %d, admitted after a recall %d (this process's daemons)", k, sent2-sent, admitted2-admitted)
-			for _, r := range runs {
-				elapsed := time.Duration(r.o.elapsed.Load())
-				t.Logf("%s: %d checks in %v (%.0f%% of the rate), %d refused (%d degraded), %d errors; longest burst %v", r.name, r.o.sent.Load(),
-					elapsed.Round(time.Millisecond), 100*float64(r.o.sent.Load())/elapsed.Seconds()/(burstLimit/burstPeriod.Seconds()),
-					r.o.refused.Load(), r.o.degraded.Load(), r.o.errs.Load(), time.Duration(r.o.longest.Load()).Round(time.Millisecond))
-				if p := r.o.first.Load(); p != nil {
-					t.Errorf("%s: first failure: %s", r.name, *p)
+				var runs []run
+				var wg sync.WaitGroup
+				for name, shape := range shapes(k) {
+					for _, rule := range []string{k.String(), "strict-" + k.String()} {
+						o := new(burstOutcome)
+						runs = append(runs, run{rule + "/" + name, o})
+						key := fmt.Sprintf("burst-%s-%s-%d", rule, name, time.Now().UnixNano())
+						wg.Go(func() { sendBursts(cs, descs(rule, key), k, shape, o) })
+					}
 				}
-				assert.GreaterOrEqual(t, r.o.sent.Load(), int64(2000), r.name)
-				assert.Zero(t, r.o.refused.Load(), r.name)
-				assert.Zero(t, r.o.errs.Load(), r.name)
-			}
-		})
-	}
+				wg.Wait()
+				for _, r := range runs {
+					elapsed := time.Duration(r.o.elapsed.Load())
+					t.Logf("%s: %d checks in %v (%.0f%% of the rate), %d refused (%d degraded), %d errors; longest burst %v", r.name, r.o.sent.Load(),
+						elapsed.Round(time.Millisecond), 100*float64(r.o.sent.Load())/elapsed.Seconds()/(burstLimit/burstPeriod.Seconds()),
+						r.o.refused.Load(), r.o.degraded.Load(), r.o.errs.Load(), time.Duration(r.o.longest.Load()).Round(time.Millisecond))
+					if p := r.o.first.Load(); p != nil {
+						t.Errorf("%s: first failure: %s", r.name, *p)
+					}
+					assert.GreaterOrEqual(t, r.o.sent.Load(), int64(2000), r.name)
+					assert.Zero(t, r.o.refused.Load(), r.name)
+					assert.Zero(t, r.o.errs.Load(), r.name)
+				}
+			})
+		}
+	})
+	sent2, admitted2 := recalls()
+	t.Logf("recalls sent %d, admitted after a recall %d (this process's daemons, every algorithm)", sent2-sent, admitted2-admitted)
 }
 
 // recalls returns the recalls the daemons of this process sent, and
