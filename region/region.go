@@ -73,10 +73,10 @@ type Region struct {
 
 	renewer     renewer     // the loop's goroutine's only
 	renewerHeld atomic.Bool // renewer.held, for other goroutines
-	stop    chan struct{}
-	done    chan struct{}
-	once    sync.Once
-	started atomic.Bool
+	stop        chan struct{}
+	done        chan struct{}
+	once        sync.Once
+	started     atomic.Bool
 }
 
 // New returns a Region for o; Start runs its loop.
