@@ -147,6 +147,9 @@ type Config struct {
 	Request Request `toml:"request"`
 	// Envoy is the Envoy rate limit service face (package envoyrls).
 	Envoy Envoy `toml:"envoy"`
+	// Global is the store shared by every region, for global rules
+	// (package region).
+	Global Global `toml:"global"`
 	// Rules are evaluated in this order.
 	Rules []Rule `toml:"rule"`
 }
@@ -385,6 +388,12 @@ type Rule struct {
 	// RetryJitter adds a random 0..RetryJitter to the Retry-After of a
 	// refusal ("" or 0: none).
 	RetryJitter Jitter `toml:"retry_jitter"`
+	// Scope is local (the default) or global: a global rule's limit
+	// holds across every region of [global].
+	Scope string `toml:"scope"`
+	// FallbackShare is, for a global rule, the units of Limit a region
+	// uses for a key it holds no lease of; 0 means Limit / regions.
+	FallbackShare int64 `toml:"fallback_share"`
 }
 
 // Penalty is a rule's penalty = { after, factor, max }: a key refused
@@ -500,6 +509,11 @@ func Default() *Config {
 			BreakerFailures:    DefaultBreakerFailures,
 			BreakerWindow:      Duration(DefaultBreakerWindow),
 			BreakerCooldown:    Duration(DefaultBreakerCooldown),
+		},
+		Global: Global{
+			Mode:     DefaultRedisMode,
+			Interval: Duration(DefaultGlobalInterval),
+			Lease:    Duration(DefaultGlobalLease),
 		},
 	}
 }
