@@ -235,6 +235,11 @@ type Stores struct {
 	// the Policies compiled over one share it. Nil: each Policy keeps its
 	// own and asks for no block.
 	Penalties *Penalties
+	// Global, when set, gives a rule with scope = "global" its store:
+	// the store of its mode, inner, wrapped so that the rule holds its
+	// limit across regions (package region). A global rule with no
+	// Global is an error.
+	Global func(rule *config.Rule, inner Store) Store
 }
 
 // Compile compiles cfg, which Load or Parse has validated, with the
@@ -296,6 +301,12 @@ func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
 		p.rules[i].store = st.Cached
 		if cr.Mode == config.ModeStrict {
 			p.rules[i].store = st.Strict
+		}
+		if cr.IsGlobal() {
+			if st.Global == nil {
+				return nil, fmt.Errorf("policy: rule[%d] %q: scope = \"global\" and no global store", i, cr.Name)
+			}
+			p.rules[i].store = st.Global(cr, p.rules[i].store)
 		}
 		p.rules[i].local, _ = p.rules[i].store.(LocalTaker)
 		p.infos[i] = RuleInfo{Name: cr.Name, Summary: cr.Summary()}
