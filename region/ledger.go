@@ -103,13 +103,13 @@ func checkRegions(region string, regions []string) error {
 }
 
 // Renew renews every want in one pipelined round trip (two when the
-// global store lost the script) and returns one Grant per want, in
+// global store lost the script: the second sends it with EVAL) and returns one Grant per want, in
 // order. It fails as a whole only when ctx is done before any answer.
 func (l *Ledger) Renew(ctx context.Context, wants []Want) []Grant {
 	sent := time.Now()
 	cmds := make(rueidis.Commands, len(wants))
 	for i := range wants {
-		cmds[i] = l.command(&wants[i])
+		cmds[i] = l.command(&wants[i], true)
 	}
 	res := l.c.DoMulti(ctx, cmds...)
 	var again []int
@@ -119,14 +119,14 @@ func (l *Ledger) Renew(ctx context.Context, wants []Want) []Grant {
 		}
 	}
 	if len(again) > 0 {
-		if err := l.c.Do(ctx, l.c.B().ScriptLoad().Script(renewSource).Build()).Error(); err == nil {
-			cmds = cmds[:0]
-			for _, i := range again {
-				cmds = append(cmds, l.command(&wants[i]))
-			}
-			for j, r := range l.c.DoMulti(ctx, cmds...) {
-				res[again[j]] = r
-			}
+		// The global store lost the script (a restart): EVAL sends it
+		// along, and caches it for the next EVALSHA, in one round trip.
+		cmds = cmds[:0]
+		for _, i := range again {
+			cmds = append(cmds, l.command(&wants[i], false))
+		}
+		for j, r := range l.c.DoMulti(ctx, cmds...) {
+			res[again[j]] = r
 		}
 	}
 	grants := make([]Grant, len(wants))
@@ -139,12 +139,15 @@ func (l *Ledger) Renew(ctx context.Context, wants []Want) []Grant {
 	return grants
 }
 
-// command is the EVALSHA of w.
-func (l *Ledger) command(w *Want) rueidis.Completed {
+// command is the EVALSHA of w, or its EVAL when sha is false.
+func (l *Ledger) command(w *Want, sha bool) rueidis.Completed {
 	ms := l.lease.Milliseconds()
 	args := make([]string, 0, 7+len(l.regions))
 	args = append(args, l.region, itoa(w.Demand), itoa(ms), itoa(w.Limit), itoa(w.Fallback), itoa(w.Floor), itoa(ledgerTTLLeases*ms))
 	args = append(args, l.regions...)
+	if !sha {
+		return l.c.B().Eval().Script(renewSource).Numkeys(1).Key(LedgerKey(w.Key)).Arg(args...).Build()
+	}
 	return l.c.B().Evalsha().Sha1(renewSHA).Numkeys(1).Key(LedgerKey(w.Key)).Arg(args...).Build()
 }
 

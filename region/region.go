@@ -54,10 +54,15 @@ type Options struct {
 	// ID names this daemon in the renewer election; it must be unique in
 	// the region.
 	ID string
-	// Local is the region's own Redis.
+	// Local is the region's own Redis; when nil, DialLocal connects to
+	// it, tried again at each tick until it succeeds.
 	Local rueidis.Client
-	// Global is the global store.
+	// Global is the global store; when nil, DialGlobal connects to it
+	// when this daemon first renews, tried again at each pass.
 	Global rueidis.Client
+	// DialLocal and DialGlobal connect to the two stores when Local or
+	// Global is nil; the Region then closes the clients they made.
+	DialLocal, DialGlobal func() (rueidis.Client, error)
 	// Logger logs renewal failures and role changes (nil: slog.Default).
 	Logger *slog.Logger
 }
@@ -68,8 +73,14 @@ type Options struct {
 type Region struct {
 	o      Options
 	table  *Table
-	ledger *Ledger
 	st     stats
+
+	// The loop's goroutine's only (and Close's, after it): the clients
+	// and the ledger, made when first needed.
+	local     rueidis.Client
+	ownLocal  bool           // local was dialled by the Region
+	ownGlobal rueidis.Client // the global client dialled by the Region
+	ledger    *Ledger
 
 	renewer     renewer     // the loop's goroutine's only
 	renewerHeld atomic.Bool // renewer.held, for other goroutines
@@ -93,18 +104,58 @@ func New(o Options) (*Region, error) {
 	if o.ID == "" {
 		return nil, errors.New("region: empty daemon id")
 	}
-	if o.Local == nil {
-		return nil, errors.New("region: no regional redis client")
+	if o.Local == nil && o.DialLocal == nil || o.Global == nil && o.DialGlobal == nil {
+		return nil, errors.New("region: need a client or a dial function for both the regional redis and the global store")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	l, err := NewLedger(o.Global, o.Region, o.Regions, o.Lease)
-	if err != nil {
-		return nil, err
+	if err := checkRegions(o.Region, o.Regions); err != nil {
+		return nil, fmt.Errorf("region: %w", err)
 	}
 	o.Regions = append([]string(nil), o.Regions...)
-	return &Region{o: o, table: NewTable(), ledger: l, stop: make(chan struct{}), done: make(chan struct{})}, nil
+	r := &Region{o: o, table: NewTable(), stop: make(chan struct{}), done: make(chan struct{})}
+	r.local, r.ownLocal = o.Local, o.Local == nil
+	return r, nil
+}
+
+// connect makes the regional client when there is none yet, and reports
+// whether there is one.
+func (r *Region) connect() bool {
+	if r.local != nil {
+		return true
+	}
+	c, err := r.o.DialLocal()
+	if err != nil {
+		r.o.Logger.Warn("region: connect to the regional redis", "err", err)
+		return false
+	}
+	r.local = c
+	return true
+}
+
+// ledgerOf returns the ledger, connecting to the global store when
+// there is none yet; nil when that fails.
+func (r *Region) ledgerOf() *Ledger {
+	if r.ledger != nil {
+		return r.ledger
+	}
+	c := r.o.Global
+	if c == nil {
+		var err error
+		if c, err = r.o.DialGlobal(); err != nil {
+			r.o.Logger.Warn("region: connect to the global store", "err", err)
+			return nil
+		}
+		r.ownGlobal = c
+	}
+	l, err := NewLedger(c, r.o.Region, r.o.Regions, r.o.Lease)
+	if err != nil {
+		r.o.Logger.Error("region: ledger", "err", err)
+		return nil
+	}
+	r.ledger = l
+	return l
 }
 
 // Table returns the region's shares table.
@@ -130,6 +181,12 @@ func (r *Region) Close() {
 		ctx, cancel := context.WithTimeout(context.Background(), r.o.Interval)
 		defer cancel()
 		r.resign(ctx)
+		if r.ownLocal && r.local != nil {
+			r.local.Close()
+		}
+		if r.ownGlobal != nil {
+			r.ownGlobal.Close()
+		}
 	})
 }
 
@@ -150,17 +207,31 @@ func (r *Region) loop() {
 // Tick runs one interval's work: flush this daemon's demand, renew when
 // elected, load the shares. The loop calls it; tests may too.
 func (r *Region) Tick() {
-	ctx, cancel := context.WithTimeout(context.Background(), r.o.Interval)
-	defer cancel()
-	if err := r.flush(ctx); err != nil {
+	if !r.connect() {
+		return
+	}
+	if err := r.step(r.flush); err != nil {
 		r.o.Logger.Warn("region: flush demand", "err", err)
 	}
-	if r.elect(ctx) {
-		r.pass(ctx)
+	var held bool
+	r.step(func(ctx context.Context) error {
+		held = r.elect(ctx)
+		return nil
+	})
+	if held {
+		r.pass()
 	}
-	if err := r.load(ctx); err != nil {
+	if err := r.step(r.load); err != nil {
 		r.o.Logger.Warn("region: load shares", "err", err)
 	}
+}
+
+// step runs f with a deadline of one interval: a slow store delays the
+// next tick, never a decision.
+func (r *Region) step(f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.o.Interval)
+	defer cancel()
+	return f(ctx)
 }
 
 // flush adds this daemon's demand to the regional demand hash, in one
@@ -171,7 +242,7 @@ func (r *Region) flush(ctx context.Context) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	c := r.o.Local
+	c := r.local
 	cmds := make(rueidis.Commands, len(ds))
 	for i, d := range ds {
 		cmds[i] = c.B().Hincrby().Key(DemandKey).Field(d.Field).Increment(d.Units).Build()
@@ -187,7 +258,7 @@ func (r *Region) flush(ctx context.Context) error {
 // load installs the regional shares hash into the table. A failed load
 // keeps the table as it was: its shares hold until their expiry.
 func (r *Region) load(ctx context.Context) error {
-	m, err := r.o.Local.Do(ctx, r.o.Local.B().Hgetall().Key(SharesKey).Build()).AsStrMap()
+	m, err := r.local.Do(ctx, r.local.B().Hgetall().Key(SharesKey).Build()).AsStrMap()
 	if err != nil {
 		return fmt.Errorf("region: hgetall %s: %w", SharesKey, err)
 	}

@@ -41,7 +41,7 @@ type renewer struct {
 
 // elect keeps or takes the renewer role and reports whether r holds it.
 func (r *Region) elect(ctx context.Context) bool {
-	c, ttl := r.o.Local, (renewerTTLIntervals * r.o.Interval).Milliseconds()
+	c, ttl := r.local, (renewerTTLIntervals * r.o.Interval).Milliseconds()
 	var held bool
 	if r.renewer.held {
 		n, err := extendScript.Exec(ctx, c, []string{RenewerKey}, []string{r.o.ID, itoa(ttl)}).AsInt64()
@@ -70,8 +70,8 @@ func (r *Region) Renewer() bool { return r.renewerHeld.Load() }
 
 // resign gives up the renewer role (on Close).
 func (r *Region) resign(ctx context.Context) {
-	if r.renewer.held {
-		resignScript.Exec(ctx, r.o.Local, []string{RenewerKey}, []string{r.o.ID})
+	if r.renewer.held && r.local != nil {
+		resignScript.Exec(ctx, r.local, []string{RenewerKey}, []string{r.o.ID})
 		r.renewer.held = false
 		renewerG.Add(-1)
 	}
@@ -81,7 +81,8 @@ func (r *Region) resign(ctx context.Context) {
 // pass takes the region's demand, renews every key with demand or a live
 // share on the global store, and writes the grants to the shares hash.
 // A failed renewal changes nothing: the key keeps its share until expiry.
-func (r *Region) pass(ctx context.Context) {
+// Each of its three round trips (read, renew, write) has an interval.
+func (r *Region) pass() {
 	r.st.passes.Add(1)
 	now := time.Now()
 	elapsed := r.o.Interval
@@ -89,7 +90,12 @@ func (r *Region) pass(ctx context.Context) {
 		elapsed = max(now.Sub(r.renewer.lastPass), time.Millisecond)
 	}
 	r.renewer.lastPass = now
-	demand, shares, err := r.read(ctx)
+	var demand map[string]int64
+	var shares map[string]string
+	err := r.step(func(ctx context.Context) (err error) {
+		demand, shares, err = r.read(ctx)
+		return err
+	})
 	if err != nil {
 		r.o.Logger.Warn("region: renewal pass", "err", err)
 		return
@@ -98,13 +104,26 @@ func (r *Region) pass(ctx context.Context) {
 	if len(wants) == 0 {
 		return
 	}
-	grants := r.ledger.Renew(ctx, wants)
-	r.write(ctx, fields, shares, grants, now)
+	l := r.ledgerOf()
+	if l == nil {
+		r.st.renewErrs.Add(int64(len(wants)))
+		renewErrsM.Add(len(wants))
+		return
+	}
+	var grants []Grant
+	r.step(func(ctx context.Context) error {
+		grants = l.Renew(ctx, wants)
+		return nil
+	})
+	r.step(func(ctx context.Context) error {
+		r.write(ctx, fields, shares, grants, now)
+		return nil
+	})
 }
 
 // read takes the demand hash and reads the shares hash.
 func (r *Region) read(ctx context.Context) (demand map[string]int64, shares map[string]string, err error) {
-	c := r.o.Local
+	c := r.local
 	if demand, err = takeDemandScript.Exec(ctx, c, []string{DemandKey}, nil).AsIntMap(); err != nil {
 		return nil, nil, fmt.Errorf("region: take demand: %w", err)
 	}
@@ -153,7 +172,7 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 // write stores the grants in the shares hash, counts them, and deletes
 // the shares that expired with no renewal.
 func (r *Region) write(ctx context.Context, fields []string, shares map[string]string, grants []Grant, now time.Time) {
-	c := r.o.Local
+	c := r.local
 	cmds := make(rueidis.Commands, 0, len(grants)+1)
 	renewed := make(map[string]bool, len(fields))
 	for i, g := range grants {

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // global store global, not started.
 func newRegion(t testing.TB, name, id string, local, global rueidis.Client, interval time.Duration) *Region {
 	t.Helper()
-	r, err := New(Options{Region: name, Regions: three, ID: id, Interval: interval, Local: local, Global: global})
+	r, err := New(Options{Region: name, Regions: three, ID: id, Interval: interval, Local: local, Global: global, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,264 @@
+package region_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/region"
+)
+
+// The world of the multi-region tests: three regions (a Redis and two
+// daemons each) and a global Redis, reached from each region through a
+// proxy that adds globalDelay each way.
+const (
+	nRegions    = 3
+	perRegion   = 2
+	limit       = 300 // per second, the global rule's
+	fallback    = limit / nRegions
+	interval    = 200 * time.Millisecond
+	lease       = 4 * interval
+	globalDelay = 40 * time.Millisecond
+)
+
+// soak reports whether the long versions run (RLD_SOAK=1: 60 s phases).
+func soak() bool { return os.Getenv("RLD_SOAK") != "" }
+
+// phase is how long each phase of a test runs: short for make test.
+func phase(short time.Duration) time.Duration {
+	if soak() {
+		return 60 * time.Second
+	}
+	return short
+}
+
+type world struct {
+	global   *redistest.Server
+	proxies  [nRegions]*redistest.Proxy
+	regional [nRegions]*redistest.Server
+	rc       [nRegions]rueidis.Client
+	daemons  [nRegions][perRegion]*daemontest.Server
+	clients  [nRegions][perRegion]*client.Client
+	gc       rueidis.Client
+}
+
+func regionName(i int) string { return "r" + strconv.Itoa(i) }
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{global: redistest.Standalone(t)}
+	w.gc = dial(t, w.global.Addr)
+	for i := range nRegions {
+		w.regional[i] = redistest.Standalone(t)
+		w.rc[i] = dial(t, w.regional[i].Addr)
+		w.proxies[i] = redistest.StartProxy(t, w.global.Addr)
+		w.proxies[i].Delay(globalDelay)
+		for j := range perRegion {
+			s, err := daemontest.Start(w.config(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(s.Close)
+			w.daemons[i][j] = s
+			c, err := client.Dial(context.Background(), s.Socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			w.clients[i][j] = c
+		}
+	}
+	return w
+}
+
+func (w *world) config(i int) string {
+	return fmt.Sprintf(`[server]
+max_connections = 100
+
+[store]
+redis = [%q]
+timeout = "500ms"
+
+[global]
+redis = [%q]
+region = %q
+regions = ["r0", "r1", "r2"]
+interval = %q
+lease = %q
+
+[[rule]]
+name = "g"
+by = ["api_key"]
+algorithm = "token_bucket"
+limit = %d
+period = "1s"
+scope = "global"
+`, w.regional[i].Addr, w.proxies[i].Addr(), regionName(i), interval, lease, limit)
+}
+
+func dial(t testing.TB, addr string) rueidis.Client {
+	t.Helper()
+	c, err := region.Dial(region.DialOptions{Addrs: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// share returns region i's share of the hammered key and its expiry, as
+// its renewer last wrote them (0 and the zero time when none).
+func (w *world) share(t testing.TB, i int) (int64, time.Time) {
+	t.Helper()
+	m, err := w.rc[i].Do(context.Background(), w.rc[i].B().Hgetall().Key(region.SharesKey).Build()).AsStrMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range m {
+		a, b, _ := strings.Cut(v, ":")
+		units, _ := strconv.ParseInt(a, 10, 64)
+		ms, _ := strconv.ParseInt(b, 10, 64)
+		return units, time.UnixMilli(ms)
+	}
+	return 0, time.Time{}
+}
+
+// counts are one region's answers.
+type counts struct{ allowed, denied, errs atomic.Int64 }
+
+// load drives checks of key "k" at each region's rate (checks per
+// second, split over its daemons) until stop is called.
+type load struct {
+	rate   [nRegions]atomic.Int64
+	counts [nRegions]counts
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (w *world) drive(rates [nRegions]int64) *load {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &load{stop: cancel}
+	for i := range nRegions {
+		l.rate[i].Store(rates[i])
+		for j := range perRegion {
+			l.wg.Add(1)
+			go l.run(ctx, w.clients[i][j], i)
+		}
+	}
+	return l
+}
+
+// run paces one daemon's checks at its share of its region's rate.
+func (l *load) run(ctx context.Context, c *client.Client, i int) {
+	defer l.wg.Done()
+	desc := []client.Descriptor{{Name: "api_key", Value: "k"}}
+	next := time.Now()
+	for ctx.Err() == nil {
+		rate := l.rate[i].Load()
+		if rate <= 0 {
+			time.Sleep(10 * time.Millisecond)
+			next = time.Now()
+			continue
+		}
+		next = next.Add(time.Duration(int64(time.Second) * perRegion / rate))
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		} else if d < -100*time.Millisecond {
+			next = time.Now() // too far behind: do not burst to catch up
+		}
+		res, err := c.Check(ctx, desc, 1)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			l.counts[i].errs.Add(1)
+		case res.Allowed():
+			l.counts[i].allowed.Add(1)
+		default:
+			l.counts[i].denied.Add(1)
+		}
+	}
+}
+
+func (l *load) halt() {
+	l.stop()
+	l.wg.Wait()
+}
+
+func (l *load) allowed() (n int64) {
+	for i := range nRegions {
+		n += l.counts[i].allowed.Load()
+	}
+	return n
+}
+
+func (l *load) decided() (n int64) {
+	for i := range nRegions {
+		n += l.counts[i].allowed.Load() + l.counts[i].denied.Load()
+	}
+	return n
+}
+
+// renewals returns the renew scripts the global store ran.
+func (w *world) renewals(t testing.TB) int64 {
+	t.Helper()
+	info, err := w.gc.Do(context.Background(), w.gc.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(line, cmd); ok {
+				v, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// bound is the most a token bucket of limit/s and burst limit admits in
+// d: a full bucket, then the refill.
+func bound(d time.Duration) int64 { return limit + int64(d.Seconds()*limit) }
+
+// TestHammerAdmitsAtMostTheGlobalBound hammers the global key at ten
+// times its limit from all six daemons and counts what was admitted.
+func TestHammerAdmitsAtMostTheGlobalBound(t *testing.T) {
+	w := newWorld(t)
+	d := phase(3 * time.Second)
+	start := time.Now()
+	l := w.drive([nRegions]int64{10 * limit / 3, 10 * limit / 3, 10 * limit / 3})
+	time.Sleep(d) // the load's duration, not a synchronization
+	l.halt()
+	took := time.Since(start)
+	admitted, decided := l.allowed(), l.decided()
+	b := bound(took)
+	// Rounding: shares are whole units, a region's scaled burst rounds
+	// down; the residual race (a daemon applies a lowered share within
+	// one interval) adds at most one interval's refill.
+	slack := int64(limit * interval.Seconds())
+	t.Logf("admitted %d of %d decided in %s; bound %d (+%d); global renewals %d = %.4f per decision",
+		admitted, decided, took.Round(time.Millisecond), b, slack, w.renewals(t), float64(w.renewals(t))/float64(decided))
+	if admitted > b+slack {
+		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
+	}
+	if admitted < b/2 {
+		t.Fatalf("admitted %d, less than half the bound %d: the shares starve the regions", admitted, b)
+	}
+	for i := range nRegions {
+		if n := l.counts[i].errs.Load(); n > 0 {
+			t.Fatalf("region %d: %d check errors", i, n)
+		}
+	}
+}
