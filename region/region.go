@@ -71,9 +71,9 @@ type Options struct {
 // global keys (Store), flushes it to the regional Redis, loads the
 // region's shares from it, and runs the renewer when elected.
 type Region struct {
-	o      Options
-	table  *Table
-	st     stats
+	o     Options
+	table *Table
+	st    stats
 
 	// The loop's goroutine's only (and Close's, after it): the clients
 	// and the ledger, made when first needed.
