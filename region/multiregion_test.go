@@ -262,3 +262,55 @@ func TestHammerAdmitsAtMostTheGlobalBound(t *testing.T) {
 		}
 	}
 }
+
+// snapshot returns the allowed and denied counts of every region.
+func (l *load) snapshot() (allowed, denied int64) {
+	for i := range nRegions {
+		allowed += l.counts[i].allowed.Load()
+		denied += l.counts[i].denied.Load()
+	}
+	return allowed, denied
+}
+
+// TestDemandShiftMovesTheShare moves a client under the global limit
+// (80% of it) from 90/5/5 to 5/5/90 across the regions within a second
+// (ten even steps): the new region holds most of the limit within three
+// intervals of the shift's end (plus the demand's flush and the share's
+// load); the refusals from the shift's start on are measured and
+// reported.
+func TestDemandShiftMovesTheShare(t *testing.T) {
+	w := newWorld(t)
+	total := int64(limit * 8 / 10)
+	big, small := total*90/100, total*5/100
+	l := w.drive([nRegions]int64{big, small, small})
+	defer l.halt()
+	// Settle: r0 holds most of the limit.
+	redistest.WaitFor(t, "r0 holds most of the limit", func() bool {
+		s, _ := w.share(t, 0)
+		return s > limit/2
+	})
+	time.Sleep(phase(time.Second)) // steady load before the shift, not a synchronization
+	a0, d0 := l.snapshot()
+	for step := int64(1); step <= 10; step++ {
+		l.rate[0].Store(big + (small-big)*step/10)
+		l.rate[2].Store(small + (big-small)*step/10)
+		time.Sleep(100 * time.Millisecond) // the ramp's pace, not a synchronization
+	}
+	shifted := time.Now()
+	redistest.WaitFor(t, "r2 holds most of the limit", func() bool {
+		s, _ := w.share(t, 2)
+		return s > limit/2
+	})
+	took := max(time.Since(shifted), 0)
+	time.Sleep(phase(2 * time.Second)) // the load after the shift
+	a1, d1 := l.snapshot()
+	allowed, denied := a1-a0, d1-d0
+	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end; refused %d of %d from its start (%.2f%%)",
+		took.Round(time.Millisecond), took.Seconds()/interval.Seconds(), denied, allowed+denied, 100*float64(denied)/float64(allowed+denied))
+	// Three renewal intervals, plus one for the demand to reach the
+	// renewer (daemons flush once an interval) and one for the daemons
+	// to load the share.
+	if took > 5*interval {
+		t.Fatalf("r2 took %s to hold most of the limit, want within 5 intervals (%s)", took, 5*interval)
+	}
+}
