@@ -314,3 +314,99 @@ func TestDemandShiftMovesTheShare(t *testing.T) {
 		t.Fatalf("r2 took %s to hold most of the limit, want within 5 intervals (%s)", took, 5*interval)
 	}
 }
+
+// skewed is a hammer at ten times the limit in all, most of it on r0:
+// r0's share is then well above its fallback share.
+var skewed = [nRegions]int64{8 * limit, limit, limit}
+
+// TestPartitionedRegionFallsBackOthersReclaim cuts r0 off the global
+// store: r1 and r2 keep their shares and receive r0's once its lease has
+// expired; r0 then admits at most its fallback share; the totals stay
+// within the bound docs/regions.md states (the global bound plus r0's
+// fallback share per period). Healed, r0 renews again.
+func TestPartitionedRegionFallsBackOthersReclaim(t *testing.T) {
+	w := newWorld(t)
+	l := w.drive(skewed)
+	defer l.halt()
+	redistest.WaitFor(t, "r0 holds most of the limit", func() bool {
+		s, _ := w.share(t, 0)
+		return s > limit/2
+	})
+	before, _ := w.share(t, 1)
+	w.proxies[0].Blackhole()
+	cut := time.Now()
+	a0 := l.allowed()
+	redistest.WaitFor(t, "r1 and r2 hold r0's share", func() bool {
+		s1, _ := w.share(t, 1)
+		s2, _ := w.share(t, 2)
+		return s1+s2 >= limit-2
+	})
+	reclaimed := time.Since(cut)
+	// r0's own share lapsed by now (its lease is no longer than the
+	// global store's): it decides with its fallback share.
+	r0From := l.counts[0].allowed.Load()
+	d := phase(3 * time.Second)
+	time.Sleep(d) // the partition's length, not a synchronization
+	r0 := l.counts[0].allowed.Load() - r0From
+	all := l.allowed() - a0
+	span := time.Since(cut)
+	w.proxies[0].Heal()
+	r0Bound := fallback + int64(d.Seconds()*fallback) + int64(fallback*interval.Seconds())
+	total := bound(span) + int64(span.Seconds()*fallback) + int64(limit*interval.Seconds())
+	t.Logf("r1+r2 held r0's share %s after the cut (r1 had %d; lease %s); r0 admitted %d in %s (bound %d); all admitted %d in %s (bound %d)",
+		reclaimed.Round(time.Millisecond), before, lease, r0, d, r0Bound, all, span.Round(time.Millisecond), total)
+	if reclaimed > lease+3*interval {
+		t.Fatalf("r0's share reached the others %s after the cut, want within the lease %s + 3 intervals", reclaimed, lease)
+	}
+	if r0 > r0Bound {
+		t.Fatalf("cut-off r0 admitted %d in %s, more than its fallback share allows (%d)", r0, d, r0Bound)
+	}
+	if all > total {
+		t.Fatalf("admitted %d during the partition, more than the stated bound %d", all, total)
+	}
+	healed := time.Now()
+	redistest.WaitFor(t, "r0 renews after the heal", func() bool {
+		_, exp := w.share(t, 0)
+		return exp.After(healed.Add(lease / 2))
+	})
+}
+
+// TestGlobalStoreRestartedEmpty kills the global store and starts it
+// again with nothing: the ledgers are rebuilt at fallback shares, every
+// region renews again, and the overage stays within one lease's worth of
+// the limit.
+func TestGlobalStoreRestartedEmpty(t *testing.T) {
+	w := newWorld(t)
+	l := w.drive(skewed)
+	defer l.halt()
+	redistest.WaitFor(t, "r0 holds most of the limit", func() bool {
+		s, _ := w.share(t, 0)
+		return s > limit/2
+	})
+	a0 := l.allowed()
+	start := time.Now()
+	w.global.Kill()
+	w.global.Start(t)
+	restarted := time.Now()
+	for i := range nRegions {
+		redistest.WaitFor(t, "region "+regionName(i)+" renews on the new global store", func() bool {
+			_, exp := w.share(t, i)
+			return exp.After(restarted.Add(lease)) // sent after the restart
+		})
+	}
+	rebuilt := time.Since(restarted)
+	keys, err := w.gc.Do(context.Background(), w.gc.B().Keys().Pattern(region.LedgerPrefix+"*").Build()).AsStrSlice()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("ledgers on the restarted global store: %q, %v; want the hammered key's", keys, err)
+	}
+	time.Sleep(phase(2 * time.Second)) // the load after the restart, not a synchronization
+	all := l.allowed() - a0
+	span := time.Since(start)
+	over := int64(limit * lease.Seconds())
+	b := bound(span) + over + int64(limit*interval.Seconds())
+	t.Logf("every region renewed %s after the restart; admitted %d in %s (bound %d = refill %d + one lease's worth %d + one interval's)",
+		rebuilt.Round(time.Millisecond), all, span.Round(time.Millisecond), b, bound(span), over)
+	if all > b {
+		t.Fatalf("admitted %d across the restart, more than %d", all, b)
+	}
+}
