@@ -116,7 +116,7 @@ func (r *Region) pass() {
 		return nil
 	})
 	r.step(func(ctx context.Context) error {
-		r.write(ctx, fields, shares, grants, now)
+		r.write(ctx, fields, wants, shares, grants, now)
 		return nil
 	})
 }
@@ -171,7 +171,7 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 
 // write stores the grants in the shares hash, counts them, and deletes
 // the shares that expired with no renewal.
-func (r *Region) write(ctx context.Context, fields []string, shares map[string]string, grants []Grant, now time.Time) {
+func (r *Region) write(ctx context.Context, fields []string, wants []Want, shares map[string]string, grants []Grant, now time.Time) {
 	c := r.local
 	cmds := make(rueidis.Commands, 0, len(grants)+1)
 	renewed := make(map[string]bool, len(fields))
@@ -184,7 +184,7 @@ func (r *Region) write(ctx context.Context, fields []string, shares map[string]s
 		}
 		renewed[fields[i]] = true
 		r.count(shares[fields[i]], g, now)
-		cmds = append(cmds, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(fields[i], formatShare(g.Share, g.Expiry)).Build())
+		cmds = append(cmds, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(fields[i], formatShare(g.Share, g.Expiry, wants[i].Demand)).Build())
 	}
 	var gone []string
 	for f, v := range shares {

@@ -157,3 +157,17 @@ func (s *Store) PeekForDenial(ctx context.Context, key []byte, p algo.Params, co
 	res.Limit = p.Capacity()
 	return res, err
 }
+
+// ExplainRegion implements policy.RegionExplainer: key's share in this
+// region, counting no demand.
+func (s *Store) ExplainRegion(key []byte, p algo.Params, now time.Time) policy.RegionShare {
+	m := s.metaOf(&p)
+	rs := policy.RegionShare{Region: s.r.o.Region, Limit: p.Limit, Fallback: m.fallback, Units: m.fallback}
+	if sh, ok := s.r.table.Get(key, p.Limit, now); sh.Limit != 0 {
+		rs.Live, rs.Expiry, rs.Demand = ok, sh.Expiry, sh.Demand
+		if ok {
+			rs.Units = sh.Units
+		}
+	}
+	return rs
+}

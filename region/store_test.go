@@ -9,8 +9,11 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/config"
 	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/wire"
 )
 
 // newRegion returns a Region of three on the regional Redis local and the
@@ -28,7 +31,7 @@ func newRegion(t testing.TB, name, id string, local, global rueidis.Client, inte
 // install writes key's share into r's table directly.
 func install(t testing.TB, r *Region, key string, m meta, units int64, exp time.Time) {
 	t.Helper()
-	if err := r.table.Install(map[string]string{m.field(key): formatShare(units, exp)}); err != nil {
+	if err := r.table.Install(map[string]string{m.field(key): formatShare(units, exp, 0)}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -201,4 +204,54 @@ func (r *Region) crash() {
 			renewerG.Add(-1)
 		}
 	})
+}
+
+func TestExplainShowsTheRegionalShare(t *testing.T) {
+	r := offline(t)
+	cfg, err := config.Parse([]byte(`
+[global]
+redis = ["127.0.0.1:1"]
+region = "eu"
+regions = ["eu", "us", "ap"]
+
+[[rule]]
+name = "g"
+by = ["api_key"]
+limit = 900
+period = "1s"
+burst = 90
+scope = "global"
+`), "g.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.NewStores(cfg, policy.Stores{Cached: memstore.New(memstore.Options{}),
+		Global: func(cr *config.Rule, inner policy.Store) policy.Store {
+			return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	descs := []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
+	now := time.Now()
+	e := p.Explain(context.Background(), now, descs, 1)
+	if rs := e.Rules[0].Region; rs == nil || rs.Live || rs.Units != 300 || rs.Fallback != 300 || rs.Region != "eu" {
+		t.Fatalf("explain of a key with no lease: region %+v, want the fallback 300 of eu", rs)
+	}
+	// A check counts its demand under the counter key's field id.
+	p.Check(context.Background(), now, descs, 1, false, nil)
+	ds := r.table.TakeDemand()
+	if len(ds) != 1 {
+		t.Fatalf("demand after one check: %+v", ds)
+	}
+	if err := r.table.Install(map[string]string{ds[0].Field: formatShare(600, now.Add(time.Minute), 1234)}); err != nil {
+		t.Fatal(err)
+	}
+	e = p.Explain(context.Background(), now, descs, 1)
+	if rs := e.Rules[0].Region; rs == nil || !rs.Live || rs.Units != 600 || rs.Demand != 1234 || rs.Limit != 900 {
+		t.Fatalf("explain of a key with a lease: region %+v, want 600 of 900, demand 1234", rs)
+	}
+	if e.Rules[0].Result.Limit != 90 {
+		t.Fatalf("explain's limit = %d, want the rule's global burst 90", e.Rules[0].Result.Limit)
+	}
 }

@@ -55,6 +55,8 @@ type entry struct {
 	expiry int64 // unix nanoseconds, on this region's clocks
 	// demand counts the units asked of the key since the last flush.
 	demand *atomic.Int64
+	// lastDemand is the region's demand at the last renewal, per period.
+	lastDemand int64
 }
 
 // Share is a key's lease as the shares table holds it.
@@ -66,6 +68,8 @@ type Share struct {
 	// Expiry is when the share lapses; the key is then decided with its
 	// fallback share.
 	Expiry time.Time
+	// Demand is the region's demand at the last renewal, per period.
+	Demand int64
 }
 
 // pendShards is the number of shards of the demand of keys with no entry.
@@ -117,7 +121,7 @@ func (t *Table) Get(key []byte, limit int64, now time.Time) (Share, bool) {
 	if e == nil {
 		return Share{}, false
 	}
-	s := Share{Units: e.share, Limit: e.limit, Expiry: time.Unix(0, e.expiry)}
+	s := Share{Units: e.share, Limit: e.limit, Expiry: time.Unix(0, e.expiry), Demand: e.lastDemand}
 	return s, now.UnixNano() < e.expiry
 }
 
@@ -197,10 +201,12 @@ func (t *Table) Install(hash map[string]string) error {
 	for f, v := range hash {
 		md, key, err := parseField(f)
 		if err == nil {
-			var share, exp int64
-			share, exp, err = parseShare(v)
+			var share, exp, demand int64
+			share, exp, demand, err = parseShareDemand(v)
 			if err == nil {
-				m[key] = t.carry(old, key, md, share, exp)
+				e := t.carry(old, key, md, share, exp)
+				e.lastDemand = demand
+				m[key] = e
 				continue
 			}
 		}
@@ -231,22 +237,29 @@ func (t *Table) carry(old map[string]*entry, key string, md meta, share, expMs i
 	return e
 }
 
-// formatShare is the shares hash's value of share units until exp.
-func formatShare(units int64, exp time.Time) string {
-	return strconv.FormatInt(units, 10) + ":" + strconv.FormatInt(exp.UnixMilli(), 10)
+// formatShare is the shares hash's value of share units until exp,
+// granted for demand: "units:expiry_ms:demand".
+func formatShare(units int64, exp time.Time, demand int64) string {
+	return strconv.FormatInt(units, 10) + ":" + strconv.FormatInt(exp.UnixMilli(), 10) + ":" + strconv.FormatInt(demand, 10)
 }
 
-// parseShare parses a shares hash value.
+// parseShare parses a shares hash value; the demand may be left out.
 func parseShare(v string) (units, expMs int64, err error) {
-	a, b, ok := strings.Cut(v, ":")
-	if ok {
-		units, err = strconv.ParseInt(a, 10, 64)
-		if err == nil {
-			expMs, err = strconv.ParseInt(b, 10, 64)
+	units, expMs, _, err = parseShareDemand(v)
+	return units, expMs, err
+}
+
+// parseShareDemand parses a shares hash value with its demand.
+func parseShareDemand(v string) (units, expMs, demand int64, err error) {
+	parts := strings.Split(v, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return 0, 0, 0, fmt.Errorf("region: share %q: want units:expiry_ms:demand", v)
+	}
+	var nums [3]int64
+	for i, p := range parts {
+		if nums[i], err = strconv.ParseInt(p, 10, 64); err != nil || nums[i] < 0 {
+			return 0, 0, 0, fmt.Errorf("region: share %q: want units:expiry_ms:demand", v)
 		}
 	}
-	if !ok || err != nil || units < 0 {
-		return 0, 0, fmt.Errorf("region: share %q: want units:expiry_ms", v)
-	}
-	return units, expMs, nil
+	return nums[0], nums[1], nums[2], nil
 }
