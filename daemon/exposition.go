@@ -71,6 +71,12 @@ var metricHelp = map[string]string{
 	"rld_redis_redirections_total":           "Cluster calls the node named by the slot map answered MOVED or ASK, sent again through rueidis.",
 	"rld_redis_breaker_state":                "Circuit breaker of each Redis node: 0 closed, 1 open, 2 half-open.",
 	"rld_redis_breaker_transitions_total":    "Circuit breaker changes of state, by node and new state.",
+	"rld_region_renewals_total":              "Global keys' shares renewed on the global store by this daemon as its region's renewer.",
+	"rld_region_returns_total":               "Renewals that lowered a live share: units given back for the other regions.",
+	"rld_region_reclaims_total":              "Renewals that took back the share of a region whose lease had expired.",
+	"rld_region_fallback_decisions_total":    "Decisions of global rules made with a key's fallback share: no live lease (new key, or the global store out of reach).",
+	"rld_region_renew_errors_total":          "Key renewals on the global store that failed; the region keeps its shares until they expire.",
+	"rld_region_renewer":                     "1 while this daemon is its region's renewer, else 0.",
 }
 
 // writeMetrics writes every metric in the Prometheus text format, lint-clean
