@@ -32,8 +32,9 @@ const (
 	globalDelay = 40 * time.Millisecond
 )
 
-// soak reports whether the long versions run (RLD_SOAK=1: 60 s phases).
-func soak() bool { return os.Getenv("RLD_SOAK") != "" }
+// soak reports whether the long versions run (RLD_REGIONS_SOAK=1, as
+// make soak sets it: 60 s phases).
+func soak() bool { return os.Getenv("RLD_REGIONS_SOAK") != "" }
 
 // phase is how long each phase of a test runs: short for make test.
 func phase(short time.Duration) time.Duration {
