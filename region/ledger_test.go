@@ -215,3 +215,27 @@ func TestLedgerReloadsLostScript(t *testing.T) {
 		t.Fatalf("share after SCRIPT FLUSH = %d", g.Share)
 	}
 }
+
+func TestLedgerSplitsSlackAmongLiveRegions(t *testing.T) {
+	c := client(t, redistest.Standalone(t).Addr)
+	lease := 300 * time.Millisecond
+	us, ap := ledger(t, c, "us", lease), ledger(t, c, "ap", lease)
+	renew(t, us, "k", 0) // first sight: eu, us, ap at 300 until now + lease
+	// Once eu's first-sight lease has expired (us and ap renew on), the
+	// slack is split between us and ap only.
+	deadline := time.Now().Add(5 * time.Second)
+	var reclaimed int64
+	for reclaimed == 0 && time.Now().Before(deadline) {
+		reclaimed = renew(t, ap, "k", 100).Reclaimed + renew(t, us, "k", 200).Reclaimed
+		time.Sleep(20 * time.Millisecond)
+	}
+	if reclaimed != 300 {
+		t.Fatalf("reclaimed %d, want eu's 300", reclaimed)
+	}
+	// us: 200 + (900 - 300)/2 = 500; free = 900 - ap's share.
+	ga := renew(t, ap, "k", 100)
+	gu := renew(t, us, "k", 200)
+	if ga.Share+gu.Share != 900 || gu.Share != 500 {
+		t.Fatalf("us %d + ap %d, want 500 + 400 = 900", gu.Share, ga.Share)
+	}
+}

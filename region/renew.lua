@@ -8,7 +8,7 @@
 -- ARGV[5]  f: the fallback share of a region that holds no lease
 -- ARGV[6]  floor: the least share a busy region is targeted
 -- ARGV[7]  ttl: the ledger's TTL, ms
--- ARGV[8..] every configured region's name (R = their count)
+-- ARGV[8..] every configured region's name
 --
 -- Fields per region r: s:r (share), e:r (lease expiry, ms of this
 -- server's TIME), d:r (last demand). The clock is the global store's own.
@@ -22,7 +22,6 @@ local L = tonumber(ARGV[4])
 local f = tonumber(ARGV[5])
 local floor = tonumber(ARGV[6])
 local ttl = tonumber(ARGV[7])
-local R = #ARGV - 7
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -35,7 +34,7 @@ if redis.call('EXISTS', key) == 0 then
 end
 
 local h = redis.call('HGETALL', key)
-local others, sumd, reclaimed = 0, demand, 0
+local others, sumd, reclaimed, live = 0, demand, 0, 1
 for i = 1, #h, 2 do
   local field = h[i]
   if string.sub(field, 1, 2) == 's:' then
@@ -45,6 +44,7 @@ for i = 1, #h, 2 do
       local e = tonumber(redis.call('HGET', key, 'e:' .. r) or '0')
       if e > now then
         others = others + s
+        live = live + 1
         sumd = sumd + tonumber(redis.call('HGET', key, 'd:' .. r) or '0')
       elseif s > 0 then
         -- An expired lease holds nothing: its units go to the others.
@@ -57,7 +57,9 @@ end
 
 local target
 if sumd <= L then
-  target = demand + math.floor((L - sumd) / R)
+  -- The slack is split among the live regions: an expired region's
+  -- part goes to the others.
+  target = demand + math.floor((L - sumd) / live)
 else
   target = math.max(floor, math.floor(L * demand / sumd))
 end
