@@ -299,22 +299,29 @@ func TestDemandShiftMovesTheShare(t *testing.T) {
 	time.Sleep(phase(time.Second)) // steady load before the shift, not a synchronization
 	a0, d0 := l.snapshot()
 	rampStart := time.Now()
+	var crossed time.Time // when r2 first held most of the limit
 	for step := int64(1); step <= 10; step++ {
 		l.rate[0].Store(big + (small-big)*step/10)
 		l.rate[2].Store(small + (big-small)*step/10)
 		time.Sleep(100 * time.Millisecond) // the ramp's pace, not a synchronization
+		if s, _ := w.share(t, 2); s > limit/2 && crossed.IsZero() {
+			crossed = time.Now()
+		}
 	}
 	shifted := time.Now()
 	redistest.WaitFor(t, "r2 holds most of the limit", func() bool {
 		s, _ := w.share(t, 2)
 		return s > limit/2
 	})
-	took := max(time.Since(shifted), 0)
-	fromStart := time.Since(rampStart)
+	if crossed.IsZero() {
+		crossed = time.Now()
+	}
+	took := max(crossed.Sub(shifted), 0)
+	fromStart := crossed.Sub(rampStart)
 	time.Sleep(phase(2 * time.Second)) // the load after the shift
 	a1, d1 := l.snapshot()
 	allowed, denied := a1-a0, d1-d0
-	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end, %s after its start; refused %d of %d from its start (%.2f%%)",
+	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end (%s after its start); refused %d of %d from its start (%.2f%%)",
 		took.Round(time.Millisecond), took.Seconds()/interval.Seconds(), fromStart.Round(time.Millisecond), denied, allowed+denied, 100*float64(denied)/float64(allowed+denied))
 	// Three renewal intervals, plus one for the demand to reach the
 	// renewer (daemons flush once an interval) and one for the daemons
