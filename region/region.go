@@ -171,7 +171,8 @@ func (r *Region) Start() {
 }
 
 // Close stops the loop, gives up the renewer role when r holds it, and
-// waits until the loop has returned. The clients are the caller's.
+// waits until the loop has returned. It closes the clients it dialled;
+// those given in Options are the caller's.
 func (r *Region) Close() {
 	r.once.Do(func() {
 		close(r.stop)
@@ -195,7 +196,7 @@ func (r *Region) loop() {
 	t := time.NewTicker(r.o.Interval)
 	defer t.Stop()
 	for {
-		r.Tick()
+		r.tick()
 		select {
 		case <-r.stop:
 			return
@@ -204,9 +205,10 @@ func (r *Region) loop() {
 	}
 }
 
-// Tick runs one interval's work: flush this daemon's demand, renew when
-// elected, load the shares. The loop calls it; tests may too.
-func (r *Region) Tick() {
+// tick runs one interval's work: flush this daemon's demand, renew when
+// elected, load the shares. Only the loop calls it (or a test, on a
+// Region not started).
+func (r *Region) tick() {
 	if !r.connect() {
 		return
 	}

@@ -177,14 +177,14 @@ func TestRenewerElectionTakesOverWhenHolderStops(t *testing.T) {
 	b := newRegion(t, "eu", "b", c, c, interval)
 	a.Start()
 	redistest.WaitFor(t, "a elected", a.Renewer)
-	b.Start()
 	// b stays out while a holds the role.
 	for range 5 {
-		b.Tick()
+		b.tick()
 		if b.Renewer() {
 			t.Fatal("b elected while a holds the role")
 		}
 	}
+	b.Start()
 	// Stop a without resigning: its key lapses after 3 intervals.
 	a.crash()
 	stopped := time.Now()
