@@ -169,43 +169,6 @@ func TestTableRejectsBadEntries(t *testing.T) {
 	}
 }
 
-func TestRenewerElectionTakesOverWhenHolderStops(t *testing.T) {
-	s := redistest.Standalone(t)
-	c := client(t, s.Addr)
-	interval := 50 * time.Millisecond
-	a := newRegion(t, "eu", "a", c, c, interval)
-	b := newRegion(t, "eu", "b", c, c, interval)
-	a.Start()
-	redistest.WaitFor(t, "a elected", a.Renewer)
-	// b stays out while a holds the role.
-	for range 5 {
-		b.tick()
-		if b.Renewer() {
-			t.Fatal("b elected while a holds the role")
-		}
-	}
-	b.Start()
-	// Stop a without resigning: its key lapses after 3 intervals.
-	a.crash()
-	stopped := time.Now()
-	redistest.WaitFor(t, "b elected", b.Renewer)
-	if took := time.Since(stopped); took > renewerTTLIntervals*interval+2*interval+100*time.Millisecond {
-		t.Fatalf("take-over took %s, want within 3 intervals (+ one tick)", took)
-	}
-}
-
-// crash stops r's loop as a killed daemon would stop: without resigning
-// the renewer role.
-func (r *Region) crash() {
-	r.once.Do(func() {
-		close(r.stop)
-		<-r.done
-		if r.renewer.held {
-			renewerG.Add(-1)
-		}
-	})
-}
-
 func TestExplainShowsTheRegionalShare(t *testing.T) {
 	r := offline(t)
 	cfg, err := config.Parse([]byte(`
