@@ -652,7 +652,7 @@ func (p *Policy) step(c *checking, i int, d *Decision) outcome {
 		}
 		return pass // never denies or decides
 	case err != nil && p.fallback != nil:
-		res, err = p.fallback.decide(r.fail, params, key, cost, slot, c.now, peek, err)
+		res, err = p.fallback.decide(r.fail, regionParams(r.store, key, params, c.now), key, cost, slot, c.now, peek, err)
 		if err != nil {
 			p.refund(c.ctx, c.now, c.cost, c.peek, c.slow, sc)
 			*d = p.storeFailed(r, params, err)

@@ -34,3 +34,24 @@ type RegionExplainer interface {
 	// limit p at now.
 	ExplainRegion(key []byte, p algo.Params, now time.Time) RegionShare
 }
+
+// RegionScaler is implemented by the store of a global rule: it gives
+// the limit a key is decided with in this region (the rule's, scaled to
+// the region's share), which the Fallback then enforces too when the
+// region's store fails, so that a fail-open outage admits the region's
+// share, not the whole global limit.
+type RegionScaler interface {
+	// RegionParams returns p scaled to key's share at now.
+	RegionParams(key []byte, p algo.Params, now time.Time) algo.Params
+}
+
+// regionParams returns the params the Fallback decides a key of store
+// st with: scaled for a global rule's store, else p.
+func regionParams(st Store, key []byte, p *algo.Params, now time.Time) *algo.Params {
+	rs, ok := st.(RegionScaler)
+	if !ok {
+		return p
+	}
+	q := rs.RegionParams(key, *p, now)
+	return &q
+}

@@ -171,3 +171,13 @@ func (s *Store) ExplainRegion(key []byte, p algo.Params, now time.Time) policy.R
 	}
 	return rs
 }
+
+// RegionParams implements policy.RegionScaler: p scaled to key's share at
+// now, counting no demand. A share of 0 (lowered since the store was
+// called) gives the least limit, 1 unit.
+func (s *Store) RegionParams(key []byte, p algo.Params, now time.Time) algo.Params {
+	m := s.metaOf(&p)
+	units, _ := s.r.table.share(key, &m, now, 0)
+	q, _ := scale(p, max(units, 1))
+	return q
+}

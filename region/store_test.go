@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -216,5 +217,62 @@ scope = "global"
 	}
 	if e.Rules[0].Result.Limit != 90 {
 		t.Fatalf("explain's limit = %d, want the rule's global burst 90", e.Rules[0].Result.Limit)
+	}
+}
+
+// failing is a store whose every call fails, as a Redis out of reach.
+type failing struct{}
+
+var errDown = errors.New("store down")
+
+func (failing) Take(context.Context, []byte, algo.Params, int64, time.Time, bool) (algo.Result, error) {
+	return algo.Result{}, errDown
+}
+
+func (failing) Refund(context.Context, []byte, algo.Params, int64, time.Time, time.Time) error {
+	return errDown
+}
+
+// TestFailOpenEnforcesTheShare: when the region's store fails, a global
+// rule with fail = "open" is decided by the policy's Fallback with the
+// region's share, not the whole global limit.
+func TestFailOpenEnforcesTheShare(t *testing.T) {
+	r := offline(t)
+	cfg, err := config.Parse([]byte(`
+[global]
+redis = ["127.0.0.1:1"]
+region = "eu"
+regions = ["eu", "us", "ap"]
+
+[[rule]]
+name = "g"
+by = ["api_key"]
+limit = 900
+period = "1h"
+scope = "global"
+fail = "open"
+`), "g.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fb := policy.NewFallback(policy.FallbackOptions{NewLocal: func() policy.LocalStore { return memstore.New(memstore.Options{}) }})
+	p, err := policy.NewStores(cfg, policy.Stores{Cached: failing{}, Fallback: fb,
+		Global: func(cr *config.Rule, inner policy.Store) policy.Store {
+			return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	descs := []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
+	now := time.Now()
+	admitted := 0
+	for range 1000 {
+		if d := p.Check(context.Background(), now, descs, 1, false, nil); d.Status.Allowed() {
+			admitted++
+		}
+	}
+	// No lease: the fallback share, 900/3 = 300 (one daemon).
+	if admitted != 300 {
+		t.Fatalf("admitted %d with the store down, want the region's fallback share 300", admitted)
 	}
 }
