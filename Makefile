@@ -120,6 +120,8 @@ soak: deps
 	@mkdir -p bin
 	@cd daemon && RLD_SOAK=$${RLD_SOAK:-3m} $(GO) test -tags soak -run '^TestSoak$$' -count=1 -timeout 30m >../bin/soak.log 2>&1; \
 	  st=$$?; grep -v '^soak:' ../bin/soak.log; grep '^soak:' ../bin/soak.log; exit $$st
+	@# The multi-region checks with 60 s phases (docs/regions.md).
+	RLD_REGIONS_SOAK=1 $(GO) test -race -run 'TestHammer|TestDemandShift|TestPartitioned|TestGlobalStore' -count=1 -v -timeout 30m ./region
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

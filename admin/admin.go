@@ -141,6 +141,26 @@ type RuleMatch struct {
 	RetryAfterMs int64 `json:"retry_after_ms,omitempty"`
 	// Error is the store's error when it could not be read.
 	Error string `json:"error,omitempty"`
+	// Region is, for a rule with scope = "global", this region's share
+	// of the key's limit.
+	Region *RegionShare `json:"region,omitempty"`
+}
+
+// RegionShare is a region's share of a global rule's limit for one key.
+type RegionShare struct {
+	Region string `json:"region"`
+	// Share is the units of Limit the region decides with now: its
+	// lease's while Live, else its fallback share.
+	Share int64 `json:"share"`
+	Limit int64 `json:"limit"`
+	Live  bool  `json:"live"`
+	// ExpiresMs is how long the lease holds still (negative: expired
+	// that long ago); absent when the region never held one.
+	ExpiresMs *int64 `json:"expires_ms,omitempty"`
+	Fallback  int64  `json:"fallback"`
+	// Demand is the region's demand of the key at its last renewal, in
+	// units per period.
+	Demand int64 `json:"demand"`
 }
 
 // TopArgs are top's arguments.

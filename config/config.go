@@ -133,6 +133,9 @@ type Config struct {
 	Request Request `toml:"request"`
 	// Envoy is the Envoy rate limit service face (package envoyrls).
 	Envoy Envoy `toml:"envoy"`
+	// Global is the store shared by every region, for global rules
+	// (package region).
+	Global Global `toml:"global"`
 	// Rules are evaluated in this order.
 	Rules []Rule `toml:"rule"`
 }
@@ -375,6 +378,12 @@ type Rule struct {
 	// RetryJitter adds a random 0..RetryJitter to the Retry-After of a
 	// refusal ("" or 0: none).
 	RetryJitter Jitter `toml:"retry_jitter"`
+	// Scope is local (the default) or global: a global rule's limit
+	// holds across every region of [global].
+	Scope string `toml:"scope"`
+	// FallbackShare is, for a global rule, the units of Limit a region
+	// uses for a key it holds no lease of; 0 means Limit / regions.
+	FallbackShare int64 `toml:"fallback_share"`
 }
 
 // Penalty is a rule's penalty = { after, factor, max }: a key refused
@@ -476,6 +485,11 @@ func Default() *Config {
 			Mode:        DefaultRedisMode,
 			KeyPrefix:   DefaultKeyPrefix,
 			ChangesPoll: Duration(DefaultChangesPoll),
+		},
+		Global: Global{
+			Mode:     DefaultRedisMode,
+			Interval: Duration(DefaultGlobalInterval),
+			Lease:    Duration(DefaultGlobalLease),
 		},
 	}
 }

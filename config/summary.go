@@ -49,6 +49,12 @@ func (r *Rule) Summary() string {
 		fmt.Fprintf(&b, " burst %d", r.Burst)
 	}
 	fmt.Fprintf(&b, " by %s", strings.Join(r.By, ","))
+	if r.IsGlobal() {
+		b.WriteString(" scope=global")
+		if r.FallbackShare > 0 {
+			fmt.Fprintf(&b, " fallback_share=%d", r.FallbackShare)
+		}
+	}
 	if len(r.Match) > 0 {
 		b.WriteString(" match ")
 		for i, name := range sortedKeys(r.Match) {

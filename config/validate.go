@@ -43,10 +43,12 @@ func (c *Config) validate(set func(key ...string) bool) []string {
 	c.Admin.validate(&p)
 	c.Log.validate(&p)
 	c.Envoy.validate(&p)
+	c.Global.validate(&p)
 	seen := make(map[string]int, len(c.Rules))
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		r.validate(&p, i)
+		r.validateScope(&p, fmt.Sprintf("rule[%d] %q", i, r.Name), &c.Global)
 		if r.Name == "" {
 			continue
 		}

@@ -128,6 +128,7 @@ func explainRule(m *policy.Match) admin.RuleMatch {
 	if m.Missing != "" {
 		return rm // the rule does not apply
 	}
+	rm.Region = regionShare(m.Region)
 	rm.Status = m.Status.String()
 	if m.Status == policy.StatusError {
 		rm.Code = m.Code.String()
@@ -374,4 +375,17 @@ func repeatedArg(q *fasthttp.Args) string {
 		seen[string(k)] = true
 	}
 	return ""
+}
+
+// regionShare renders a global rule's regional share; nil for nil.
+func regionShare(rs *policy.RegionShare) *admin.RegionShare {
+	if rs == nil {
+		return nil
+	}
+	out := &admin.RegionShare{Region: rs.Region, Share: rs.Units, Limit: rs.Limit, Live: rs.Live, Fallback: rs.Fallback, Demand: rs.Demand}
+	if !rs.Expiry.IsZero() {
+		ms := time.Until(rs.Expiry).Milliseconds()
+		out.ExpiresMs = &ms
+	}
+	return out
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/region"
 )
 
 // Options are the command line's overrides of the configuration file.
@@ -56,6 +57,7 @@ type Daemon struct {
 	redis  *redisx.Client  // nil without Redis
 	tops   *redisx.Tops    // where the fleet's heavy hitters are published; nil without Redis
 	fleet  *fleet          // the cache and heartbeats on Redis; nil without
+	region *region.Region  // the daemon's part in its region; nil without [global]
 	// redisSilent: Redis did not answer at start; the daemon serves at
 	// once and loads the overrides and blocks when it does.
 	redisSilent bool
@@ -126,6 +128,10 @@ func New(opts Options) (*Daemon, error) {
 		trust:      trust,
 	}
 	if err := d.openStore(&cfg.Store); err != nil {
+		return nil, err
+	}
+	if err := d.openRegion(cfg); err != nil {
+		d.closeStore()
 		return nil, err
 	}
 	// The penalty state outlives reloads and changes; it is bounded as
@@ -503,6 +509,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.mem != nil {
 		go d.mem.Run(sweepCtx, time.Duration(d.cfg().Store.SweepInterval))
 	}
+	if d.region != nil {
+		d.region.Start()
+	}
 	if d.fleet != nil {
 		d.fleet.start(d.log)
 		go d.watchChanges(sweepCtx, time.Duration(d.cfg().Store.ChangesPoll))
@@ -648,6 +657,9 @@ func (d *Daemon) shutdown(acceptDone <-chan struct{}) {
 	d.stopAdminHTTP()
 	// No check runs any more: store the automatic blocks queued.
 	d.stopAutoBlocks()
+	if d.region != nil {
+		d.region.Close()
+	}
 	if d.fleet != nil {
 		// Every answer is out: give the leases back for the others.
 		d.fleet.close(d.log)

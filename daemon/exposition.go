@@ -14,6 +14,7 @@ import (
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
+	"github.com/rld/rld/region"
 	"github.com/rld/rld/shardcache"
 )
 
@@ -46,7 +47,7 @@ var daemonHelp = map[string]string{
 // first. docs/operations.md lists the same.
 var metricHelp = joinHelp(daemonHelp, admin.MetricHelp(), policy.MetricHelp(), memstore.MetricHelp(),
 	shardcache.MetricHelp(), redisx.MetricHelp(), envoyrls.MetricHelp(), changestore.MetricHelp(),
-	decisions.MetricHelp())
+	decisions.MetricHelp(), region.MetricHelp())
 
 // joinHelp joins the help texts of the packages; a family two of them
 // name is a programming error.

@@ -70,6 +70,9 @@ type Match struct {
 	// block of the key is in force; Cooldown when the key is in the
 	// rule's penalty cooldown.
 	Overridden, Blocked, Cooldown bool
+	// Region is, for a global rule, the region's share of the key; nil
+	// for a local rule.
+	Region *RegionShare
 }
 
 // Explain lists every rule whose match holds for req's descriptors, with
@@ -155,6 +158,10 @@ func (p *Policy) explainRule(ctx context.Context, now time.Time, r *rule, key []
 		cost = 1 // one slot per request, whatever the cost
 	}
 	m.Result, m.Err = r.store.Take(ctx, key, m.Params, cost, now, true)
+	if rx, ok := r.store.(RegionExplainer); ok {
+		rs := rx.ExplainRegion(key, m.Params, now)
+		m.Region = &rs
+	}
 	switch {
 	case m.Err != nil:
 		m.Result, m.Status, m.Code = algo.Result{}, StatusError, CodeInternal

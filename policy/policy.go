@@ -245,6 +245,11 @@ type Stores struct {
 	// the Policies compiled over one share it. Nil: each Policy keeps its
 	// own and asks for no block.
 	Penalties *Penalties
+	// Global, when set, gives a rule with scope = "global" its store:
+	// the store of its mode, inner, wrapped so that the rule holds its
+	// limit across regions (package region). A global rule with no
+	// Global is an error.
+	Global func(rule *config.Rule, inner Store) Store
 }
 
 // Compile compiles cfg, which Load or Parse has validated, with the
@@ -310,6 +315,12 @@ func NewStores(cfg *config.Config, st Stores) (*Policy, error) {
 		p.rules[i].store = st.Cached
 		if cr.Mode == config.ModeStrict {
 			p.rules[i].store = st.Strict
+		}
+		if cr.IsGlobal() {
+			if st.Global == nil {
+				return nil, fmt.Errorf("policy: rule[%d] %q: scope = \"global\" and no global store", i, cr.Name)
+			}
+			p.rules[i].store = st.Global(cr, p.rules[i].store)
 		}
 		if err := p.rules[i].capsOf(p.rules[i].store); err != nil {
 			return nil, fmt.Errorf("policy: rule[%d] %q: %w", i, cr.Name, err)
@@ -764,7 +775,7 @@ func (p *Policy) shadowed(c *checking, i int, t *ruleTake, res *algo.Result, err
 func (p *Policy) failMode(c *checking, i int, t *ruleTake, res *algo.Result, err error, d *Decision) outcome {
 	r := &p.rules[i]
 	key := c.sc.keys[t.start:t.end]
-	*res, err = p.fallback.decide(r.fail, t.params, key, t.cost, t.slot, c.now, t.peek, err)
+	*res, err = p.fallback.decide(r.fail, regionParams(r.store, key, t.params, c.now), key, t.cost, t.slot, c.now, t.peek, err)
 	switch {
 	case err != nil:
 		*d = p.storeFailed(r, t.params, err)

@@ -264,6 +264,7 @@ func printAdmin(w io.Writer, op string, result json.RawMessage) error {
 			if m.Overridden {
 				fmt.Fprint(w, " overridden")
 			}
+			printRegion(w, m.Region)
 			printRuleState(w, &m)
 		}
 	case "reset", "grant":
@@ -324,4 +325,19 @@ func printTop(w io.Writer, r *admin.TopResult) {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// printRegion prints a global rule's regional share, when it has one.
+func printRegion(w io.Writer, rs *admin.RegionShare) {
+	if rs == nil {
+		return
+	}
+	state := "fallback share, no lease"
+	switch {
+	case rs.Live && rs.ExpiresMs != nil:
+		state = fmt.Sprintf("lease, %dms left", *rs.ExpiresMs)
+	case rs.ExpiresMs != nil:
+		state = fmt.Sprintf("fallback share, lease expired %dms ago", -*rs.ExpiresMs)
+	}
+	fmt.Fprintf(w, " region %s share %d of %d (%s; fallback %d; region demand %d/period)", rs.Region, rs.Share, rs.Limit, state, rs.Fallback, rs.Demand)
 }

@@ -1,0 +1,52 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+const globalBase = `
+[global]
+redis = ["127.0.0.1:7000"]
+region = "eu"
+regions = ["eu", "us", "ap"]
+
+[[rule]]
+name = "g"
+by = ["api_key"]
+limit = 900
+period = "1s"
+`
+
+func TestGlobalRuleParses(t *testing.T) {
+	c, err := Parse([]byte(globalBase+"scope = \"global\"\nfallback_share = 100\n"), "g.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Rules[0].IsGlobal() || c.Rules[0].FallbackShare != 100 || !c.Global.Enabled() {
+		t.Fatalf("parsed %+v / %+v", c.Rules[0], c.Global)
+	}
+	if c.Global.Interval != Duration(DefaultGlobalInterval) || c.Global.Lease != Duration(DefaultGlobalLease) {
+		t.Fatalf("defaults: interval %s lease %s", c.Global.Interval, c.Global.Lease)
+	}
+}
+
+func TestGlobalConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ text, want string }{
+		{strings.Replace(globalBase, `redis = ["127.0.0.1:7000"]`, "", 1) + "scope = \"global\"\n", "needs a [global] table"},
+		{globalBase + "scope = \"galactic\"\n", `scope = "galactic": want local or global`},
+		{globalBase + "scope = \"global\"\nfallback_share = 301\n", "fallback_share = 301"},
+		{globalBase + "fallback_share = 10\n", `only for scope = "global"`},
+		{globalBase + "scope = \"global\"\nfallback_share = -1\n", "must not be negative"},
+		{strings.Replace(globalBase, `region = "eu"`, `region = "mars"`, 1), `global.region = "mars"`},
+		{strings.Replace(globalBase, `"ap"]`, `"eu"]`, 1), "listed twice"},
+		{strings.Replace(globalBase, `region = "eu"`, "region = \"eu\"\nlease = \"100ms\"", 1), "global.lease"},
+		{strings.Replace(globalBase, `region = "eu"`, "region = \"eu\"\nmode = \"sentinel\"", 1), "global.mode"},
+		{strings.Replace(globalBase, "limit = 900\nperiod = \"1s\"", "algorithm = \"concurrency\"\nlimit = 9\ntimeout = \"1s\"", 1) + "scope = \"global\"\n", "concurrency limits cannot be global"},
+	} {
+		_, err := Parse([]byte(tc.text), "g.toml")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("config %q: error %v, want one containing %q", tc.text, err, tc.want)
+		}
+	}
+}

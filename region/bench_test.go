@@ -1,0 +1,44 @@
+package region
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/rld/rld/memstore"
+	"github.com/rld/rld/policy"
+)
+
+// BenchmarkTake compares a take on the embedded store with the same take
+// through the region wrapper (a key with a live share): the wrapper's
+// cost on the hot path: the share lookup and the demand count (the
+// bucket is soon empty: most takes are refusals, as under a hammer).
+func BenchmarkTake(b *testing.B) {
+	never := func() (rueidis.Client, error) { return nil, errors.New("not started") }
+	r, err := New(Options{Region: "eu", Regions: three, ID: "b", DialLocal: never, DialGlobal: never})
+	if err != nil {
+		b.Fatal(err)
+	}
+	inner := memstore.New(memstore.Options{})
+	w := r.Wrap(inner, tb.Limit, 0)
+	now := time.Now()
+	m := w.metaOf(&tb)
+	if err := r.table.Install(map[string]string{m.field("k"): formatShare(tb.Limit, now.Add(time.Hour), 0)}); err != nil {
+		b.Fatal(err)
+	}
+	key := []byte("k")
+	for _, bc := range []struct {
+		name string
+		s    policy.Store
+	}{{"store=inner", inner}, {"store=wrapped", w}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.s.Take(context.Background(), key, tb, 1, now, false)
+			}
+		})
+	}
+}

@@ -1,0 +1,59 @@
+package region
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// DialOptions names a Redis deployment: the global store, or a region's
+// own Redis.
+type DialOptions struct {
+	// Addrs are host:port: one server, or a Cluster's seed nodes.
+	Addrs []string
+	// Cluster says the addresses are a Cluster's.
+	Cluster bool
+	// MasterSet, when set, names the primary that the sentinels at
+	// Addrs watch.
+	MasterSet string
+	// Username and Password authenticate to the Redis servers.
+	Username, Password string
+	// Timeout bounds the set-up of a connection and how long a
+	// connection may go without answers (default 1s).
+	Timeout time.Duration
+}
+
+// Dial returns a rueidis client of o's deployment: no client cache, no
+// retries (a renewal must not apply twice), fail fast.
+func Dial(o DialOptions) (rueidis.Client, error) {
+	if len(o.Addrs) == 0 {
+		return nil, errors.New("region: dial: no redis address")
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = time.Second
+	}
+	ro := rueidis.ClientOption{
+		InitAddress:      o.Addrs,
+		Username:         o.Username,
+		Password:         o.Password,
+		ClientName:       "rld-region",
+		Dialer:           net.Dialer{Timeout: o.Timeout},
+		ConnWriteTimeout: o.Timeout,
+		DisableCache:     true,
+		DisableRetry:     true,
+	}
+	switch {
+	case o.MasterSet != "":
+		ro.Sentinel = rueidis.SentinelOption{MasterSet: o.MasterSet}
+	case !o.Cluster:
+		ro.ForceSingleClient = true
+	}
+	c, err := rueidis.NewClient(ro)
+	if err != nil {
+		return nil, fmt.Errorf("region: dial %v: %w", o.Addrs, err)
+	}
+	return c, nil
+}

@@ -1,0 +1,14 @@
+package region
+
+// MetricHelp returns the # HELP text of each metric family the package
+// registers (docs/operations.md lists the same).
+func MetricHelp() map[string]string {
+	return map[string]string{
+		"rld_region_renewals_total":           "Global keys' shares renewed on the global store by this daemon as its region's renewer.",
+		"rld_region_returns_total":            "Renewals that lowered a live share: units given back for the other regions.",
+		"rld_region_reclaims_total":           "Renewals that took back the share of a region whose lease had expired.",
+		"rld_region_fallback_decisions_total": "Decisions of global rules made with a key's fallback share: no live lease (new key, or the global store out of reach).",
+		"rld_region_renew_errors_total":       "Key renewals on the global store that failed; the region keeps its shares until they expire.",
+		"rld_region_renewer":                  "1 while this daemon is its region's renewer, else 0.",
+	}
+}

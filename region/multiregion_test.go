@@ -1,0 +1,443 @@
+package region_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/region"
+)
+
+// The world of the multi-region tests: three regions (a Redis and two
+// daemons each) and a global Redis, reached from each region through a
+// proxy that adds globalDelay each way.
+const (
+	nRegions    = 3
+	perRegion   = 2
+	limit       = 300 // per second, the global rule's
+	fallback    = limit / nRegions
+	interval    = 200 * time.Millisecond
+	lease       = 4 * interval
+	globalDelay = 40 * time.Millisecond
+)
+
+// soak reports whether the long versions run (RLD_REGIONS_SOAK=1, as
+// make soak sets it: 60 s phases).
+func soak() bool { return os.Getenv("RLD_REGIONS_SOAK") != "" }
+
+// phase is how long each phase of a test runs: short for make test.
+func phase(short time.Duration) time.Duration {
+	if soak() {
+		return 60 * time.Second
+	}
+	return short
+}
+
+type world struct {
+	global   *redistest.Server
+	proxies  [nRegions]*redistest.Proxy
+	regional [nRegions]*redistest.Server
+	rc       [nRegions]rueidis.Client
+	daemons  [nRegions][perRegion]*daemontest.Server
+	clients  [nRegions][perRegion]*client.Client
+	gc       rueidis.Client
+}
+
+func regionName(i int) string { return "r" + strconv.Itoa(i) }
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	w := &world{global: redistest.Standalone(t)}
+	w.gc = dial(t, w.global.Addr)
+	for i := range nRegions {
+		w.regional[i] = redistest.Standalone(t)
+		w.rc[i] = dial(t, w.regional[i].Addr)
+		w.proxies[i] = redistest.StartProxy(t, w.global.Addr)
+		w.proxies[i].Delay(globalDelay)
+		for j := range perRegion {
+			s, err := daemontest.Start(w.config(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(s.Close)
+			w.daemons[i][j] = s
+			c, err := client.Dial(context.Background(), s.Socket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			w.clients[i][j] = c
+		}
+	}
+	return w
+}
+
+func (w *world) config(i int) string {
+	return fmt.Sprintf(`[server]
+max_connections = 100
+
+[store]
+redis = [%q]
+timeout = "500ms"
+
+[global]
+redis = [%q]
+region = %q
+regions = ["r0", "r1", "r2"]
+interval = %q
+lease = %q
+
+[[rule]]
+name = "g"
+by = ["api_key"]
+algorithm = "token_bucket"
+limit = %d
+period = "1s"
+scope = "global"
+`, w.regional[i].Addr, w.proxies[i].Addr(), regionName(i), interval, lease, limit)
+}
+
+func dial(t testing.TB, addr string) rueidis.Client {
+	t.Helper()
+	c, err := region.Dial(region.DialOptions{Addrs: []string{addr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// share returns region i's share of the hammered key and its expiry, as
+// its renewer last wrote them (0 and the zero time when none).
+func (w *world) share(t testing.TB, i int) (int64, time.Time) {
+	t.Helper()
+	m, err := w.rc[i].Do(context.Background(), w.rc[i].B().Hgetall().Key(region.SharesKey).Build()).AsStrMap()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range m {
+		parts := strings.Split(v, ":") // units:expiry_ms:demand
+		if len(parts) != 3 {
+			t.Fatalf("share %q: want units:expiry_ms:demand", v)
+		}
+		units, err1 := strconv.ParseInt(parts[0], 10, 64)
+		ms, err2 := strconv.ParseInt(parts[1], 10, 64)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("share %q: %v %v", v, err1, err2)
+		}
+		return units, time.UnixMilli(ms)
+	}
+	return 0, time.Time{}
+}
+
+// counts are one region's answers.
+type counts struct{ allowed, denied, errs atomic.Int64 }
+
+// load drives checks of key "k" at each region's rate (checks per
+// second, split over its daemons) until stop is called.
+type load struct {
+	rate   [nRegions]atomic.Int64
+	counts [nRegions]counts
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (w *world) drive(rates [nRegions]int64) *load {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &load{stop: cancel}
+	for i := range nRegions {
+		l.rate[i].Store(rates[i])
+		for j := range perRegion {
+			l.wg.Add(1)
+			go l.run(ctx, w.clients[i][j], i)
+		}
+	}
+	return l
+}
+
+// run paces one daemon's checks at its share of its region's rate.
+func (l *load) run(ctx context.Context, c *client.Client, i int) {
+	defer l.wg.Done()
+	desc := []client.Descriptor{{Name: "api_key", Value: "k"}}
+	next := time.Now()
+	for ctx.Err() == nil {
+		rate := l.rate[i].Load()
+		if rate <= 0 {
+			time.Sleep(10 * time.Millisecond)
+			next = time.Now()
+			continue
+		}
+		next = next.Add(time.Duration(int64(time.Second) * perRegion / rate))
+		if d := time.Until(next); d > 0 {
+			time.Sleep(d)
+		} else if d < -100*time.Millisecond {
+			next = time.Now() // too far behind: do not burst to catch up
+		}
+		res, err := c.Check(ctx, desc, 1)
+		switch {
+		case ctx.Err() != nil:
+		case err != nil:
+			l.counts[i].errs.Add(1)
+		case res.Allowed():
+			l.counts[i].allowed.Add(1)
+		default:
+			l.counts[i].denied.Add(1)
+		}
+	}
+}
+
+func (l *load) halt() {
+	l.stop()
+	l.wg.Wait()
+}
+
+func (l *load) allowed() (n int64) {
+	for i := range nRegions {
+		n += l.counts[i].allowed.Load()
+	}
+	return n
+}
+
+func (l *load) decided() (n int64) {
+	for i := range nRegions {
+		n += l.counts[i].allowed.Load() + l.counts[i].denied.Load()
+	}
+	return n
+}
+
+// renewals returns the renew scripts the global store ran.
+func (w *world) renewals(t testing.TB) int64 {
+	t.Helper()
+	info, err := w.gc.Do(context.Background(), w.gc.B().Info().Section("commandstats").Build()).ToString()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(line, cmd); ok {
+				v, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// bound is the most a token bucket of limit/s and burst limit admits in
+// d: a full bucket, then the refill.
+func bound(d time.Duration) int64 { return limit + int64(d.Seconds()*limit) }
+
+// TestHammerAdmitsAtMostTheGlobalBound hammers the global key at ten
+// times its limit from all six daemons and counts what was admitted.
+func TestHammerAdmitsAtMostTheGlobalBound(t *testing.T) {
+	w := newWorld(t)
+	d := phase(3 * time.Second)
+	start := time.Now()
+	l := w.drive([nRegions]int64{10 * limit / 3, 10 * limit / 3, 10 * limit / 3})
+	time.Sleep(d) // the load's duration, not a synchronization
+	l.halt()
+	took := time.Since(start)
+	admitted, decided := l.allowed(), l.decided()
+	b := bound(took)
+	// Rounding: shares are whole units, a region's scaled burst rounds
+	// down; the residual race (a daemon applies a lowered share within
+	// one interval) adds at most one interval's refill.
+	slack := int64(limit * interval.Seconds())
+	t.Logf("admitted %d of %d decided in %s; bound %d (+%d); global renewals %d = %.4f per decision",
+		admitted, decided, took.Round(time.Millisecond), b, slack, w.renewals(t), float64(w.renewals(t))/float64(decided))
+	if admitted > b+slack {
+		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
+	}
+	if admitted < b/2 {
+		t.Fatalf("admitted %d, less than half the bound %d: the shares starve the regions", admitted, b)
+	}
+	for i := range nRegions {
+		if n := l.counts[i].errs.Load(); n > 0 {
+			t.Fatalf("region %d: %d check errors", i, n)
+		}
+	}
+}
+
+// snapshot returns the allowed and denied counts of every region.
+func (l *load) snapshot() (allowed, denied int64) {
+	for i := range nRegions {
+		allowed += l.counts[i].allowed.Load()
+		denied += l.counts[i].denied.Load()
+	}
+	return allowed, denied
+}
+
+// TestDemandShiftMovesTheShare moves a client under the global limit
+// (80% of it) from 90/5/5 to 5/5/90 across the regions within a second
+// (ten even steps): the new region holds most of the limit within three
+// intervals of the shift's end (plus the demand's flush and the share's
+// load); the refusals from the shift's start on are measured and
+// reported.
+func TestDemandShiftMovesTheShare(t *testing.T) {
+	w := newWorld(t)
+	total := int64(limit * 8 / 10)
+	big, small := total*90/100, total*5/100
+	l := w.drive([nRegions]int64{big, small, small})
+	defer l.halt()
+	// Settle: r0 holds most of the limit.
+	redistest.WaitFor(t, "r0 holds most of the limit", func() bool {
+		s, _ := w.share(t, 0)
+		return s > limit/2
+	})
+	time.Sleep(phase(time.Second)) // steady load before the shift, not a synchronization
+	a0, d0 := l.snapshot()
+	rampStart := time.Now()
+	var crossed time.Time // when r2 first held most of the limit
+	for step := int64(1); step <= 10; step++ {
+		l.rate[0].Store(big + (small-big)*step/10)
+		l.rate[2].Store(small + (big-small)*step/10)
+		time.Sleep(100 * time.Millisecond) // the ramp's pace, not a synchronization
+		if s, _ := w.share(t, 2); s > limit/2 && crossed.IsZero() {
+			crossed = time.Now()
+		}
+	}
+	shifted := time.Now()
+	redistest.WaitFor(t, "r2 holds most of the limit", func() bool {
+		s, _ := w.share(t, 2)
+		return s > limit/2
+	})
+	if crossed.IsZero() {
+		crossed = time.Now()
+	}
+	took := max(crossed.Sub(shifted), 0)
+	fromStart := crossed.Sub(rampStart)
+	time.Sleep(phase(2 * time.Second)) // the load after the shift
+	a1, d1 := l.snapshot()
+	allowed, denied := a1-a0, d1-d0
+	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end (%s after its start); refused %d of %d from its start (%.2f%%)",
+		took.Round(time.Millisecond), took.Seconds()/interval.Seconds(), fromStart.Round(time.Millisecond), denied, allowed+denied, 100*float64(denied)/float64(allowed+denied))
+	// Three renewal intervals, plus one for the demand to reach the
+	// renewer (daemons flush once an interval) and one for the daemons
+	// to load the share.
+	if took > 5*interval {
+		t.Fatalf("r2 took %s to hold most of the limit, want within 5 intervals (%s)", took, 5*interval)
+	}
+}
+
+// skewed is a hammer at ten times the limit in all, most of it on r0:
+// r0's share is then well above its fallback share.
+var skewed = [nRegions]int64{8 * limit, limit, limit}
+
+// TestPartitionedRegionFallsBackOthersReclaim cuts r0 off the global
+// store: r1 and r2 keep their shares and receive r0's once its lease has
+// expired; r0 then admits at most its fallback share; the totals stay
+// within the bound docs/regions.md states (the global bound plus r0's
+// fallback share per period). Healed, r0 renews again.
+func TestPartitionedRegionFallsBackOthersReclaim(t *testing.T) {
+	w := newWorld(t)
+	l := w.drive(skewed)
+	defer l.halt()
+	redistest.WaitFor(t, "r0 holds most of the limit", func() bool {
+		s, _ := w.share(t, 0)
+		return s > limit/2
+	})
+	before, _ := w.share(t, 1)
+	w.proxies[0].Blackhole()
+	cut := time.Now()
+	a0 := l.allowed()
+	redistest.WaitFor(t, "r1 and r2 hold r0's share", func() bool {
+		s1, _ := w.share(t, 1)
+		s2, _ := w.share(t, 2)
+		return s1+s2 >= limit-2
+	})
+	reclaimed := time.Since(cut)
+	// r0's own share lapsed by now (its lease is no longer than the
+	// global store's): it decides with its fallback share.
+	r0From := l.counts[0].allowed.Load()
+	d := phase(3 * time.Second)
+	time.Sleep(d) // the partition's length, not a synchronization
+	r0 := l.counts[0].allowed.Load() - r0From
+	all := l.allowed() - a0
+	span := time.Since(cut)
+	w.proxies[0].Heal()
+	r0Bound := fallback + int64(d.Seconds()*fallback) + int64(fallback*interval.Seconds())
+	total := bound(span) + int64(span.Seconds()*fallback) + int64(limit*interval.Seconds())
+	t.Logf("r1+r2 held r0's share %s after the cut (r1 had %d; lease %s); r0 admitted %d in %s (bound %d); all admitted %d in %s (bound %d)",
+		reclaimed.Round(time.Millisecond), before, lease, r0, d, r0Bound, all, span.Round(time.Millisecond), total)
+	if reclaimed > lease+3*interval {
+		t.Fatalf("r0's share reached the others %s after the cut, want within the lease %s + 3 intervals", reclaimed, lease)
+	}
+	if r0 > r0Bound {
+		t.Fatalf("cut-off r0 admitted %d in %s, more than its fallback share allows (%d)", r0, d, r0Bound)
+	}
+	if all > total {
+		t.Fatalf("admitted %d during the partition, more than the stated bound %d", all, total)
+	}
+	healed := time.Now()
+	redistest.WaitFor(t, "r0 renews after the heal", func() bool {
+		_, exp := w.share(t, 0)
+		return exp.After(healed.Add(lease / 2))
+	})
+}
+
+// TestGlobalStoreRestartedEmpty kills the global store and starts it
+// again with nothing: the ledgers are rebuilt at fallback shares, every
+// region renews again, and the overage stays within one lease's worth of
+// the limit.
+func TestGlobalStoreRestartedEmpty(t *testing.T) {
+	w := newWorld(t)
+	l := w.drive(skewed)
+	defer l.halt()
+	redistest.WaitFor(t, "r0 holds most of the limit", func() bool {
+		s, _ := w.share(t, 0)
+		return s > limit/2
+	})
+	a0 := l.allowed()
+	start := time.Now()
+	w.global.Kill()
+	w.global.Start(t)
+	restarted := time.Now()
+	for i := range nRegions {
+		redistest.WaitFor(t, "region "+regionName(i)+" renews on the new global store", func() bool {
+			_, exp := w.share(t, i)
+			return exp.After(restarted.Add(lease)) // sent after the restart
+		})
+	}
+	rebuilt := time.Since(restarted)
+	// The test's own client lost its connection with the restart: the
+	// first call may fail.
+	redistest.WaitFor(t, "the key's ledger on the restarted global store", func() bool {
+		keys, err := w.gc.Do(context.Background(), w.gc.B().Keys().Pattern(region.LedgerPrefix+"*").Build()).AsStrSlice()
+		return err == nil && len(keys) == 1
+	})
+	time.Sleep(phase(2 * time.Second)) // the load after the restart, not a synchronization
+	all := l.allowed() - a0
+	span := time.Since(start)
+	over := int64(limit * lease.Seconds())
+	b := bound(span) + over + int64(limit*interval.Seconds())
+	t.Logf("every region renewed %s after the restart; admitted %d in %s (bound %d = refill %d + one lease's worth %d + one interval's)",
+		rebuilt.Round(time.Millisecond), all, span.Round(time.Millisecond), b, bound(span), over)
+	if all > b {
+		t.Fatalf("admitted %d across the restart, more than %d", all, b)
+	}
+}
+
+// TestGlobalNeedsRegionalRedis: a daemon with [global] and the embedded
+// store does not start, with a clear error.
+func TestGlobalNeedsRegionalRedis(t *testing.T) {
+	_, err := daemontest.Start(`[global]
+redis = ["127.0.0.1:1"]
+region = "r0"
+regions = ["r0", "r1"]
+`)
+	if err == nil || !strings.Contains(err.Error(), "[global] needs store.redis") {
+		t.Fatalf("start with [global] and no store.redis: %v", err)
+	}
+}

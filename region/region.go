@@ -1,0 +1,268 @@
+// Package region holds one limit across regions: each region decides a
+// global rule's keys exactly against its own Redis, with the rule's limit
+// scaled to the region's share of each key; one elected daemon per region
+// renews the shares against a global store (Ledger), sized by the
+// region's recent demand, so that the live shares of a key never sum to
+// more than its limit. Nothing on the decision path waits on the global
+// store. docs/regions.md describes the model, its bounds and its costs.
+package region
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Defaults of Options.
+const (
+	// DefaultInterval is how often demand is flushed, shares loaded and
+	// (by the renewer) renewed.
+	DefaultInterval = 250 * time.Millisecond
+	// DefaultLeaseIntervals is the default lease length, in intervals.
+	DefaultLeaseIntervals = 4
+)
+
+// Keys in the regional Redis.
+const (
+	// DemandKey is the hash of the region's demand since the renewer
+	// last took it: field id → units.
+	DemandKey = "rld:region:demand"
+	// SharesKey is the hash of the region's shares: field id →
+	// "units:expiry unix ms".
+	SharesKey = "rld:region:shares"
+	// RenewerKey holds the id of the region's renewer.
+	RenewerKey = "rld:region:renewer"
+)
+
+// Options configure a Region. Zero durations mean their defaults.
+type Options struct {
+	// Region is this region's name, one of Regions.
+	Region string
+	// Regions names every region.
+	Regions []string
+	// Interval is the period of flushes, loads and renewals.
+	Interval time.Duration
+	// Lease is the length of a share's lease (DefaultLeaseIntervals ×
+	// Interval); it must be longer than Interval.
+	Lease time.Duration
+	// ID names this daemon in the renewer election; it must be unique in
+	// the region.
+	ID string
+	// Local is the region's own Redis; when nil, DialLocal connects to
+	// it, tried again at each tick until it succeeds.
+	Local rueidis.Client
+	// Global is the global store; when nil, DialGlobal connects to it
+	// when this daemon first renews, tried again at each pass.
+	Global rueidis.Client
+	// DialLocal and DialGlobal connect to the two stores when Local or
+	// Global is nil; the Region then closes the clients they made.
+	DialLocal, DialGlobal func() (rueidis.Client, error)
+	// Logger logs renewal failures and role changes (nil: slog.Default).
+	Logger *slog.Logger
+}
+
+// Region is one daemon's part in a region: it counts the demand of the
+// global keys (Store), flushes it to the regional Redis, loads the
+// region's shares from it, and runs the renewer when elected.
+type Region struct {
+	o     Options
+	table *Table
+	st    stats
+
+	// The loop's goroutine's only (and Close's, after it): the clients
+	// and the ledger, made when first needed.
+	local     rueidis.Client
+	ownLocal  bool           // local was dialled by the Region
+	ownGlobal rueidis.Client // the global client dialled by the Region
+	ledger    *Ledger
+
+	renewer     renewer     // the loop's goroutine's only
+	renewerHeld atomic.Bool // renewer.held, for other goroutines
+	stop        chan struct{}
+	done        chan struct{}
+	once        sync.Once
+	started     atomic.Bool
+}
+
+// New returns a Region for o; Start runs its loop.
+func New(o Options) (*Region, error) {
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLeaseIntervals * o.Interval
+	}
+	if o.Lease <= o.Interval {
+		return nil, fmt.Errorf("region: lease %s must be longer than the interval %s", o.Lease, o.Interval)
+	}
+	if o.ID == "" {
+		return nil, errors.New("region: empty daemon id")
+	}
+	if o.Local == nil && o.DialLocal == nil || o.Global == nil && o.DialGlobal == nil {
+		return nil, errors.New("region: need a client or a dial function for both the regional redis and the global store")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if err := checkRegions(o.Region, o.Regions); err != nil {
+		return nil, fmt.Errorf("region: %w", err)
+	}
+	o.Regions = append([]string(nil), o.Regions...)
+	r := &Region{o: o, table: NewTable(), stop: make(chan struct{}), done: make(chan struct{})}
+	r.local, r.ownLocal = o.Local, o.Local == nil
+	return r, nil
+}
+
+// connect makes the regional client when there is none yet, and reports
+// whether there is one.
+func (r *Region) connect() bool {
+	if r.local != nil {
+		return true
+	}
+	c, err := r.o.DialLocal()
+	if err != nil {
+		r.o.Logger.Warn("region: connect to the regional redis", "err", err)
+		return false
+	}
+	r.local = c
+	return true
+}
+
+// ledgerOf returns the ledger, connecting to the global store when
+// there is none yet; nil when that fails.
+func (r *Region) ledgerOf() *Ledger {
+	if r.ledger != nil {
+		return r.ledger
+	}
+	c := r.o.Global
+	if c == nil {
+		var err error
+		if c, err = r.o.DialGlobal(); err != nil {
+			r.o.Logger.Warn("region: connect to the global store", "err", err)
+			return nil
+		}
+		r.ownGlobal = c
+	}
+	l, err := NewLedger(c, r.o.Region, r.o.Regions, r.o.Lease)
+	if err != nil {
+		r.o.Logger.Error("region: ledger", "err", err)
+		return nil
+	}
+	r.ledger = l
+	return l
+}
+
+// Table returns the region's shares table.
+func (r *Region) Table() *Table { return r.table }
+
+// Options returns r's options, defaults filled in.
+func (r *Region) Options() Options { return r.o }
+
+// Start runs r's loop until Close. Call it once.
+func (r *Region) Start() {
+	r.started.Store(true)
+	go r.loop()
+}
+
+// Close stops the loop, gives up the renewer role when r holds it, and
+// waits until the loop has returned. It closes the clients it dialled;
+// those given in Options are the caller's.
+func (r *Region) Close() {
+	r.once.Do(func() {
+		close(r.stop)
+		if r.started.Load() {
+			<-r.done
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.o.Interval)
+		defer cancel()
+		r.resign(ctx)
+		if r.ownLocal && r.local != nil {
+			r.local.Close()
+		}
+		if r.ownGlobal != nil {
+			r.ownGlobal.Close()
+		}
+	})
+}
+
+func (r *Region) loop() {
+	defer close(r.done)
+	t := time.NewTicker(r.o.Interval)
+	defer t.Stop()
+	for {
+		r.tick()
+		select {
+		case <-r.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// tick runs one interval's work: flush this daemon's demand, renew when
+// elected, load the shares. Only the loop calls it (or a test, on a
+// Region not started).
+func (r *Region) tick() {
+	if !r.connect() {
+		return
+	}
+	if err := r.step(r.flush); err != nil {
+		r.o.Logger.Warn("region: flush demand", "err", err)
+	}
+	var held bool
+	r.step(func(ctx context.Context) error {
+		held = r.elect(ctx)
+		return nil
+	})
+	if held {
+		r.pass()
+	}
+	if err := r.step(r.load); err != nil {
+		r.o.Logger.Warn("region: load shares", "err", err)
+	}
+}
+
+// step runs f with a deadline of one interval: a slow store delays the
+// next tick, never a decision.
+func (r *Region) step(f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), r.o.Interval)
+	defer cancel()
+	return f(ctx)
+}
+
+// flush adds this daemon's demand to the regional demand hash, in one
+// pipelined round trip. Demand that could not be written is lost: it
+// only sizes the next share.
+func (r *Region) flush(ctx context.Context) error {
+	ds := r.table.TakeDemand()
+	if len(ds) == 0 {
+		return nil
+	}
+	c := r.local
+	cmds := make(rueidis.Commands, len(ds))
+	for i, d := range ds {
+		cmds[i] = c.B().Hincrby().Key(DemandKey).Field(d.Field).Increment(d.Units).Build()
+	}
+	for _, res := range c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return fmt.Errorf("region: hincrby %s: %w", DemandKey, err)
+		}
+	}
+	return nil
+}
+
+// load installs the regional shares hash into the table. A failed load
+// keeps the table as it was: its shares hold until their expiry.
+func (r *Region) load(ctx context.Context) error {
+	m, err := r.local.Do(ctx, r.local.B().Hgetall().Key(SharesKey).Build()).AsStrMap()
+	if err != nil {
+		return fmt.Errorf("region: hgetall %s: %w", SharesKey, err)
+	}
+	return r.table.Install(m)
+}

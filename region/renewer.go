@@ -1,0 +1,219 @@
+package region
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// renewerTTLIntervals is the renewer key's TTL in intervals: a renewer
+// that stops extending it is replaced after at most this long, plus one
+// interval until another daemon's tick tries.
+const renewerTTLIntervals = 3
+
+// Scripts on the regional Redis.
+var (
+	// extendScript extends the renewer key when ARGV[1] holds it.
+	extendScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+	// resignScript deletes the renewer key when ARGV[1] holds it.
+	resignScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1]) end
+return 0`)
+	// takeDemandScript returns the demand hash and deletes it, at once.
+	takeDemandScript = rueidis.NewLuaScript(`local h = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+return h`)
+)
+
+// renewer is the renewer's own state, kept by the loop's goroutine.
+type renewer struct {
+	held     bool
+	lastPass time.Time
+	// idle counts the passes since a key last had demand; a key is
+	// renewed idle once (its share shrinks and returns units), then
+	// left to expire.
+	idle map[string]int
+}
+
+// elect keeps or takes the renewer role and reports whether r holds it.
+func (r *Region) elect(ctx context.Context) bool {
+	c, ttl := r.local, (renewerTTLIntervals * r.o.Interval).Milliseconds()
+	var held bool
+	if r.renewer.held {
+		n, err := extendScript.Exec(ctx, c, []string{RenewerKey}, []string{r.o.ID, itoa(ttl)}).AsInt64()
+		held = err == nil && n == 1
+	} else {
+		err := c.Do(ctx, c.B().Set().Key(RenewerKey).Value(r.o.ID).Nx().PxMilliseconds(ttl).Build()).Error()
+		held = err == nil
+	}
+	if held != r.renewer.held {
+		r.o.Logger.Info("region: renewer role", "region", r.o.Region, "id", r.o.ID, "held", held)
+		if held {
+			renewerG.Add(1)
+			r.renewer.idle = map[string]int{}
+			r.renewer.lastPass = time.Time{}
+		} else {
+			renewerG.Add(-1)
+		}
+		r.renewer.held = held
+		r.renewerHeld.Store(held)
+	}
+	return held
+}
+
+// Renewer reports whether r held the renewer role at its last tick.
+func (r *Region) Renewer() bool { return r.renewerHeld.Load() }
+
+// resign gives up the renewer role (on Close).
+func (r *Region) resign(ctx context.Context) {
+	if r.renewer.held && r.local != nil {
+		resignScript.Exec(ctx, r.local, []string{RenewerKey}, []string{r.o.ID})
+		r.renewer.held = false
+		renewerG.Add(-1)
+	}
+	r.renewerHeld.Store(false)
+}
+
+// pass takes the region's demand, renews every key with demand or a live
+// share on the global store, and writes the grants to the shares hash.
+// A failed renewal changes nothing: the key keeps its share until expiry.
+// Each of its three round trips (read, renew, write) has an interval.
+func (r *Region) pass() {
+	r.st.passes.Add(1)
+	now := time.Now()
+	elapsed := r.o.Interval
+	if !r.renewer.lastPass.IsZero() {
+		elapsed = max(now.Sub(r.renewer.lastPass), time.Millisecond)
+	}
+	r.renewer.lastPass = now
+	var demand map[string]int64
+	var shares map[string]string
+	err := r.step(func(ctx context.Context) (err error) {
+		demand, shares, err = r.read(ctx)
+		return err
+	})
+	if err != nil {
+		r.o.Logger.Warn("region: renewal pass", "err", err)
+		return
+	}
+	fields, wants := r.wants(demand, shares, now, elapsed)
+	if len(wants) == 0 {
+		return
+	}
+	l := r.ledgerOf()
+	if l == nil {
+		r.st.renewErrs.Add(int64(len(wants)))
+		renewErrsM.Add(len(wants))
+		return
+	}
+	var grants []Grant
+	r.step(func(ctx context.Context) error {
+		grants = l.Renew(ctx, wants)
+		return nil
+	})
+	r.step(func(ctx context.Context) error {
+		r.write(ctx, fields, wants, shares, grants, now)
+		return nil
+	})
+}
+
+// read takes the demand hash and reads the shares hash.
+func (r *Region) read(ctx context.Context) (demand map[string]int64, shares map[string]string, err error) {
+	c := r.local
+	if demand, err = takeDemandScript.Exec(ctx, c, []string{DemandKey}, nil).AsIntMap(); err != nil {
+		return nil, nil, fmt.Errorf("region: take demand: %w", err)
+	}
+	if shares, err = c.Do(ctx, c.B().Hgetall().Key(SharesKey).Build()).AsStrMap(); err != nil {
+		return nil, nil, fmt.Errorf("region: read shares: %w", err)
+	}
+	return demand, shares, nil
+}
+
+// wants lists the renewals of a pass: every key with demand, and each
+// key with a live share renewed once idle.
+func (r *Region) wants(demand map[string]int64, shares map[string]string, now time.Time, elapsed time.Duration) ([]string, []Want) {
+	var fields []string
+	var wants []Want
+	add := func(f string, units int64) {
+		m, key, err := parseField(f)
+		if err != nil {
+			r.o.Logger.Warn("region: skip field", "err", err)
+			return
+		}
+		// Demand per period of the limit.
+		per := mulDiv(units, m.periodMs*int64(time.Millisecond), int64(elapsed))
+		floor := m.limit / int64(10*len(r.o.Regions))
+		fields = append(fields, f)
+		wants = append(wants, Want{Key: key, Demand: per, Limit: m.limit, Fallback: m.fallback, Floor: floor})
+	}
+	for f, units := range demand {
+		delete(r.renewer.idle, f)
+		add(f, max(units, 0))
+	}
+	for f, v := range shares {
+		if _, busy := demand[f]; busy {
+			continue
+		}
+		_, exp, err := parseShare(v)
+		if err != nil || exp <= now.UnixMilli() {
+			continue
+		}
+		if r.renewer.idle[f]++; r.renewer.idle[f] == 1 {
+			add(f, 0)
+		}
+	}
+	return fields, wants
+}
+
+// write stores the grants in the shares hash, counts them, and deletes
+// the shares that expired with no renewal.
+func (r *Region) write(ctx context.Context, fields []string, wants []Want, shares map[string]string, grants []Grant, now time.Time) {
+	c := r.local
+	cmds := make(rueidis.Commands, 0, len(grants)+1)
+	renewed := make(map[string]bool, len(fields))
+	for i, g := range grants {
+		if g.Err != nil {
+			r.st.renewErrs.Add(1)
+			renewErrsM.Inc()
+			r.o.Logger.Warn("region: renew", "err", g.Err)
+			continue
+		}
+		renewed[fields[i]] = true
+		r.count(shares[fields[i]], g, now)
+		cmds = append(cmds, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(fields[i], formatShare(g.Share, g.Expiry, wants[i].Demand)).Build())
+	}
+	var gone []string
+	for f, v := range shares {
+		if _, exp, err := parseShare(v); !renewed[f] && (err != nil || exp <= now.UnixMilli()) {
+			gone = append(gone, f)
+			delete(r.renewer.idle, f)
+		}
+	}
+	if len(gone) > 0 {
+		cmds = append(cmds, c.B().Hdel().Key(SharesKey).Field(gone...).Build())
+	}
+	for _, res := range c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			r.o.Logger.Warn("region: write shares", "err", err)
+		}
+	}
+}
+
+// count counts one grant: a renewal, a return when it lowered the live
+// share old, a reclaim when it took expired shares.
+func (r *Region) count(old string, g Grant, now time.Time) {
+	r.st.renewals.Add(1)
+	renewalsM.Inc()
+	if units, exp, err := parseShare(old); err == nil && exp > now.UnixMilli() && g.Share < units {
+		r.st.returns.Add(1)
+		returnsM.Inc()
+	}
+	if g.Reclaimed > 0 {
+		r.st.reclaims.Add(1)
+		reclaimsM.Inc()
+	}
+}

@@ -1,0 +1,265 @@
+package region
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// meta is what the renewer needs to know of a key besides its demand:
+// the limit its share is of, the limit's period and its fallback share.
+type meta struct {
+	limit, periodMs, fallback int64
+}
+
+// field returns the id of key in the regional hashes (demand, shares):
+// "limit:periodMs:fallback:" and the counter key. A key's limit is part of
+// its id, as one rule's tiers give its keys different limits.
+func (m meta) field(key string) string {
+	return strconv.FormatInt(m.limit, 10) + ":" + strconv.FormatInt(m.periodMs, 10) + ":" +
+		strconv.FormatInt(m.fallback, 10) + ":" + key
+}
+
+// parseField splits a field id into its meta and counter key.
+func parseField(f string) (meta, string, error) {
+	var m meta
+	var nums [3]int64
+	rest := f
+	for i := range nums {
+		s, after, ok := strings.Cut(rest, ":")
+		if !ok {
+			return m, "", fmt.Errorf("region: field %q: want limit:period:fallback:key", f)
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 {
+			return m, "", fmt.Errorf("region: field %q: bad number %q", f, s)
+		}
+		nums[i], rest = n, after
+	}
+	if nums[0] <= 0 || nums[1] <= 0 || nums[2] > nums[0] {
+		return m, "", fmt.Errorf("region: field %q: limit and period must be positive and the fallback at most the limit", f)
+	}
+	return meta{limit: nums[0], periodMs: nums[1], fallback: nums[2]}, rest, nil
+}
+
+// entry is one key's share, as the renewer last wrote it.
+type entry struct {
+	meta
+	share  int64
+	expiry int64 // unix nanoseconds, on this region's clocks
+	// demand counts the units asked of the key since the last flush.
+	demand *atomic.Int64
+	// lastDemand is the region's demand at the last renewal, per period.
+	lastDemand int64
+}
+
+// Share is a key's lease as the shares table holds it.
+type Share struct {
+	// Units is the share of the rule's limit.
+	Units int64
+	// Limit is the limit the share is of.
+	Limit int64
+	// Expiry is when the share lapses; the key is then decided with its
+	// fallback share.
+	Expiry time.Time
+	// Demand is the region's demand at the last renewal, per period.
+	Demand int64
+}
+
+// pendShards is the number of shards of the demand of keys with no entry.
+const pendShards = 64
+
+// pend is the demand of a key that has no entry in the table yet.
+type pend struct {
+	n atomic.Int64
+	meta
+}
+
+// Table holds the shares of a region's global keys, for every daemon, and
+// counts their demand. Lookups read a copy-on-write map with no lock and
+// no allocation; the demand of a key with an entry is an atomic counter
+// in it. A key with no entry (new, or gone from the renewer's hash)
+// counts its demand under one shard lock, allocating once at first sight.
+type Table struct {
+	m       atomic.Pointer[map[string]*entry]
+	pending [pendShards]struct {
+		mu sync.Mutex
+		m  map[string]*pend
+	}
+}
+
+// NewTable returns an empty table: every key is decided with its
+// fallback share until Install gives it one.
+func NewTable() *Table {
+	t := &Table{}
+	m := map[string]*entry{}
+	t.m.Store(&m)
+	for i := range t.pending {
+		t.pending[i].m = map[string]*pend{}
+	}
+	return t
+}
+
+// lookup returns key's entry when it has one for limit, else nil.
+func (t *Table) lookup(key []byte, limit int64) *entry {
+	e := (*t.m.Load())[string(key)]
+	if e == nil || e.limit != limit {
+		return nil
+	}
+	return e
+}
+
+// Get returns key's share of limit at now and whether it has a live one.
+func (t *Table) Get(key []byte, limit int64, now time.Time) (Share, bool) {
+	e := t.lookup(key, limit)
+	if e == nil {
+		return Share{}, false
+	}
+	s := Share{Units: e.share, Limit: e.limit, Expiry: time.Unix(0, e.expiry), Demand: e.lastDemand}
+	return s, now.UnixNano() < e.expiry
+}
+
+// share returns the units key may use of m.limit at now: its live share,
+// or m.fallback (fell true). With cost > 0 it counts cost as demand.
+func (t *Table) share(key []byte, m *meta, now time.Time, cost int64) (units int64, fell bool) {
+	e := t.lookup(key, m.limit)
+	if e != nil {
+		if cost > 0 {
+			e.demand.Add(cost)
+		}
+		if now.UnixNano() < e.expiry {
+			return e.share, false
+		}
+		return m.fallback, true
+	}
+	if cost > 0 {
+		t.pendOf(key, m).n.Add(cost)
+	}
+	return m.fallback, true
+}
+
+// pendOf returns the pending demand counter of key, creating it.
+func (t *Table) pendOf(key []byte, m *meta) *pend {
+	sh := &t.pending[xxhash.Sum64(key)%pendShards]
+	sh.mu.Lock()
+	p := sh.m[string(key)]
+	if p == nil || p.limit != m.limit {
+		p = &pend{meta: *m}
+		sh.m[string(key)] = p
+	}
+	sh.mu.Unlock()
+	return p
+}
+
+// Demand is one key's demand since the last Take.
+type Demand struct {
+	// Field is the key's id in the regional hashes (see meta.field).
+	Field string
+	// Units is the units asked.
+	Units int64
+}
+
+// TakeDemand returns and resets the demand counted since the last call,
+// and forgets the pending counters that counted nothing.
+func (t *Table) TakeDemand() []Demand {
+	var out []Demand
+	for k, e := range *t.m.Load() {
+		if n := e.demand.Swap(0); n > 0 {
+			out = append(out, Demand{Field: e.field(k), Units: n})
+		}
+	}
+	for i := range t.pending {
+		sh := &t.pending[i]
+		sh.mu.Lock()
+		for k, p := range sh.m {
+			n := p.n.Swap(0)
+			if n > 0 {
+				out = append(out, Demand{Field: p.field(k), Units: n})
+			} else {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
+
+// Install replaces the table's shares by those in hash, the regional
+// shares hash (field id → "share:expiry unix ms"). A key keeps its demand
+// counter across installs. Entries that do not parse are skipped and
+// reported in the error; the others are installed.
+func (t *Table) Install(hash map[string]string) error {
+	old := *t.m.Load()
+	m := make(map[string]*entry, len(hash))
+	var errs []error
+	for f, v := range hash {
+		md, key, err := parseField(f)
+		if err == nil {
+			var share, exp, demand int64
+			share, exp, demand, err = parseShareDemand(v)
+			if err == nil {
+				e := t.carry(old, key, md, share, exp)
+				e.lastDemand = demand
+				m[key] = e
+				continue
+			}
+		}
+		errs = append(errs, err)
+	}
+	t.m.Store(&m)
+	return errors.Join(errs...)
+}
+
+// carry returns key's new entry, with the demand counter of its old
+// entry or of its pending demand.
+func (t *Table) carry(old map[string]*entry, key string, md meta, share, expMs int64) *entry {
+	e := &entry{meta: md, share: share, expiry: expMs * int64(time.Millisecond)}
+	if o := old[key]; o != nil && o.limit == md.limit {
+		e.demand = o.demand
+		return e
+	}
+	sh := &t.pending[xxhash.Sum64String(key)%pendShards]
+	sh.mu.Lock()
+	if p := sh.m[key]; p != nil && p.limit == md.limit {
+		e.demand = &p.n
+		delete(sh.m, key)
+	}
+	sh.mu.Unlock()
+	if e.demand == nil {
+		e.demand = new(atomic.Int64)
+	}
+	return e
+}
+
+// formatShare is the shares hash's value of share units until exp,
+// granted for demand: "units:expiry_ms:demand".
+func formatShare(units int64, exp time.Time, demand int64) string {
+	return strconv.FormatInt(units, 10) + ":" + strconv.FormatInt(exp.UnixMilli(), 10) + ":" + strconv.FormatInt(demand, 10)
+}
+
+// parseShare parses a shares hash value; the demand may be left out.
+func parseShare(v string) (units, expMs int64, err error) {
+	units, expMs, _, err = parseShareDemand(v)
+	return units, expMs, err
+}
+
+// parseShareDemand parses a shares hash value with its demand.
+func parseShareDemand(v string) (units, expMs, demand int64, err error) {
+	parts := strings.Split(v, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return 0, 0, 0, fmt.Errorf("region: share %q: want units:expiry_ms:demand", v)
+	}
+	var nums [3]int64
+	for i, p := range parts {
+		if nums[i], err = strconv.ParseInt(p, 10, 64); err != nil || nums[i] < 0 {
+			return 0, 0, 0, fmt.Errorf("region: share %q: want units:expiry_ms:demand", v)
+		}
+	}
+	return nums[0], nums[1], nums[2], nil
+}
