@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/header"
+	"github.com/rld/rld/header/wireheader"
 	"github.com/rld/rld/wire"
 )
 
@@ -445,10 +446,10 @@ func (cn *conn) readLoop() {
 			lastRule = string(res.Rule)
 		}
 		// The numbers as header reads them; the rule apart, since
-		// FromResponse would copy it and lastRule is reused.
+		// wireheader.FromResponse would copy it and lastRule is reused.
 		rule := res.Rule
 		res.Rule = nil
-		ha := header.FromResponse(&res)
+		ha := wireheader.FromResponse(&res)
 		res.Rule = rule
 		a := answer{res: Result{
 			Status:      res.Status,

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"github.com/rld/rld/header"
+	"github.com/rld/rld/header/wireheader"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
 )
@@ -31,7 +32,7 @@ func fillResponse(res *wire.Response, dec *policy.Decision) {
 	res.Status = wireStatus[dec.Status]
 	var a header.Answer
 	dec.SetAnswer(&a)
-	header.SetResponse(res, &a)
+	wireheader.SetResponse(res, &a)
 	if dec.Status == policy.StatusError {
 		res.Code = wireCode[dec.Code]
 		if dec.Err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/daemon"
 	"github.com/rld/rld/header"
+	"github.com/rld/rld/header/wireheader"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
@@ -398,7 +399,7 @@ func TestFrameCarriesTheHTTPFields(t *testing.T) {
 				var back wire.Response
 				require.NoError(t, wire.DecodeResponse(wire.AppendResponse(nil, &res), &back))
 				http := render(daemon.AnswerOf(&dec), now)
-				frame := render(header.FromResponse(&back), now)
+				frame := render(wireheader.FromResponse(&back), now)
 				require.Equal(t, http, frame, "check %d at +%s (%s)", i, now.Sub(start), dec.Status)
 				require.Contains(t, frame, header.Policy)
 				assert.Equal(t, fmt.Sprintf(`"r";q=%d;w=60`, sustained(a.algo)), frame[header.Policy])
@@ -425,6 +426,6 @@ func TestFrameOfNoLimit(t *testing.T) {
 	assert.Zero(t, res.Quota)
 	assert.Zero(t, res.QuotaWindowMs)
 	assert.Equal(t, wire.NextUnknown, res.NextMs)
-	fields, _ := header.AppendFields(nil, nil, header.FromResponse(&res), time.Now())
+	fields, _ := header.AppendFields(nil, nil, wireheader.FromResponse(&res), time.Now())
 	assert.Empty(t, fields)
 }

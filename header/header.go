@@ -1,7 +1,7 @@
 // Package header renders rate-limit answers as HTTP header fields: the
 // de-facto X-RateLimit-* fields, Retry-After, and the IETF RateLimit-Policy
 // and RateLimit fields of draft-ietf-httpapi-ratelimit-headers-11. An
-// Answer travels in a wire response (SetResponse, FromResponse), so a
+// Answer travels in a wire response (package header/wireheader), so a
 // client of the socket renders the fields the daemon's HTTP endpoint
 // renders for the same decision.
 package header
@@ -10,8 +10,6 @@ import (
 	"cmp"
 	"strconv"
 	"time"
-
-	"github.com/rld/rld/wire"
 )
 
 // Answer holds the numbers a rate-limit answer carries.
@@ -30,52 +28,6 @@ type Answer struct {
 	// which no more than Remaining units can be used, which is when a
 	// denied client finds quota again (algo.Next); negative when unknown.
 	Next time.Duration
-}
-
-// SetResponse sets the fields of r that carry an answer (rule, limit,
-// remaining, reset, retry after, window, quota, quota window and next) to
-// those of a, reusing r.Rule's buffer; durations are rounded up to whole
-// milliseconds (and clamped to the wire's range), so that a client that
-// waits them is never early. A negative a.Next is sent as
-// wire.NextUnknown. It leaves r's other fields alone.
-func SetResponse(r *wire.Response, a *Answer) {
-	r.Rule = append(r.Rule[:0], a.Rule...)
-	r.Limit = a.Limit
-	r.Remaining = a.Remaining
-	r.ResetMs = Millis(a.Reset)
-	r.RetryMs = Millis(a.Retry)
-	r.WindowMs = Millis(a.Window)
-	r.Quota = a.Quota
-	r.QuotaWindowMs = Millis(a.QuotaWindow)
-	r.NextMs = wire.NextUnknown
-	if a.Next >= 0 {
-		r.NextMs = min(Millis(a.Next), wire.NextUnknown-1)
-	}
-}
-
-// FromResponse returns the answer that the response r carries: the one
-// the daemon rendered for its HTTP endpoint, to the millisecond. Since
-// every time is rounded up to whole seconds when rendered, and the frame
-// rounds up to whole milliseconds, AppendFields renders the same fields
-// from either (X-RateLimit-Reset, a point in time, is as exact as the
-// moment each side renders it).
-func FromResponse(r *wire.Response) Answer {
-	ms := func(v uint32) time.Duration { return time.Duration(v) * time.Millisecond }
-	a := Answer{
-		Rule:        string(r.Rule),
-		Limit:       r.Limit,
-		Quota:       r.Quota,
-		QuotaWindow: ms(r.QuotaWindowMs),
-		Remaining:   r.Remaining,
-		Window:      ms(r.WindowMs),
-		Reset:       ms(r.ResetMs),
-		Retry:       ms(r.RetryMs),
-		Next:        -1,
-	}
-	if r.NextMs != wire.NextUnknown {
-		a.Next = ms(r.NextMs)
-	}
-	return a
 }
 
 // Millis converts d to whole milliseconds, rounding up, clamped to the
