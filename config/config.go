@@ -20,7 +20,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/rld/rld/algo"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // Defaults of the [server] and [store] tables that config owns. A
@@ -77,17 +77,18 @@ const (
 // TierDescriptor is the descriptor whose value selects a rule's tier.
 const TierDescriptor = "tier"
 
-// Limits on names, matching the protocol's (package wire).
+// Limits on names: those on descriptors are package descriptor's, which
+// the protocol's (package wire) agree with.
 const (
 	// MaxRuleName is the longest rule name, in bytes.
 	MaxRuleName = 255
 	// MaxDescriptorName is the longest descriptor name, in bytes.
-	MaxDescriptorName = wire.MaxNameLen
+	MaxDescriptorName = descriptor.MaxNameLen
 	// MaxGlob is the longest glob, in bytes: the longest descriptor value.
-	MaxGlob = wire.MaxValueLen
+	MaxGlob = descriptor.MaxValueLen
 	// MaxBy is the most descriptors a counter key may be built from: the
 	// most a request carries.
-	MaxBy = wire.MaxDescriptors
+	MaxBy = descriptor.MaxDescriptors
 )
 
 // Reserved rule names: a decision that no rule made reports "allow"

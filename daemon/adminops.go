@@ -18,6 +18,7 @@ import (
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/decisions"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
@@ -81,9 +82,9 @@ type adminService struct{ d *Daemon }
 
 // Explain implements admin.Service.
 func (s adminService) Explain(ctx context.Context, a admin.ExplainArgs) (admin.ExplainResult, error) {
-	descs := make([]wire.Descriptor, len(a.Descriptors))
+	descs := make([]descriptor.Descriptor, len(a.Descriptors))
 	for i, d := range a.Descriptors {
-		descs[i] = wire.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)}
+		descs[i] = descriptor.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

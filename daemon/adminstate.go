@@ -7,9 +7,9 @@ import (
 
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/algo"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redisx"
-	"github.com/rld/rld/wire"
 )
 
 // Reset implements admin.StateService.
@@ -26,7 +26,7 @@ func (s adminService) Grant(ctx context.Context, a admin.GrantArgs) (admin.State
 func (s adminService) operate(ctx context.Context, kind algo.OpKind, n int64, t admin.Target) (admin.StateResult, error) {
 	pt := policy.Target{Rule: t.Rule, Key: t.Key}
 	for _, d := range t.Descriptors {
-		pt.Descriptors = append(pt.Descriptors, wire.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)})
+		pt.Descriptors = append(pt.Descriptors, descriptor.Descriptor{Name: []byte(d.Name), Value: []byte(d.Value)})
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rld/rld/decisions"
 	"github.com/rld/rld/derive"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/wire"
 )
@@ -77,9 +78,12 @@ type conn struct {
 // frameState is what answering one frame needs; it is reused.
 type frameState struct {
 	req wire.Request
-	// descs are the descriptors decided on: req's, or those derived
-	// from its attributes by dv (oversize: the request is refused).
-	descs    []wire.Descriptor
+	// in holds req's descriptors as package descriptor's type: a
+	// scratch slice, reused from frame to frame.
+	in []descriptor.Descriptor
+	// descs are the descriptors decided on: in, or those derived from
+	// its attributes by dv (oversize: the request is refused).
+	descs    []descriptor.Descriptor
 	oversize bool
 	dv       *derive.Deriver
 	ds       derive.Scratch
@@ -102,6 +106,7 @@ type frameState struct {
 func newFrameState(obs *decisions.Observer) frameState {
 	return frameState{
 		req: wire.Request{Descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)},
+		in:  make([]descriptor.Descriptor, 0, descriptor.MaxDescriptors),
 		sc:  policy.Scratch{Batch: true}, // counted when the answers are written
 		obs: obs,
 	}
@@ -500,8 +505,19 @@ func (fs *frameState) answerLocal(ctx context.Context, p *policy.Policy, now tim
 // deriveDescs sets fs.descs to the descriptors of fs.req: derived from
 // its attributes when it carries any.
 func (fs *frameState) deriveDescs(now time.Time) {
-	r := fs.dv.Derive(fs.req.Descs, now, &fs.ds)
+	fs.in = appendDescriptors(fs.in[:0], fs.req.Descs)
+	r := fs.dv.Derive(fs.in, now, &fs.ds)
 	fs.descs, fs.oversize = r.Descs, r.Oversize
+}
+
+// appendDescriptors appends the decoded descriptors src to dst, as
+// package descriptor's type (the same pairs of slices: nothing is
+// copied but the slice headers).
+func appendDescriptors(dst []descriptor.Descriptor, src []wire.Descriptor) []descriptor.Descriptor {
+	for i := range src {
+		dst = append(dst, descriptor.Descriptor(src[i]))
+	}
+	return dst
 }
 
 // RuleOversize is the rule that refuses a request whose target was too

@@ -17,7 +17,12 @@ import (
 
 // attrFrame encodes a CHECK of the attributes of c.
 func attrFrame(id uint32, c *reqcorpus.Case) []byte {
-	return wire.AppendRequest(nil, &wire.Request{Op: wire.OpCheck, ID: id, Cost: 1, Descs: c.Attributes()})
+	attrs := c.Attributes()
+	descs := make([]wire.Descriptor, len(attrs))
+	for i := range attrs {
+		descs[i] = wire.Descriptor(attrs[i])
+	}
+	return wire.AppendRequest(nil, &wire.Request{Op: wire.OpCheck, ID: id, Cost: 1, Descs: descs})
 }
 
 // TestDerivedCorpus sends every request of clients/testdata/requests.tsv

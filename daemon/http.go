@@ -13,16 +13,16 @@ import (
 	"github.com/rld/rld/buildinfo"
 	"github.com/rld/rld/decisions"
 	"github.com/rld/rld/derive"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
-	"github.com/rld/rld/wire"
 )
 
 // httpScratch holds one HTTP check's reusable buffers.
 type httpScratch struct {
-	descs  []wire.Descriptor
-	in     []wire.Descriptor // descs and a request's attributes
-	avals  []byte            // the attributes' values
+	descs  []descriptor.Descriptor
+	in     []descriptor.Descriptor // descs and a request's attributes
+	avals  []byte                  // the attributes' values
 	ds     derive.Scratch
 	sc     policy.Scratch
 	fields []header.Field
@@ -33,7 +33,7 @@ type httpScratch struct {
 }
 
 var httpScratchPool = sync.Pool{New: func() any {
-	return &httpScratch{descs: make([]wire.Descriptor, 0, wire.MaxDescriptors)}
+	return &httpScratch{descs: make([]descriptor.Descriptor, 0, descriptor.MaxDescriptors)}
 }}
 
 func (d *Daemon) newHTTPServer() *fasthttp.Server {
@@ -208,18 +208,18 @@ func (d *Daemon) serveCheck(ctx *fasthttp.RequestCtx) {
 			}
 		default:
 			switch {
-			case len(s.descs) == wire.MaxDescriptors:
-				bad = "too many descriptors (at most " + strconv.Itoa(wire.MaxDescriptors) + ")"
-			case len(key) == 0 || len(key) > wire.MaxNameLen:
-				bad = "descriptor name empty or longer than " + strconv.Itoa(wire.MaxNameLen) + " bytes"
-			case len(value) > wire.MaxValueLen:
+			case len(s.descs) == descriptor.MaxDescriptors:
+				bad = "too many descriptors (at most " + strconv.Itoa(descriptor.MaxDescriptors) + ")"
+			case len(key) == 0 || len(key) > descriptor.MaxNameLen:
+				bad = "descriptor name empty or longer than " + strconv.Itoa(descriptor.MaxNameLen) + " bytes"
+			case len(value) > descriptor.MaxValueLen:
 				// A long value is replaced by its digest, as the
 				// clients send it: never refused.
 				start := len(s.avals)
 				s.avals = derive.AppendValue(s.avals, value, derive.MaxValue)
-				s.descs = append(s.descs, wire.Descriptor{Name: key, Value: s.avals[start:len(s.avals):len(s.avals)]})
+				s.descs = append(s.descs, descriptor.Descriptor{Name: key, Value: s.avals[start:len(s.avals):len(s.avals)]})
 			default:
-				s.descs = append(s.descs, wire.Descriptor{Name: key, Value: value})
+				s.descs = append(s.descs, descriptor.Descriptor{Name: key, Value: value})
 			}
 		}
 	}
@@ -301,9 +301,9 @@ func (d *Daemon) serveRelease(ctx *fasthttp.RequestCtx) {
 			return
 		}
 	}
-	if len(lease) == 0 || len(lease) > wire.MaxTokenLen || args.Len() != want {
+	if len(lease) == 0 || len(lease) > policy.MaxLeaseLen || args.Len() != want {
 		httpRejected.Inc()
-		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "want the query arguments lease (1 to "+strconv.Itoa(wire.MaxTokenLen)+" bytes), and cost for /v1/settle, only")
+		httpError(ctx, fasthttp.StatusBadRequest, "BAD_REQUEST", "want the query arguments lease (1 to "+strconv.Itoa(policy.MaxLeaseLen)+" bytes), and cost for /v1/settle, only")
 		return
 	}
 	now := time.Now()

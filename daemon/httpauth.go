@@ -13,8 +13,8 @@ import (
 
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/derive"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/policy"
-	"github.com/rld/rld/wire"
 )
 
 // listenHTTPSocket serves the HTTP endpoints on server.http_socket too,
@@ -105,12 +105,12 @@ func (d *Daemon) addClientIP(ctx *fasthttp.RequestCtx, s *httpScratch) string {
 	if !ip.IsValid() {
 		return ""
 	}
-	if len(s.descs) == wire.MaxDescriptors {
-		return fmt.Sprintf("too many descriptors (at most %d, the client's ip included)", wire.MaxDescriptors)
+	if len(s.descs) == descriptor.MaxDescriptors {
+		return fmt.Sprintf("too many descriptors (at most %d, the client's ip included)", descriptor.MaxDescriptors)
 	}
 	start := len(s.vals)
 	s.vals = ip.AppendTo(s.vals)
-	s.descs = append(s.descs, wire.Descriptor{Name: ipName, Value: s.vals[start:len(s.vals):len(s.vals)]})
+	s.descs = append(s.descs, descriptor.Descriptor{Name: ipName, Value: s.vals[start:len(s.vals):len(s.vals)]})
 	return ""
 }
 
@@ -195,7 +195,7 @@ func (d *Daemon) addAttributes(ctx *fasthttp.RequestCtx, s *httpScratch) (bool, 
 	}
 	s.in = append(s.in[:0], s.descs...)
 	add := func(name string, start int) {
-		s.in = append(s.in, wire.Descriptor{Name: []byte(name), Value: s.avals[start:len(s.avals):len(s.avals)]})
+		s.in = append(s.in, descriptor.Descriptor{Name: []byte(name), Value: s.avals[start:len(s.avals):len(s.avals)]})
 	}
 	for k, v := range h.AllInOrder() {
 		var name string

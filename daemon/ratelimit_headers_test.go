@@ -15,6 +15,7 @@ import (
 
 	"github.com/rld/rld/config"
 	"github.com/rld/rld/daemon"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/header/wireheader"
 	"github.com/rld/rld/memstore"
@@ -280,7 +281,7 @@ func TestRateLimitFieldsGuideClients(t *testing.T) {
 			ctx := context.Background()
 			check := func(key string, now time.Time, peek bool) (policy.Decision, rlFields) {
 				t.Helper()
-				dec := p.Check(ctx, &policy.Request{Now: now, Descs: []wire.Descriptor{{Name: []byte("k"), Value: []byte(key)}}, Cost: 1, Peek: peek}, nil)
+				dec := p.Check(ctx, &policy.Request{Now: now, Descs: []descriptor.Descriptor{{Name: []byte("k"), Value: []byte(key)}}, Cost: 1, Peek: peek}, nil)
 				fields, _ := header.AppendFields(nil, nil, daemon.AnswerOf(&dec), now)
 				get := func(name string) string {
 					for _, f := range fields {
@@ -393,7 +394,7 @@ func TestFrameCarriesTheHTTPFields(t *testing.T) {
 			var res wire.Response
 			for i := range 40 {
 				now := start.Add(time.Duration(i) * 1237 * time.Millisecond)
-				dec := p.Check(context.Background(), &policy.Request{Now: now, Descs: []wire.Descriptor{{Name: []byte("k"), Value: []byte("x")}}, Cost: 1, Peek: i%5 == 4}, nil)
+				dec := p.Check(context.Background(), &policy.Request{Now: now, Descs: []descriptor.Descriptor{{Name: []byte("k"), Value: []byte("x")}}, Cost: 1, Peek: i%5 == 4}, nil)
 				seen[dec.Status] = true
 				daemon.FillResponse(&res, &dec)
 				var back wire.Response
@@ -419,7 +420,7 @@ func TestFrameOfNoLimit(t *testing.T) {
 	require.NoError(t, err)
 	p, err := policy.New(cfg, memstore.New(memstore.Options{}))
 	require.NoError(t, err)
-	dec := p.Check(context.Background(), &policy.Request{Now: time.Now(), Descs: []wire.Descriptor{{Name: []byte("other"), Value: []byte("x")}}, Cost: 1}, nil)
+	dec := p.Check(context.Background(), &policy.Request{Now: time.Now(), Descs: []descriptor.Descriptor{{Name: []byte("other"), Value: []byte("x")}}, Cost: 1}, nil)
 	var res wire.Response
 	daemon.FillResponse(&res, &dec)
 	assert.Equal(t, wire.StatusAllowed, res.Status)

@@ -21,10 +21,10 @@ import (
 
 	"github.com/rld/rld/admin"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/header"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/topk"
-	"github.com/rld/rld/wire"
 )
 
 // TopKeys is how many keys the heavy-hitters sketch of each rule holds:
@@ -137,7 +137,7 @@ func (o *Observer) sketch(rule string) *topk.Sketch {
 
 // Observe records one decision dec for descs, decided by p; start is when
 // the request was read.
-func (o *Observer) Observe(p *policy.Policy, dec *policy.Decision, descs []wire.Descriptor, start time.Time, sc *Scratch) {
+func (o *Observer) Observe(p *policy.Policy, dec *policy.Decision, descs []descriptor.Descriptor, start time.Time, sc *Scratch) {
 	// An error answer (cost_too_large, internal) refuses the request too:
 	// it is sampled, capped and counted as a denial.
 	denied := !dec.Status.Allowed()
@@ -196,7 +196,7 @@ func (o *Observer) underCap(now time.Time) bool {
 //
 // descriptors are those decided on (derived from the request's attributes
 // when it carried any), in order.
-func (o *Observer) writeDecision(dec *policy.Decision, key []byte, descs []wire.Descriptor, start time.Time) {
+func (o *Observer) writeDecision(dec *policy.Decision, key []byte, descs []descriptor.Descriptor, start time.Time) {
 	now := time.Now()
 	kind := "allowed"
 	if !dec.Status.Allowed() {

@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/topk"
-	"github.com/rld/rld/wire"
 )
 
 // TestSamplingRates feeds the observer many decisions and checks that
@@ -27,7 +27,7 @@ func TestSamplingRates(t *testing.T) {
 	var out bytes.Buffer
 	o := &Observer{id: "test", out: &out, deniedThresh: threshold(0.01), allowedThresh: threshold(0)}
 	o.tops.Store(&map[string]*topk.Sketch{})
-	descs := []wire.Descriptor{{Name: []byte("k"), Value: []byte("v")}}
+	descs := []descriptor.Descriptor{{Name: []byte("k"), Value: []byte("v")}}
 	denied := policy.Decision{Status: policy.StatusLimited, Rule: "r"}
 	allowed := policy.Decision{Status: policy.StatusAllowed, Rule: "r"}
 	var sc Scratch

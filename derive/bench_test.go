@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/rld/rld/derive"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/internal/reqcorpus"
-	"github.com/rld/rld/wire"
 )
 
 // BenchmarkDerive measures one request's derivation under the corpus's
@@ -36,7 +36,7 @@ func BenchmarkDerive(b *testing.B) {
 		})
 	}
 	b.Run("no-attributes", func(b *testing.B) {
-		in := []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("k1")}, {Name: []byte("endpoint"), Value: []byte("/v1/search")}}
+		in := []descriptor.Descriptor{{Name: []byte("api_key"), Value: []byte("k1")}, {Name: []byte("endpoint"), Value: []byte("/v1/search")}}
 		var s derive.Scratch
 		b.ReportAllocs()
 		for b.Loop() {

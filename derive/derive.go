@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/wire"
 )
 
@@ -37,7 +38,7 @@ const (
 const (
 	// MaxValue is the longest derived descriptor value, and the limit of
 	// every attribute without one of its own.
-	MaxValue = wire.MaxValueLen
+	MaxValue = descriptor.MaxValueLen
 	// MaxTarget is the longest :target a client sends.
 	MaxTarget = wire.MaxTargetLen
 	// MaxHeader is the longest :h: value a client sends.
@@ -223,8 +224,8 @@ func parseSource(name, spec string) (source, error) {
 	switch kind {
 	case "header":
 		s.kind, s.arg = fromHeader, strings.ToLower(arg)
-		if len(AttrHeaderPrefix)+len(s.arg) > wire.MaxNameLen || strings.ContainsAny(s.arg, " \t:\r\n") {
-			return source{}, fmt.Errorf("request.descriptors.%s = %q: not a header name of at most %d bytes", name, spec, wire.MaxNameLen-len(AttrHeaderPrefix))
+		if len(AttrHeaderPrefix)+len(s.arg) > descriptor.MaxNameLen || strings.ContainsAny(s.arg, " \t:\r\n") {
+			return source{}, fmt.Errorf("request.descriptors.%s = %q: not a header name of at most %d bytes", name, spec, descriptor.MaxNameLen-len(AttrHeaderPrefix))
 		}
 	case "query":
 		s.kind = fromQuery
@@ -241,8 +242,8 @@ func parseSource(name, spec string) (source, error) {
 // validName checks a derived descriptor's name.
 func validName(name string) error {
 	switch {
-	case name == "" || len(name) > wire.MaxNameLen:
-		return fmt.Errorf("a name of 1 to %d bytes", wire.MaxNameLen)
+	case name == "" || len(name) > descriptor.MaxNameLen:
+		return fmt.Errorf("a name of 1 to %d bytes", descriptor.MaxNameLen)
 	case name[0] == wire.AttrPrefix:
 		return errors.New("a name may not start with ':' (attributes' names)")
 	case name == NameIP || name == NameMethod || name == NameHost || name == NameEndpoint:
@@ -256,7 +257,7 @@ func validName(name string) error {
 type Scratch struct {
 	buf   []byte
 	spans []span
-	out   []wire.Descriptor
+	out   []descriptor.Descriptor
 	attrs attrs
 }
 
@@ -268,7 +269,7 @@ type span struct {
 type attrs struct {
 	peer, method, host, target []byte
 	hasTarget                  bool
-	headers                    [MaxHeaders * 2]wire.Descriptor // by name; later ones beyond the array are ignored
+	headers                    [MaxHeaders * 2]descriptor.Descriptor // by name; later ones beyond the array are ignored
 	nh                         int
 }
 
@@ -295,7 +296,7 @@ type Result struct {
 	// request's own that derivation did not produce and that are not
 	// empty. They alias
 	// the Scratch and the request until the next Derive with the Scratch.
-	Descs []wire.Descriptor
+	Descs []descriptor.Descriptor
 	// Derived is true when the request carried attributes.
 	Derived bool
 	// Oversize is true when the target was too long to be sent whole: no
@@ -304,7 +305,7 @@ type Result struct {
 }
 
 // HasAttrs reports whether descs carry any attribute.
-func HasAttrs(descs []wire.Descriptor) bool {
+func HasAttrs(descs []descriptor.Descriptor) bool {
 	for i := range descs {
 		if wire.IsAttr(descs[i].Name) {
 			return true
@@ -316,7 +317,7 @@ func HasAttrs(descs []wire.Descriptor) bool {
 // Derive derives the descriptors of a request from the attributes among
 // in, at now (for tokens' expiry). A request without attributes is
 // returned as it is.
-func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result {
+func (d *Deriver) Derive(in []descriptor.Descriptor, now time.Time, s *Scratch) Result {
 	if !HasAttrs(in) {
 		return Result{Descs: in}
 	}
@@ -388,7 +389,7 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 	}
 	s.out = s.out[:0]
 	for _, sp := range s.spans {
-		s.out = append(s.out, wire.Descriptor{Name: sp.name, Value: s.buf[sp.start:sp.end:sp.end]})
+		s.out = append(s.out, descriptor.Descriptor{Name: sp.name, Value: s.buf[sp.start:sp.end:sp.end]})
 	}
 	derived := len(s.out)
 	for i := range in {
@@ -396,7 +397,7 @@ func (d *Deriver) Derive(in []wire.Descriptor, now time.Time, s *Scratch) Result
 		if wire.IsAttr(n) || len(in[i].Value) == 0 || has(s.out[:derived], n) {
 			continue
 		}
-		if len(s.out) == wire.MaxDescriptors {
+		if len(s.out) == descriptor.MaxDescriptors {
 			break
 		}
 		s.out = append(s.out, in[i])
@@ -411,7 +412,7 @@ var (
 	nameEndpoint = []byte(NameEndpoint)
 )
 
-func has(descs []wire.Descriptor, name []byte) bool {
+func has(descs []descriptor.Descriptor, name []byte) bool {
 	for i := range descs {
 		if string(descs[i].Name) == string(name) {
 			return true

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/derive"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/internal/reqcorpus"
 	"github.com/rld/rld/wire"
 )
@@ -30,18 +31,18 @@ func FuzzDerive(f *testing.F) {
 	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
 	var s derive.Scratch
 	f.Fuzz(func(t *testing.T, peer, method, host, target, hval string) {
-		in := []wire.Descriptor{
+		in := []descriptor.Descriptor{
 			{Name: []byte(derive.AttrPeer), Value: []byte(peer)},
 			{Name: []byte(derive.AttrMethod), Value: []byte(method)},
 			{Name: []byte(derive.AttrHost), Value: []byte(host)},
 			{Name: []byte(derive.AttrTarget), Value: []byte(target)},
 		}
 		for _, h := range reqcorpus.ClientHeaders {
-			in = append(in, wire.Descriptor{Name: []byte(derive.AttrHeaderPrefix + h), Value: []byte(hval)})
+			in = append(in, descriptor.Descriptor{Name: []byte(derive.AttrHeaderPrefix + h), Value: []byte(hval)})
 		}
-		in = append(in, wire.Descriptor{Name: []byte("tenant"), Value: []byte(hval)})
+		in = append(in, descriptor.Descriptor{Name: []byte("tenant"), Value: []byte(hval)})
 		res := d.Derive(in, now, &s)
-		if len(res.Descs) > wire.MaxDescriptors {
+		if len(res.Descs) > descriptor.MaxDescriptors {
 			t.Fatalf("%d descriptors", len(res.Descs))
 		}
 		for _, ds := range res.Descs {

@@ -7,7 +7,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // The descriptors that the face adds to every Envoy descriptor before its
@@ -33,7 +33,7 @@ var errBadDescriptor = errors.New("invalid descriptor")
 // mapper builds the rld descriptors of Envoy descriptors into reused
 // buffers. It is not safe for concurrent use.
 type mapper struct {
-	descs []wire.Descriptor
+	descs []descriptor.Descriptor
 	buf   []byte
 }
 
@@ -45,25 +45,25 @@ func (m *mapper) mapDescriptor(domain string, d *rlv3.RateLimitDescriptor) error
 	if len(entries) == 0 {
 		return fmt.Errorf("%w: no entries", errBadDescriptor)
 	}
-	if len(entries)+2 > wire.MaxDescriptors {
-		return fmt.Errorf("%w: %d entries, at most %d", errBadDescriptor, len(entries), wire.MaxDescriptors-2)
+	if len(entries)+2 > descriptor.MaxDescriptors {
+		return fmt.Errorf("%w: %d entries, at most %d", errBadDescriptor, len(entries), descriptor.MaxDescriptors-2)
 	}
 	size := len(DomainDescriptor) + len(domain) + len(KeysDescriptor)
 	keysLen := 0
 	for i, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
-		if k == "" || len(k) > wire.MaxNameLen {
-			return fmt.Errorf("%w: entry %d: key of %d bytes, want 1 to %d", errBadDescriptor, i, len(k), wire.MaxNameLen)
+		if k == "" || len(k) > descriptor.MaxNameLen {
+			return fmt.Errorf("%w: entry %d: key of %d bytes, want 1 to %d", errBadDescriptor, i, len(k), descriptor.MaxNameLen)
 		}
-		if len(v) > wire.MaxValueLen {
-			return fmt.Errorf("%w: entry %d (%s): value of %d bytes, at most %d", errBadDescriptor, i, k, len(v), wire.MaxValueLen)
+		if len(v) > descriptor.MaxValueLen {
+			return fmt.Errorf("%w: entry %d (%s): value of %d bytes, at most %d", errBadDescriptor, i, k, len(v), descriptor.MaxValueLen)
 		}
 		size += len(k) + len(v)
 		keysLen += len(k) + len(KeySep)
 	}
 	keysLen -= len(KeySep)
-	if keysLen > wire.MaxValueLen {
-		return fmt.Errorf("%w: keys of %d bytes together, at most %d", errBadDescriptor, keysLen, wire.MaxValueLen)
+	if keysLen > descriptor.MaxValueLen {
+		return fmt.Errorf("%w: keys of %d bytes together, at most %d", errBadDescriptor, keysLen, descriptor.MaxValueLen)
 	}
 	size += keysLen
 	// One allocation-free fill: the buffer never grows below, so the
@@ -84,7 +84,7 @@ func (m *mapper) mapDescriptor(domain string, d *rlv3.RateLimitDescriptor) error
 		}
 		m.buf = append(m.buf, e.GetKey()...)
 	}
-	m.descs = append(m.descs, wire.Descriptor{Name: name, Value: m.buf[start:len(m.buf):len(m.buf)]})
+	m.descs = append(m.descs, descriptor.Descriptor{Name: name, Value: m.buf[start:len(m.buf):len(m.buf)]})
 	for _, e := range entries {
 		m.add(e.GetKey(), e.GetValue())
 	}
@@ -98,7 +98,7 @@ func (m *mapper) add(name, value string) {
 	n := m.buf[start:len(m.buf):len(m.buf)]
 	start = len(m.buf)
 	m.buf = append(m.buf, value...)
-	m.descs = append(m.descs, wire.Descriptor{Name: n, Value: m.buf[start:len(m.buf):len(m.buf)]})
+	m.descs = append(m.descs, descriptor.Descriptor{Name: n, Value: m.buf[start:len(m.buf):len(m.buf)]})
 }
 
 // joinKeys returns the KeysDescriptor value of a key path.

@@ -11,7 +11,7 @@ import (
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/change"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // Changes are the run-time changes in force over a configuration: the
@@ -310,9 +310,9 @@ func (p *Policy) compileChanges(ch *Changes) {
 
 // keyOf returns r's counter key for the by values in key.
 func (r *rule) keyOf(key map[string]string) (string, bool) {
-	descs := make([]wire.Descriptor, 0, len(key))
+	descs := make([]descriptor.Descriptor, 0, len(key))
 	for name, v := range key {
-		descs = append(descs, wire.Descriptor{Name: []byte(name), Value: []byte(v)})
+		descs = append(descs, descriptor.Descriptor{Name: []byte(name), Value: []byte(v)})
 	}
 	k, ok := r.appendKey(nil, descs)
 	return string(k), ok
@@ -340,7 +340,7 @@ func selectors(m map[string]string) ([]selector, bool) {
 
 // blocked reports whether a glob block in force at now (Unix nanoseconds)
 // matches descs.
-func (p *Policy) blocked(descs []wire.Descriptor, now int64) bool {
+func (p *Policy) blocked(descs []descriptor.Descriptor, now int64) bool {
 	for i := range p.blocks {
 		b := &p.blocks[i]
 		if now >= b.exp {
@@ -353,7 +353,7 @@ func (p *Policy) blocked(descs []wire.Descriptor, now int64) bool {
 	return false
 }
 
-func allMatch(sels []selector, descs []wire.Descriptor) bool {
+func allMatch(sels []selector, descs []descriptor.Descriptor) bool {
 	for i := range sels {
 		if !sels[i].matches(descs) {
 			return false
@@ -382,7 +382,7 @@ func (r *rule) keyBlockEnd(key []byte, now int64) (int64, bool) {
 // for a request of tier index ti whose counter key is key: the newest key
 // override's not expired, else the first matching glob override's, else
 // ti's own.
-func (r *rule) limitIndex(ti int, key []byte, descs []wire.Descriptor, now int64) int {
+func (r *rule) limitIndex(ti int, key []byte, descs []descriptor.Descriptor, now int64) int {
 	if !r.changed {
 		return ti
 	}

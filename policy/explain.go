@@ -7,7 +7,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // Explanation is what Explain finds for a request.
@@ -101,7 +101,7 @@ func (p *Policy) Explain(ctx context.Context, req *Request) Explanation {
 
 // listOf returns RuleDeny when the deny list or a descriptor block
 // matches descs, RuleAllow when the allow list does, else "".
-func (p *Policy) listOf(descs []wire.Descriptor, now time.Time) string {
+func (p *Policy) listOf(descs []descriptor.Descriptor, now time.Time) string {
 	for i := range p.deny {
 		if p.deny[i].matches(descs) {
 			return RuleDeny
@@ -121,7 +121,7 @@ func (p *Policy) listOf(descs []wire.Descriptor, now time.Time) string {
 // explainRule is Explain's Match of rule r, whose counter key for descs
 // is key (ok: every by descriptor is present).
 func (p *Policy) explainRule(ctx context.Context, now time.Time, r *rule, key []byte, ok bool,
-	descs []wire.Descriptor, cost int64) Match {
+	descs []descriptor.Descriptor, cost int64) Match {
 	m := Match{Rule: r.name, Mode: r.mode, Fail: r.fail, Shadow: r.shadow, Enforce: int(r.share)}
 	ti := r.tier(descs)
 	if ti >= 0 {
@@ -248,7 +248,7 @@ func longestExplained(rest []Match, m *Match) *Match {
 // rule for descs — its by descriptors as "name=value" joined by "," —
 // and reports whether rule exists and every by descriptor is present. It
 // allocates nothing beyond growing dst.
-func (p *Policy) AppendKeyText(dst []byte, rule string, descs []wire.Descriptor) ([]byte, bool) {
+func (p *Policy) AppendKeyText(dst []byte, rule string, descs []descriptor.Descriptor) ([]byte, bool) {
 	for i := range p.rules {
 		if p.rules[i].name == rule {
 			return p.rules[i].appendKeyText(dst, descs)
@@ -257,7 +257,7 @@ func (p *Policy) AppendKeyText(dst []byte, rule string, descs []wire.Descriptor)
 	return dst, false
 }
 
-func (r *rule) appendKeyText(dst []byte, descs []wire.Descriptor) ([]byte, bool) {
+func (r *rule) appendKeyText(dst []byte, descs []descriptor.Descriptor) ([]byte, bool) {
 	for j, name := range r.by {
 		v, ok := lookup(descs, name)
 		if !ok {

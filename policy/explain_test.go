@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/memstore"
-	"github.com/rld/rld/wire"
 )
 
 func TestExplainConsumesNothing(t *testing.T) {
@@ -42,7 +42,7 @@ period = "1s"
 		t.Fatal(err)
 	}
 	ctx, now := context.Background(), time.Unix(1000, 0)
-	descs := []wire.Descriptor{
+	descs := []descriptor.Descriptor{
 		{Name: []byte("api_key"), Value: []byte("k1")},
 		{Name: []byte("tier"), Value: []byte("pro")},
 		{Name: []byte("endpoint"), Value: []byte("/v1/x")},
@@ -65,7 +65,7 @@ period = "1s"
 	if d := p.Check(ctx, &Request{Now: now, Descs: descs, Cost: 1}, nil); d.Result.Remaining != 7 {
 		t.Fatalf("after explain: remaining %d, want 7", d.Result.Remaining)
 	}
-	if e := p.Explain(ctx, &Request{Now: now, Descs: []wire.Descriptor{{Name: []byte("ip"), Value: []byte("10.1.1.1")}}, Cost: 1}); e.List != RuleDeny || len(e.Rules) != 1 || e.Rules[0].Missing != "api_key" {
+	if e := p.Explain(ctx, &Request{Now: now, Descs: []descriptor.Descriptor{{Name: []byte("ip"), Value: []byte("10.1.1.1")}}, Cost: 1}); e.List != RuleDeny || len(e.Rules) != 1 || e.Rules[0].Missing != "api_key" {
 		t.Fatalf("deny-listed: %+v", e)
 	}
 	text, ok := p.AppendKeyText(nil, "per-key", descs)

@@ -15,8 +15,12 @@ import (
 	"time"
 
 	"github.com/rld/rld/algo"
-	"github.com/rld/rld/wire"
 )
+
+// MaxLeaseLen is the longest lease AcquireTo returns: a client carries it
+// back in a RELEASE or SETTLE frame, whose token limit (wire.MaxTokenLen)
+// the daemon's tests hold equal to it.
+const MaxLeaseLen = 1024
 
 // Errors of Release and Settle, wrapped by the Decision's Err.
 var (
@@ -199,7 +203,7 @@ func acquirePeek() Decision {
 }
 
 // lease encodes what the allowed acquire in sc took, or returns nil when
-// it took nothing. A lease that would exceed wire.MaxTokenLen gives it
+// it took nothing. A lease that would exceed MaxLeaseLen gives it
 // all back and makes d an error.
 func (p *Policy) lease(ctx context.Context, now time.Time, cost int64, sc *Scratch, d *Decision) []byte {
 	if !d.Status.Allowed() || len(sc.taken) == 0 {
@@ -243,10 +247,10 @@ func (p *Policy) lease(ctx context.Context, now time.Time, cost int64, sc *Scrat
 	raw = sc.mac.Sum(raw)[:len(raw)+leaseTag]
 	sc.leaseRaw = raw
 	size := base64.RawURLEncoding.EncodedLen(len(raw))
-	if size > wire.MaxTokenLen {
+	if size > MaxLeaseLen {
 		p.refund(ctx, now, cost, false, false, sc)
 		*d = Decision{Status: StatusError, Code: CodeInternal, Rule: d.Rule,
-			Err: fmt.Errorf("policy: acquire: the lease would take %d bytes, more than %d: the by descriptors' values are too long", size, wire.MaxTokenLen)}
+			Err: fmt.Errorf("policy: acquire: the lease would take %d bytes, more than %d: the by descriptors' values are too long", size, MaxLeaseLen)}
 		return nil
 	}
 	sc.lease = base64.RawURLEncoding.AppendEncode(sc.lease[:0], raw)

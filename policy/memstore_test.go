@@ -10,8 +10,8 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/memstore"
-	"github.com/rld/rld/wire"
 )
 
 var (
@@ -136,7 +136,7 @@ func BenchmarkCheck(b *testing.B) {
 	cases := []struct {
 		name string
 		toml string
-		req  []wire.Descriptor
+		req  []descriptor.Descriptor
 		step time.Duration // the clock's advance per check: keys stay under their limits
 		want Status
 	}{

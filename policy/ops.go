@@ -9,7 +9,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // Operator is implemented by the stores that run the ops an operator
@@ -28,7 +28,7 @@ type Operator interface {
 type Target struct {
 	Rule        string
 	Key         map[string]string
-	Descriptors []wire.Descriptor
+	Descriptors []descriptor.Descriptor
 }
 
 // Applied is the outcome of an op on one rule's counter.
@@ -125,15 +125,15 @@ func (p *Policy) Operate(ctx context.Context, now time.Time, kind algo.OpKind, n
 }
 
 // sortedDescriptors returns m as descriptors sorted by name.
-func sortedDescriptors(m map[string]string) []wire.Descriptor {
+func sortedDescriptors(m map[string]string) []descriptor.Descriptor {
 	names := make([]string, 0, len(m))
 	for n := range m {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	out := make([]wire.Descriptor, len(names))
+	out := make([]descriptor.Descriptor, len(names))
 	for i, n := range names {
-		out[i] = wire.Descriptor{Name: []byte(n), Value: []byte(m[n])}
+		out[i] = descriptor.Descriptor{Name: []byte(n), Value: []byte(m[n])}
 	}
 	return out
 }

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // DefaultPenaltyKeys bounds the keys a Penalties tracks when NewPenalties
@@ -136,7 +136,7 @@ func (pr *penaltyRule) jitterFor(retry time.Duration) time.Duration {
 // cooldown reports whether r's key is in a cooldown at now, and how long
 // it has left then; unless peek, the check counts as one more early
 // retry, which lengthens the cooldown and counts toward block_after.
-func (ps *Penalties) cooldown(r *rule, key []byte, descs []wire.Descriptor, now int64, peek bool) (time.Duration, bool) {
+func (ps *Penalties) cooldown(r *rule, key []byte, descs []descriptor.Descriptor, now int64, peek bool) (time.Duration, bool) {
 	ps.mu.Lock()
 	e, ok := ps.m[string(key)]
 	if ok && e.blockOver(now) {
@@ -158,7 +158,7 @@ func (ps *Penalties) cooldown(r *rule, key []byte, descs []wire.Descriptor, now 
 // a penalty when the key retried early too often, plus jitter; never
 // less than what is left of an earlier answer. It asks for an automatic
 // block when the key reaches block_after.
-func (ps *Penalties) refused(r *rule, key []byte, descs []wire.Descriptor, now int64, base time.Duration) time.Duration {
+func (ps *Penalties) refused(r *rule, key []byte, descs []descriptor.Descriptor, now int64, base time.Duration) time.Duration {
 	pr := r.pen
 	if !pr.tracked {
 		return base + pr.jitterFor(base)
@@ -238,7 +238,7 @@ func (ps *Penalties) makeRoom(now int64) {
 }
 
 // byValues returns the value of each of r's by descriptors in descs.
-func byValues(r *rule, descs []wire.Descriptor) map[string]string {
+func byValues(r *rule, descs []descriptor.Descriptor) map[string]string {
 	out := make(map[string]string, len(r.by))
 	for _, name := range r.by {
 		if v, ok := lookup(descs, name); ok {

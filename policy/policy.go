@@ -15,7 +15,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // Names that Decision.Rule takes when no rule of the configuration decided.
@@ -66,7 +66,7 @@ type selector struct {
 
 // matches reports whether the first descriptor called s.name is present
 // and its value matches.
-func (s *selector) matches(descs []wire.Descriptor) bool {
+func (s *selector) matches(descs []descriptor.Descriptor) bool {
 	v, ok := lookup(descs, s.name)
 	return ok && s.glob.match(v)
 }
@@ -423,7 +423,7 @@ func (p *Policy) Rules() []RuleInfo { return slices.Clone(p.infos) }
 // cost above a limit's capacity is refused (ErrCostTooLarge).
 type Request struct {
 	Now   time.Time
-	Descs []wire.Descriptor
+	Descs []descriptor.Descriptor
 	Cost  int64
 	Peek  bool
 }
@@ -537,7 +537,7 @@ func (p *Policy) check(ctx context.Context, req *Request, sc *Scratch, d *Decisi
 type checking struct {
 	ctx         context.Context
 	now         time.Time
-	descs       []wire.Descriptor
+	descs       []descriptor.Descriptor
 	cost        int64
 	peek, local bool // local: TryCheckTo
 	acquire     bool // AcquireTo: concurrency rules hold their slots
@@ -964,7 +964,7 @@ func releaseSlot(ctx context.Context, o Operator, op *algo.Op, now time.Time) bo
 }
 
 // lookup returns the value of the first descriptor called name.
-func lookup(descs []wire.Descriptor, name string) ([]byte, bool) {
+func lookup(descs []descriptor.Descriptor, name string) ([]byte, bool) {
 	for i := range descs {
 		if string(descs[i].Name) == name {
 			return descs[i].Value, true
@@ -974,7 +974,7 @@ func lookup(descs []wire.Descriptor, name string) ([]byte, bool) {
 }
 
 // applies reports whether every match entry of r holds for descs.
-func (r *rule) applies(descs []wire.Descriptor) bool {
+func (r *rule) applies(descs []descriptor.Descriptor) bool {
 	for i := range r.match {
 		if !r.match[i].matches(descs) {
 			return false
@@ -988,7 +988,7 @@ func (r *rule) applies(descs []wire.Descriptor) bool {
 // and the value. Rule names contain no zero byte and values are length-
 // prefixed, so distinct rules or values never share a key. It reports
 // false when a by descriptor is missing.
-func (r *rule) appendKey(dst []byte, descs []wire.Descriptor) ([]byte, bool) {
+func (r *rule) appendKey(dst []byte, descs []descriptor.Descriptor) ([]byte, bool) {
 	dst = append(dst, r.prefix...)
 	for _, name := range r.by {
 		v, ok := lookup(descs, name)
@@ -1003,7 +1003,7 @@ func (r *rule) appendKey(dst []byte, descs []wire.Descriptor) ([]byte, bool) {
 
 // tier returns the index of the tier of descs in r.tiers, or -1 when the
 // tier descriptor is missing or names none of them: the base limit.
-func (r *rule) tier(descs []wire.Descriptor) int {
+func (r *rule) tier(descs []descriptor.Descriptor) int {
 	if len(r.tiers) > 0 {
 		if v, ok := lookup(descs, config.TierDescriptor); ok {
 			for i := range r.tiers {

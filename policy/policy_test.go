@@ -16,7 +16,7 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // fakeStore is a fixed-window counter per key, enough to drive Policy
@@ -167,11 +167,11 @@ func key(rule string, values ...string) string {
 }
 
 // descs turns "name=value" pairs into descriptors.
-func descs(pairs ...string) []wire.Descriptor {
-	out := make([]wire.Descriptor, len(pairs))
+func descs(pairs ...string) []descriptor.Descriptor {
+	out := make([]descriptor.Descriptor, len(pairs))
 	for i, p := range pairs {
 		name, value, _ := strings.Cut(p, "=")
-		out[i] = wire.Descriptor{Name: []byte(name), Value: []byte(value)}
+		out[i] = descriptor.Descriptor{Name: []byte(name), Value: []byte(value)}
 	}
 	return out
 }
@@ -199,7 +199,7 @@ limit = 1
 period = "1m"
 `, st)
 	tests := []struct {
-		descs  []wire.Descriptor
+		descs  []descriptor.Descriptor
 		status Status
 		rule   string
 	}{
@@ -360,7 +360,7 @@ period = "1m"
 `
 	p := newPolicy(t, rules, newFakeStore())
 	tests := []struct {
-		descs []wire.Descriptor
+		descs []descriptor.Descriptor
 		rule  string
 		limit int64
 	}{
@@ -395,7 +395,7 @@ limit = 5
 period = "1m"
 `, st)
 	tests := []struct {
-		descs []wire.Descriptor
+		descs []descriptor.Descriptor
 		rule  string
 	}{
 		{descs("api_key=k", "endpoint=/v1/search", "method=GET"), "search"},

@@ -11,10 +11,10 @@ import (
 
 	"github.com/rld/rld/algo"
 	"github.com/rld/rld/config"
+	"github.com/rld/rld/descriptor"
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
 	"github.com/rld/rld/redistest"
-	"github.com/rld/rld/wire"
 )
 
 // newRegion returns a Region of three on the regional Redis local and the
@@ -196,7 +196,7 @@ scope = "global"
 	if err != nil {
 		t.Fatal(err)
 	}
-	descs := []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
+	descs := []descriptor.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
 	now := time.Now()
 	e := p.Explain(context.Background(), &policy.Request{Now: now, Descs: descs, Cost: 1})
 	if rs := e.Rules[0].Region; rs == nil || rs.Live || rs.Units != 300 || rs.Fallback != 300 || rs.Region != "eu" {
@@ -263,7 +263,7 @@ fail = "open"
 	if err != nil {
 		t.Fatal(err)
 	}
-	descs := []wire.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
+	descs := []descriptor.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
 	now := time.Now()
 	admitted := 0
 	for range 1000 {

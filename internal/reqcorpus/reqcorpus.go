@@ -32,7 +32,7 @@ import (
 	"time"
 
 	"github.com/rld/rld/derive"
-	"github.com/rld/rld/wire"
+	"github.com/rld/rld/descriptor"
 )
 
 // Header is one header field of a case.
@@ -358,11 +358,11 @@ var ClientHeaders = []string{"x-api-key", "authorization", "x-forwarded-for", "x
 // :method, :host, :target, then each header of ClientHeaders the request
 // carries, its occurrences joined by ", ", every value by the rule for
 // long values.
-func (c *Case) Attributes() []wire.Descriptor {
-	add := func(ds []wire.Descriptor, name, v string, limit int) []wire.Descriptor {
-		return append(ds, wire.Descriptor{Name: []byte(name), Value: derive.AppendValue(nil, []byte(v), limit)})
+func (c *Case) Attributes() []descriptor.Descriptor {
+	add := func(ds []descriptor.Descriptor, name, v string, limit int) []descriptor.Descriptor {
+		return append(ds, descriptor.Descriptor{Name: []byte(name), Value: derive.AppendValue(nil, []byte(v), limit)})
 	}
-	var ds []wire.Descriptor
+	var ds []descriptor.Descriptor
 	ds = add(ds, derive.AttrPeer, c.Peer, derive.MaxValue)
 	ds = add(ds, derive.AttrMethod, c.Method, derive.MaxValue)
 	if c.Host != "" {
