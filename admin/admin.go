@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rld/rld/descriptor"
 )
 
 // Service is what the daemon provides to the admin faces. Implementations
@@ -460,11 +462,11 @@ func Lookup(name string) (Op, bool) {
 	return Op{}, false
 }
 
-// Limits of explain's arguments, those of the protocol.
+// Limits of explain's arguments: a request's (package descriptor).
 const (
-	maxDescriptors = 32
-	maxNameLen     = 64
-	maxValueLen    = 1024
+	maxDescriptors = descriptor.MaxDescriptors
+	maxNameLen     = descriptor.MaxNameLen
+	maxValueLen    = descriptor.MaxValueLen
 )
 
 func (a *ExplainArgs) validate() error {
