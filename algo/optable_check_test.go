@@ -30,6 +30,7 @@ var kindSwitchAllowed = map[string]string{
 	"shardcache.keep":     "keeps the units of the sync's own return (refund) that was not sent",
 	"shardcache.refunded": "announces the settle's refunds (a release's Result is not a refund's)",
 	"shardcache.Recalled": "queues or counts its own return (refund) of a recalled lease",
+	"shardcache.giveBack": "requeues or counts its own return (refund) of a grant that came after a recall",
 }
 
 // kindConsts returns the names of algo's constants of type OpKind and of

@@ -252,7 +252,9 @@ func runFleet(t *testing.T, store string, limit int64, keys []*fleetKey, o fleet
 			t.Errorf("%s %s: %d errors; first: %s", k.kind, k.apiKey, k.errs.Load(), *p)
 		}
 		assert.LessOrEqual(t, k.admitted.Load(), bound, "%s %s: admitted more than the exact bound", k.kind, k.apiKey)
-		assert.GreaterOrEqual(t, offered, 3.0, "%s %s: the load fell short of overloading the key", k.kind, k.apiKey)
+		// Sent at 5× the limit; each connection waits for its answers, so
+		// a loaded host offers less: twice the limit still overloads the key.
+		assert.GreaterOrEqual(t, offered, 2.0, "%s %s: the load fell short of overloading the key", k.kind, k.apiKey)
 		// The floor below compares with what the run's whole windows
 		// allow: the exact bound also counts a window the last answers
 		// reach into by a few milliseconds.
