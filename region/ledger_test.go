@@ -77,29 +77,28 @@ func TestLedgerProportionalTargetsAndDecreaseAtOnce(t *testing.T) {
 	c := client(t, redistest.Standalone(t).Addr)
 	eu, us, ap := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute), ledger(t, c, "ap", time.Minute)
 	renew(t, eu, "k", 0)
-	// Under the limit: demand plus an equal part of the slack. us asks
-	// 100 with eu's 0 known and ap's 0: 100 + (900-100)/3 = 366, capped
-	// by what is free: 900 - 300 (eu, not yet lowered) - 300 (ap) = 300.
+	// Under the limit: demand plus a part of the slack in proportion to
+	// demand + m (m = the floor, 30). us asks 100 with eu's 0 known and
+	// ap's 0: 100 + 800×130/190 = 647, capped by what is free: 900 - 300
+	// (eu, not yet lowered) - 300 (ap) = 300.
 	if g := renew(t, us, "k", 100); g.Share != 300 {
 		t.Fatalf("us share = %d, want 300 (capped by free units)", g.Share)
 	}
-	// eu, idle, decreases at once: 0 + (900-100)/3 = 266.
-	if g := renew(t, eu, "k", 0); g.Share != 266 {
-		t.Fatalf("eu idle share = %d, want 266", g.Share)
+	// eu, idle, decreases at once: 0 + 800×30/190 = 126.
+	if g := renew(t, eu, "k", 0); g.Share != 126 {
+		t.Fatalf("eu idle share = %d, want 126", g.Share)
 	}
-	if g := renew(t, ap, "k", 0); g.Share != 266 {
-		t.Fatalf("ap idle share = %d, want 266", g.Share)
+	if g := renew(t, ap, "k", 0); g.Share != 126 {
+		t.Fatalf("ap idle share = %d, want 126", g.Share)
 	}
-	// Now us gets its target: 100 + 800/3 = 366 (free is 900-532 = 368).
-	if g := renew(t, us, "k", 100); g.Share != 366 {
-		t.Fatalf("us share = %d, want 366", g.Share)
+	// Now us gets its target: 647 (free is 900-252 = 648).
+	if g := renew(t, us, "k", 100); g.Share != 647 {
+		t.Fatalf("us share = %d, want 647", g.Share)
 	}
-	// Over the limit: proportional, with a floor. us asks 2700, eu 300:
-	// eu's target is 900*300/3000 = 90.
-	// eu asks 300: 300 + (900-400)/3 = 466, capped by free = 900 - 366 -
-	// 266 = 268.
-	if g := renew(t, eu, "k", 300); g.Share != 268 {
-		t.Fatalf("eu share = %d, want 268", g.Share)
+	// eu asks 300: 300 + 500×330/490 = 636, capped by free = 900 - 647 -
+	// 126 = 127.
+	if g := renew(t, eu, "k", 300); g.Share != 127 {
+		t.Fatalf("eu share = %d, want 127", g.Share)
 	}
 	// Over the limit: proportional, with a floor. us asks 2700, eu 300.
 	renew(t, us, "k", 2700) // 900*2700/3000 = 810, capped by free
@@ -232,10 +231,11 @@ func TestLedgerSplitsSlackAmongLiveRegions(t *testing.T) {
 	if reclaimed != 300 {
 		t.Fatalf("reclaimed %d, want eu's 300", reclaimed)
 	}
-	// us: 200 + (900 - 300)/2 = 500; free = 900 - ap's share.
+	// The slack 600 in proportion to demand + 30: ap 100 + 600×130/360
+	// = 316, us 200 + 600×230/360 = 583 (rounding keeps 1 unit free).
 	ga := renew(t, ap, "k", 100)
 	gu := renew(t, us, "k", 200)
-	if ga.Share+gu.Share != 900 || gu.Share != 500 {
-		t.Fatalf("us %d + ap %d, want 500 + 400 = 900", gu.Share, ga.Share)
+	if ga.Share != 316 || gu.Share != 583 {
+		t.Fatalf("us %d, ap %d, want 583 and 316", gu.Share, ga.Share)
 	}
 }

@@ -287,6 +287,11 @@ func (l *load) snapshot() (allowed, denied int64) {
 // reported.
 func TestDemandShiftMovesTheShare(t *testing.T) {
 	w := newWorld(t)
+	var mons []*monitor
+	if tracing() {
+		mons = append(mons, startMonitor(t, "r0", w.regional[0].Addr), startMonitor(t, "r2", w.regional[2].Addr),
+			startMonitor(t, "gl", w.global.Addr))
+	}
 	total := int64(limit * 8 / 10)
 	big, small := total*90/100, total*5/100
 	l := w.drive([nRegions]int64{big, small, small})
@@ -298,6 +303,10 @@ func TestDemandShiftMovesTheShare(t *testing.T) {
 	})
 	time.Sleep(phase(time.Second)) // steady load before the shift, not a synchronization
 	a0, d0 := l.snapshot()
+	var byRegion0 [nRegions]int64
+	for i := range nRegions {
+		byRegion0[i] = l.counts[i].denied.Load()
+	}
 	rampStart := time.Now()
 	var crossed time.Time // when r2 first held most of the limit
 	for step := int64(1); step <= 10; step++ {
@@ -321,6 +330,14 @@ func TestDemandShiftMovesTheShare(t *testing.T) {
 	time.Sleep(phase(2 * time.Second)) // the load after the shift
 	a1, d1 := l.snapshot()
 	allowed, denied := a1-a0, d1-d0
+	for _, m := range mons {
+		m.log(t, rampStart, rampStart.Add(-interval), crossed.Add(interval))
+	}
+	var byRegion [nRegions]int64
+	for i := range nRegions {
+		byRegion[i] = l.counts[i].denied.Load() - byRegion0[i]
+	}
+	t.Logf("refused by region from the shift's start: %v", byRegion)
 	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end (%s after its start); refused %d of %d from its start (%.2f%%)",
 		took.Round(time.Millisecond), took.Seconds()/interval.Seconds(), fromStart.Round(time.Millisecond), denied, allowed+denied, 100*float64(denied)/float64(allowed+denied))
 	// Three renewal intervals, plus one for the demand to reach the

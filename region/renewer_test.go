@@ -42,6 +42,10 @@ func (r *Region) crash() {
 	r.once.Do(func() {
 		close(r.stop)
 		<-r.done
+		if r.subCancel != nil {
+			r.subCancel()
+			<-r.subDone
+		}
 		if r.renewer.held {
 			renewerG.Add(-1)
 		}
