@@ -76,29 +76,29 @@ func TestLedgerFirstSightHoldsEveryRegionAtFallback(t *testing.T) {
 func TestLedgerProportionalTargetsAndDecreaseAtOnce(t *testing.T) {
 	c := client(t, redistest.Standalone(t).Addr)
 	eu, us, ap := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute), ledger(t, c, "ap", time.Minute)
-	renew(t, eu, "k", 0)
 	// Under the limit: demand plus a part of the slack in proportion to
-	// demand + m (m = the floor, 30). us asks 100 with eu's 0 known and
-	// ap's 0: 100 + 800×130/190 = 647, capped by what is free: 900 - 300
-	// (eu, not yet lowered) - 300 (ap) = 300.
-	if g := renew(t, us, "k", 100); g.Share != 300 {
-		t.Fatalf("us share = %d, want 300 (capped by free units)", g.Share)
+	// demand + m (m = the floor, 30), at most demand/4 + m. eu, idle:
+	// 0 + min(900×30/90, 30) = 30, a decrease at once.
+	if g := renew(t, eu, "k", 0); g.Share != 30 {
+		t.Fatalf("eu idle share = %d, want 30", g.Share)
 	}
-	// eu, idle, decreases at once: 0 + 800×30/190 = 126.
-	if g := renew(t, eu, "k", 0); g.Share != 126 {
-		t.Fatalf("eu idle share = %d, want 126", g.Share)
+	// us asks 600: 600 + min(300×630/690, 150 + 30) = 780, capped by what
+	// is free: 900 - 30 (eu) - 300 (ap, not yet lowered) = 570.
+	if g := renew(t, us, "k", 600); g.Share != 570 || g.Target != 780 {
+		t.Fatalf("us share = %d (target %d), want 570 (target 780, capped by free units)", g.Share, g.Target)
 	}
-	if g := renew(t, ap, "k", 0); g.Share != 126 {
-		t.Fatalf("ap idle share = %d, want 126", g.Share)
+	// ap, idle, decreases at once: 0 + min(300×30/690, 30) = 13.
+	if g := renew(t, ap, "k", 0); g.Share != 13 {
+		t.Fatalf("ap idle share = %d, want 13", g.Share)
 	}
-	// Now us gets its target: 647 (free is 900-252 = 648).
-	if g := renew(t, us, "k", 100); g.Share != 647 {
-		t.Fatalf("us share = %d, want 647", g.Share)
+	// Now us gets its target: 780 (free is 900-43 = 857).
+	if g := renew(t, us, "k", 600); g.Share != 780 {
+		t.Fatalf("us share = %d, want 780", g.Share)
 	}
-	// eu asks 300: 300 + 500×330/490 = 636, capped by free = 900 - 647 -
-	// 126 = 127.
-	if g := renew(t, eu, "k", 300); g.Share != 127 {
-		t.Fatalf("eu share = %d, want 127", g.Share)
+	// eu asks 300: no slack left (300 + 600 = 900), target 300, capped by
+	// free = 900 - 780 - 13 = 107.
+	if g := renew(t, eu, "k", 300); g.Share != 107 {
+		t.Fatalf("eu share = %d, want 107", g.Share)
 	}
 	// Over the limit: proportional, with a floor. us asks 2700, eu 300.
 	renew(t, us, "k", 2700) // 900*2700/3000 = 810, capped by free
@@ -116,7 +116,7 @@ func TestLedgerProportionalTargetsAndDecreaseAtOnce(t *testing.T) {
 func TestLedgerIncreaseCappedByFreeUnits(t *testing.T) {
 	c := client(t, redistest.Standalone(t).Addr)
 	eu, us := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute)
-	renew(t, eu, "k", 0)
+	renew(t, eu, "k", 5000) // first sight: eu keeps its 300, nothing more is free
 	// us wants everything; eu and ap hold 300 each: 300 is free.
 	if g := renew(t, us, "k", 5000); g.Share != 300 {
 		t.Fatalf("us share = %d, want 300", g.Share)
@@ -144,8 +144,9 @@ func TestLedgerReclaimsExpiredShares(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if g.Reclaimed != 600 {
-		t.Fatalf("reclaimed %d, want eu's and ap's 300 each", g.Reclaimed)
+	// eu's first renewal (demand 100) lowered it to 100 + 100/4 + 30.
+	if g.Reclaimed != 155+300 {
+		t.Fatalf("reclaimed %d, want eu's 155 and ap's 300", g.Reclaimed)
 	}
 	if g.Share != 900 {
 		t.Fatalf("us share after the others expired = %d, want 900", g.Share)
@@ -225,17 +226,18 @@ func TestLedgerSplitsSlackAmongLiveRegions(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	var reclaimed int64
 	for reclaimed == 0 && time.Now().Before(deadline) {
-		reclaimed = renew(t, ap, "k", 100).Reclaimed + renew(t, us, "k", 200).Reclaimed
+		reclaimed = renew(t, ap, "k", 300).Reclaimed + renew(t, us, "k", 400).Reclaimed
 		time.Sleep(20 * time.Millisecond)
 	}
 	if reclaimed != 300 {
 		t.Fatalf("reclaimed %d, want eu's 300", reclaimed)
 	}
-	// The slack 600 in proportion to demand + 30: ap 100 + 600×130/360
-	// = 316, us 200 + 600×230/360 = 583 (rounding keeps 1 unit free).
-	ga := renew(t, ap, "k", 100)
-	gu := renew(t, us, "k", 200)
-	if ga.Share != 316 || gu.Share != 583 {
-		t.Fatalf("us %d, ap %d, want 583 and 316", gu.Share, ga.Share)
+	// The slack 200 in proportion to demand + 30 between the two live
+	// regions: ap 300 + 200×330/760 = 386, us 400 + 200×430/760 = 513
+	// (with eu counted live: 383 and 508); rounding keeps 1 unit free.
+	ga := renew(t, ap, "k", 300)
+	gu := renew(t, us, "k", 400)
+	if ga.Share != 386 || gu.Share != 513 {
+		t.Fatalf("us %d, ap %d, want 513 and 386", gu.Share, ga.Share)
 	}
 }

@@ -142,7 +142,25 @@ func (w *world) share(t testing.TB, i int) (int64, time.Time) {
 }
 
 // counts are one region's answers.
-type counts struct{ allowed, denied, errs atomic.Int64 }
+type counts struct {
+	allowed, denied, errs atomic.Int64
+	mu                    sync.Mutex
+	deniedAt              []time.Time // when each refusal came
+}
+
+// refusals returns how many refusals came in each step of width step
+// from origin on, until to.
+func (c *counts) refusals(origin, to time.Time, step time.Duration) []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]int, int(to.Sub(origin)/step)+1)
+	for _, at := range c.deniedAt {
+		if i := int(at.Sub(origin) / step); !at.Before(origin) && i < len(out) {
+			out[i]++
+		}
+	}
+	return out
+}
 
 // load drives checks of key "k" at each region's rate (checks per
 // second, split over its daemons) until stop is called.
@@ -193,6 +211,9 @@ func (l *load) run(ctx context.Context, c *client.Client, i int) {
 			l.counts[i].allowed.Add(1)
 		default:
 			l.counts[i].denied.Add(1)
+			l.counts[i].mu.Lock()
+			l.counts[i].deniedAt = append(l.counts[i].deniedAt, time.Now())
+			l.counts[i].mu.Unlock()
 		}
 	}
 }
@@ -338,6 +359,9 @@ func TestDemandShiftMovesTheShare(t *testing.T) {
 		byRegion[i] = l.counts[i].denied.Load() - byRegion0[i]
 	}
 	t.Logf("refused by region from the shift's start: %v", byRegion)
+	for i := range nRegions {
+		t.Logf("r%d's refusals per interval from the shift's start: %v", i, l.counts[i].refusals(rampStart, time.Now(), interval))
+	}
 	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end (%s after its start); refused %d of %d from its start (%.2f%%)",
 		took.Round(time.Millisecond), took.Seconds()/interval.Seconds(), fromStart.Round(time.Millisecond), denied, allowed+denied, 100*float64(denied)/float64(allowed+denied))
 	// Three renewal intervals, plus one for the demand to reach the

@@ -59,11 +59,13 @@ end
 local target
 if sumd <= L then
   -- The slack is split among the live regions in proportion to their
-  -- demand plus m each (so that an idle region keeps a part, and with no
-  -- demand at all the split is equal): a region whose demand grows gets
-  -- headroom in proportion. An expired region's part goes to the others.
+  -- demand plus m each (an expired region's part goes to the others),
+  -- but a region's headroom is at most a quarter of its demand plus m:
+  -- the rest stays free, for a region whose demand rises to take at its
+  -- next renewal without waiting for the others to return units.
   local m = math.max(floor, 1)
-  target = demand + math.floor((L - sumd) * (demand + m) / (sumd + live * m))
+  local part = math.floor((L - sumd) * (demand + m) / (sumd + live * m))
+  target = demand + math.min(part, math.floor(demand / 4) + m)
 else
   target = math.max(floor, math.floor(L * demand / sumd))
 end
