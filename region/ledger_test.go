@@ -77,28 +77,28 @@ func TestLedgerProportionalTargetsAndDecreaseAtOnce(t *testing.T) {
 	c := client(t, redistest.Standalone(t).Addr)
 	eu, us, ap := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute), ledger(t, c, "ap", time.Minute)
 	// Under the limit: demand plus a part of the slack in proportion to
-	// demand + m (m = the floor, 30), at most demand/4 + m. eu, idle:
-	// 0 + min(900×30/90, 30) = 30, a decrease at once.
-	if g := renew(t, eu, "k", 0); g.Share != 30 {
-		t.Fatalf("eu idle share = %d, want 30", g.Share)
+	// demand + m (m = L/2R = 150), at most demand/4 + m. eu, idle:
+	// 0 + min(900×150/450, 150) = 150, a decrease at once.
+	if g := renew(t, eu, "k", 0); g.Share != 150 {
+		t.Fatalf("eu idle share = %d, want 150", g.Share)
 	}
-	// us asks 600: 600 + min(300×630/690, 150 + 30) = 780, capped by what
-	// is free: 900 - 30 (eu) - 300 (ap, not yet lowered) = 570.
-	if g := renew(t, us, "k", 600); g.Share != 570 || g.Target != 780 {
-		t.Fatalf("us share = %d (target %d), want 570 (target 780, capped by free units)", g.Share, g.Target)
+	// us asks 600: 600 + min(300×750/1050, 150 + 150) = 814, capped by
+	// what is free: 900 - 150 (eu) - 300 (ap, not yet lowered) = 450.
+	if g := renew(t, us, "k", 600); g.Share != 450 || g.Target != 814 {
+		t.Fatalf("us share = %d (target %d), want 450 (target 814, capped by free units)", g.Share, g.Target)
 	}
-	// ap, idle, decreases at once: 0 + min(300×30/690, 30) = 13.
-	if g := renew(t, ap, "k", 0); g.Share != 13 {
-		t.Fatalf("ap idle share = %d, want 13", g.Share)
+	// ap, idle, decreases at once: 0 + min(300×150/1050, 150) = 42.
+	if g := renew(t, ap, "k", 0); g.Share != 42 {
+		t.Fatalf("ap idle share = %d, want 42", g.Share)
 	}
-	// Now us gets its target: 780 (free is 900-43 = 857).
-	if g := renew(t, us, "k", 600); g.Share != 780 {
-		t.Fatalf("us share = %d, want 780", g.Share)
+	// us grows into the units ap returned: 900 - 150 - 42 = 708.
+	if g := renew(t, us, "k", 600); g.Share != 708 {
+		t.Fatalf("us share = %d, want 708", g.Share)
 	}
 	// eu asks 300: no slack left (300 + 600 = 900), target 300, capped by
-	// free = 900 - 780 - 13 = 107.
-	if g := renew(t, eu, "k", 300); g.Share != 107 {
-		t.Fatalf("eu share = %d, want 107", g.Share)
+	// free = 900 - 708 - 42 = 150.
+	if g := renew(t, eu, "k", 300); g.Share != 150 {
+		t.Fatalf("eu share = %d, want 150", g.Share)
 	}
 	// Over the limit: proportional, with a floor. us asks 2700, eu 300.
 	renew(t, us, "k", 2700) // 900*2700/3000 = 810, capped by free
@@ -144,9 +144,9 @@ func TestLedgerReclaimsExpiredShares(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// eu's first renewal (demand 100) lowered it to 100 + 100/4 + 30.
-	if g.Reclaimed != 155+300 {
-		t.Fatalf("reclaimed %d, want eu's 155 and ap's 300", g.Reclaimed)
+	// eu's first renewal (demand 100) lowered it to 100 + 100/4 + 150.
+	if g.Reclaimed != 275+300 {
+		t.Fatalf("reclaimed %d, want eu's 275 and ap's 300", g.Reclaimed)
 	}
 	if g.Share != 900 {
 		t.Fatalf("us share after the others expired = %d, want 900", g.Share)
@@ -232,12 +232,12 @@ func TestLedgerSplitsSlackAmongLiveRegions(t *testing.T) {
 	if reclaimed != 300 {
 		t.Fatalf("reclaimed %d, want eu's 300", reclaimed)
 	}
-	// The slack 200 in proportion to demand + 30 between the two live
-	// regions: ap 300 + 200×330/760 = 386, us 400 + 200×430/760 = 513
-	// (with eu counted live: 383 and 508); rounding keeps 1 unit free.
+	// The slack 200 in proportion to demand + 150 between the two live
+	// regions: ap 300 + 200×450/1000 = 390, us 400 + 200×550/1000 = 510
+	// (with eu counted live: 378 and 495).
 	ga := renew(t, ap, "k", 300)
 	gu := renew(t, us, "k", 400)
-	if ga.Share != 386 || gu.Share != 513 {
-		t.Fatalf("us %d, ap %d, want 513 and 386", gu.Share, ga.Share)
+	if ga.Share != 390 || gu.Share != 510 {
+		t.Fatalf("us %d, ap %d, want 510 and 390", gu.Share, ga.Share)
 	}
 }

@@ -303,9 +303,10 @@ func (l *load) snapshot() (allowed, denied int64) {
 // TestDemandShiftMovesTheShare moves a client under the global limit
 // (80% of it) from 90/5/5 to 5/5/90 across the regions within a second
 // (ten even steps): the new region holds most of the limit within three
-// intervals of the shift's end (plus the demand's flush and the share's
-// load); the refusals from the shift's start on are measured and
-// reported.
+// intervals of the shift's end; the refusals from the shift's start on
+// are measured and reported, by region and interval (and, with
+// RLD_REGIONS_TRACE=1, the stores' commands: each flush, renewal and
+// load, timed).
 func TestDemandShiftMovesTheShare(t *testing.T) {
 	w := newWorld(t)
 	var mons []*monitor
@@ -364,11 +365,11 @@ func TestDemandShiftMovesTheShare(t *testing.T) {
 	}
 	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end (%s after its start); refused %d of %d from its start (%.2f%%)",
 		took.Round(time.Millisecond), took.Seconds()/interval.Seconds(), fromStart.Round(time.Millisecond), denied, allowed+denied, 100*float64(denied)/float64(allowed+denied))
-	// Three renewal intervals, plus one for the demand to reach the
-	// renewer (daemons flush once an interval) and one for the daemons
-	// to load the share.
-	if took > 5*interval {
-		t.Fatalf("r2 took %s to hold most of the limit, want within 5 intervals (%s)", took, 5*interval)
+	// Three intervals from the shift's end (issue 33): the daemons flush
+	// just before the renewer takes the demand, and load the new share on
+	// the renewer's message.
+	if took > 3*interval {
+		t.Fatalf("r2 took %s to hold most of the limit, want within 3 intervals (%s)", took, 3*interval)
 	}
 }
 

@@ -59,11 +59,12 @@ end
 local target
 if sumd <= L then
   -- The slack is split among the live regions in proportion to their
-  -- demand plus m each (an expired region's part goes to the others),
-  -- but a region's headroom is at most a quarter of its demand plus m:
-  -- the rest stays free, for a region whose demand rises to take at its
-  -- next renewal without waiting for the others to return units.
-  local m = math.max(floor, 1)
+  -- demand plus m = L/2R each (an expired region's part goes to the
+  -- others; a small region keeps some headroom), but a region's headroom
+  -- is at most a quarter of its demand plus m: the rest stays free, for
+  -- a region whose demand rises to take at its next renewal without
+  -- waiting for the others to return units.
+  local m = math.max(math.floor(L / (2 * (#ARGV - 7))), 1)
   local part = math.floor((L - sumd) * (demand + m) / (sumd + live * m))
   target = demand + math.min(part, math.floor(demand / 4) + m)
 else
