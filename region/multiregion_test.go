@@ -361,7 +361,12 @@ func TestDemandShiftMovesTheShare(t *testing.T) {
 	}
 	t.Logf("refused by region from the shift's start: %v", byRegion)
 	for i := range nRegions {
-		t.Logf("r%d's refusals per interval from the shift's start: %v", i, l.counts[i].refusals(rampStart, time.Now(), interval))
+		per := l.counts[i].refusals(rampStart, time.Now(), interval)
+		head, rest := per[:min(len(per), 16)], 0
+		for _, n := range per[len(head):] {
+			rest += n
+		}
+		t.Logf("r%d's refusals per interval from the shift's start: %v, then %d", i, head, rest)
 	}
 	t.Logf("r2 held most of the limit %s (%.1f intervals) after the shift's end (%s after its start); refused %d of %d from its start (%.2f%%)",
 		took.Round(time.Millisecond), took.Seconds()/interval.Seconds(), fromStart.Round(time.Millisecond), denied, allowed+denied, 100*float64(denied)/float64(allowed+denied))
