@@ -204,8 +204,8 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 
 // project returns the demand per period measured now for field f,
 // projected one interval ahead along its trend since the last pass:
-// now + (now − last), within [now/2, 2 × now] so that one noisy interval
-// moves it at most that much. A key's share is in force from about
+// now + (now − last), at least now/2 (and at most 2 × now, as last ≥ 0)
+// so that one noisy interval moves it at most that much. A key's share is in force from about
 // half an interval after its demand's window to one and a half after;
 // the projection keeps a rising region's share, and a falling one's
 // return, from trailing its demand by that long. It records now in last.
@@ -215,7 +215,7 @@ func project(now int64, last map[string]int64, f string) int64 {
 	if !ok {
 		return now
 	}
-	return min(max(now+(now-prev), now/2), 2*now)
+	return max(now+(now-prev), now/2)
 }
 
 // write stores the grants in the shares hash, counts them, and deletes
