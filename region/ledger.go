@@ -56,6 +56,9 @@ type Grant struct {
 	// Reclaimed is the units taken back from regions whose lease had
 	// expired, by this renewal.
 	Reclaimed int64
+	// Target is the share the region was targeted before the cap by the
+	// free units: above Share, the others held the difference.
+	Target int64
 	// Err is this key's error; the other keys' grants stand.
 	Err error
 }
@@ -161,10 +164,10 @@ func grant(r rueidis.RedisResult, sent time.Time) Grant {
 	if err != nil {
 		return Grant{Err: err}
 	}
-	if len(vals) != 3 {
-		return Grant{Err: fmt.Errorf("renew script replied %d values, want 3", len(vals))}
+	if len(vals) != 4 {
+		return Grant{Err: fmt.Errorf("renew script replied %d values, want 4", len(vals))}
 	}
-	return Grant{Share: vals[0], Expiry: sent.Add(time.Duration(vals[1]) * time.Millisecond), Reclaimed: vals[2]}
+	return Grant{Share: vals[0], Expiry: sent.Add(time.Duration(vals[1]) * time.Millisecond), Reclaimed: vals[2], Target: vals[3]}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -76,30 +76,29 @@ func TestLedgerFirstSightHoldsEveryRegionAtFallback(t *testing.T) {
 func TestLedgerProportionalTargetsAndDecreaseAtOnce(t *testing.T) {
 	c := client(t, redistest.Standalone(t).Addr)
 	eu, us, ap := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute), ledger(t, c, "ap", time.Minute)
-	renew(t, eu, "k", 0)
-	// Under the limit: demand plus an equal part of the slack. us asks
-	// 100 with eu's 0 known and ap's 0: 100 + (900-100)/3 = 366, capped
-	// by what is free: 900 - 300 (eu, not yet lowered) - 300 (ap) = 300.
-	if g := renew(t, us, "k", 100); g.Share != 300 {
-		t.Fatalf("us share = %d, want 300 (capped by free units)", g.Share)
+	// Under the limit: demand plus a part of the slack in proportion to
+	// demand + m (m = L/2R = 150), at most demand/4 + m. eu, idle:
+	// 0 + min(900×150/450, 150) = 150, a decrease at once.
+	if g := renew(t, eu, "k", 0); g.Share != 150 {
+		t.Fatalf("eu idle share = %d, want 150", g.Share)
 	}
-	// eu, idle, decreases at once: 0 + (900-100)/3 = 266.
-	if g := renew(t, eu, "k", 0); g.Share != 266 {
-		t.Fatalf("eu idle share = %d, want 266", g.Share)
+	// us asks 600: 600 + min(300×750/1050, 150 + 150) = 814, capped by
+	// what is free: 900 - 150 (eu) - 300 (ap, not yet lowered) = 450.
+	if g := renew(t, us, "k", 600); g.Share != 450 || g.Target != 814 {
+		t.Fatalf("us share = %d (target %d), want 450 (target 814, capped by free units)", g.Share, g.Target)
 	}
-	if g := renew(t, ap, "k", 0); g.Share != 266 {
-		t.Fatalf("ap idle share = %d, want 266", g.Share)
+	// ap, idle, decreases at once: 0 + min(300×150/1050, 150) = 42.
+	if g := renew(t, ap, "k", 0); g.Share != 42 {
+		t.Fatalf("ap idle share = %d, want 42", g.Share)
 	}
-	// Now us gets its target: 100 + 800/3 = 366 (free is 900-532 = 368).
-	if g := renew(t, us, "k", 100); g.Share != 366 {
-		t.Fatalf("us share = %d, want 366", g.Share)
+	// us grows into the units ap returned: 900 - 150 - 42 = 708.
+	if g := renew(t, us, "k", 600); g.Share != 708 {
+		t.Fatalf("us share = %d, want 708", g.Share)
 	}
-	// Over the limit: proportional, with a floor. us asks 2700, eu 300:
-	// eu's target is 900*300/3000 = 90.
-	// eu asks 300: 300 + (900-400)/3 = 466, capped by free = 900 - 366 -
-	// 266 = 268.
-	if g := renew(t, eu, "k", 300); g.Share != 268 {
-		t.Fatalf("eu share = %d, want 268", g.Share)
+	// eu asks 300: no slack left (300 + 600 = 900), target 300, capped by
+	// free = 900 - 708 - 42 = 150.
+	if g := renew(t, eu, "k", 300); g.Share != 150 {
+		t.Fatalf("eu share = %d, want 150", g.Share)
 	}
 	// Over the limit: proportional, with a floor. us asks 2700, eu 300.
 	renew(t, us, "k", 2700) // 900*2700/3000 = 810, capped by free
@@ -117,7 +116,7 @@ func TestLedgerProportionalTargetsAndDecreaseAtOnce(t *testing.T) {
 func TestLedgerIncreaseCappedByFreeUnits(t *testing.T) {
 	c := client(t, redistest.Standalone(t).Addr)
 	eu, us := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute)
-	renew(t, eu, "k", 0)
+	renew(t, eu, "k", 5000) // first sight: eu keeps its 300, nothing more is free
 	// us wants everything; eu and ap hold 300 each: 300 is free.
 	if g := renew(t, us, "k", 5000); g.Share != 300 {
 		t.Fatalf("us share = %d, want 300", g.Share)
@@ -145,8 +144,9 @@ func TestLedgerReclaimsExpiredShares(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if g.Reclaimed != 600 {
-		t.Fatalf("reclaimed %d, want eu's and ap's 300 each", g.Reclaimed)
+	// eu's first renewal (demand 100) lowered it to 100 + 100/4 + 150.
+	if g.Reclaimed != 275+300 {
+		t.Fatalf("reclaimed %d, want eu's 275 and ap's 300", g.Reclaimed)
 	}
 	if g.Share != 900 {
 		t.Fatalf("us share after the others expired = %d, want 900", g.Share)
@@ -226,16 +226,18 @@ func TestLedgerSplitsSlackAmongLiveRegions(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	var reclaimed int64
 	for reclaimed == 0 && time.Now().Before(deadline) {
-		reclaimed = renew(t, ap, "k", 100).Reclaimed + renew(t, us, "k", 200).Reclaimed
+		reclaimed = renew(t, ap, "k", 300).Reclaimed + renew(t, us, "k", 400).Reclaimed
 		time.Sleep(20 * time.Millisecond)
 	}
 	if reclaimed != 300 {
 		t.Fatalf("reclaimed %d, want eu's 300", reclaimed)
 	}
-	// us: 200 + (900 - 300)/2 = 500; free = 900 - ap's share.
-	ga := renew(t, ap, "k", 100)
-	gu := renew(t, us, "k", 200)
-	if ga.Share+gu.Share != 900 || gu.Share != 500 {
-		t.Fatalf("us %d + ap %d, want 500 + 400 = 900", gu.Share, ga.Share)
+	// The slack 200 in proportion to demand + 150 between the two live
+	// regions: ap 300 + 200×450/1000 = 390, us 400 + 200×550/1000 = 510
+	// (with eu counted live: 378 and 495).
+	ga := renew(t, ap, "k", 300)
+	gu := renew(t, us, "k", 400)
+	if ga.Share != 390 || gu.Share != 510 {
+		t.Fatalf("us %d, ap %d, want 510 and 390", gu.Share, ga.Share)
 	}
 }

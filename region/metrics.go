@@ -35,11 +35,14 @@ type Stats struct {
 	RenewErrors int64
 	// Passes is the renewal passes this daemon ran as the renewer.
 	Passes int64
+	// Retries is the keys renewed a second time in a pass, their first
+	// grant capped well below their target.
+	Retries int64
 }
 
 // stats are a Region's counters.
 type stats struct {
-	renewals, returns, reclaims, fallbacks, renewErrs, passes atomic.Int64
+	renewals, returns, reclaims, fallbacks, renewErrs, passes, retries atomic.Int64
 }
 
 func (r *Region) fellBack() {
@@ -52,5 +55,6 @@ func (r *Region) Stats() Stats {
 	return Stats{
 		Renewals: r.st.renewals.Load(), Returns: r.st.returns.Load(), Reclaims: r.st.reclaims.Load(),
 		Fallbacks: r.st.fallbacks.Load(), RenewErrors: r.st.renewErrs.Load(), Passes: r.st.passes.Load(),
+		Retries: r.st.retries.Load(),
 	}
 }

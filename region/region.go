@@ -38,7 +38,15 @@ const (
 	SharesKey = "rld:region:shares"
 	// RenewerKey holds the id of the region's renewer.
 	RenewerKey = "rld:region:renewer"
+	// SharesChannel is the channel on which the renewer announces that
+	// it wrote new shares: every daemon loads them at once.
+	SharesChannel = "rld:region:shares"
 )
+
+// flushLeadDiv places the renewer's pass after the daemons' flushes:
+// every daemon flushes its demand at each multiple of the interval (on
+// its own clock), the renewer takes it interval/flushLeadDiv later.
+const flushLeadDiv = 10
 
 // Options configure a Region. Zero durations mean their defaults.
 type Options struct {
@@ -86,6 +94,9 @@ type Region struct {
 	renewerHeld atomic.Bool // renewer.held, for other goroutines
 	stop        chan struct{}
 	done        chan struct{}
+	notify      chan struct{} // a message on SharesChannel: load now
+	subDone     chan struct{} // closed when the subscriber returns
+	subCancel   context.CancelFunc
 	once        sync.Once
 	started     atomic.Bool
 }
@@ -114,7 +125,7 @@ func New(o Options) (*Region, error) {
 		return nil, fmt.Errorf("region: %w", err)
 	}
 	o.Regions = append([]string(nil), o.Regions...)
-	r := &Region{o: o, table: NewTable(), stop: make(chan struct{}), done: make(chan struct{})}
+	r := &Region{o: o, table: NewTable(), stop: make(chan struct{}), done: make(chan struct{}), notify: make(chan struct{}, 1)}
 	r.local, r.ownLocal = o.Local, o.Local == nil
 	return r, nil
 }
@@ -179,6 +190,10 @@ func (r *Region) Close() {
 		if r.started.Load() {
 			<-r.done
 		}
+		if r.subCancel != nil {
+			r.subCancel()
+			<-r.subDone
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), r.o.Interval)
 		defer cancel()
 		r.resign(ctx)
@@ -191,27 +206,49 @@ func (r *Region) Close() {
 	})
 }
 
+// loop ticks at every multiple of the interval (on this host's clock,
+// so the daemons of a region flush together, just before the renewer
+// takes their demand), and loads the shares whenever the renewer
+// announces new ones.
 func (r *Region) loop() {
 	defer close(r.done)
-	t := time.NewTicker(r.o.Interval)
+	next := time.Now().Truncate(r.o.Interval)
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		r.tick()
 		select {
 		case <-r.stop:
 			return
+		case <-r.notify:
+			if err := r.step(r.load); err != nil {
+				r.o.Logger.Warn("region: load shares", "err", err)
+			}
+			continue
 		case <-t.C:
+			r.tickAt(next)
 		}
+		// The next boundary; a tick that overran runs late, not skipped.
+		next = next.Add(r.o.Interval)
+		if last := time.Now().Truncate(r.o.Interval); next.Before(last) {
+			next = last // more than an interval behind: the latest boundary
+		}
+		t.Reset(time.Until(next))
 	}
 }
 
 // tick runs one interval's work: flush this daemon's demand, renew when
 // elected, load the shares. Only the loop calls it (or a test, on a
 // Region not started).
-func (r *Region) tick() {
+func (r *Region) tick() { r.tickAt(time.Time{}) }
+
+// tickAt is tick for the tick due at boundary: the renewer's pass waits
+// until boundary + interval/flushLeadDiv, when the other daemons' flushes
+// of the same boundary have landed (no wait for a zero boundary).
+func (r *Region) tickAt(boundary time.Time) {
 	if !r.connect() {
 		return
 	}
+	r.subscribe()
 	if err := r.step(r.flush); err != nil {
 		r.o.Logger.Warn("region: flush demand", "err", err)
 	}
@@ -221,10 +258,77 @@ func (r *Region) tick() {
 		return nil
 	})
 	if held {
-		r.pass()
+		if boundary.IsZero() {
+			boundary = time.Now()
+		} else if !r.sleepUntil(r.passAt(boundary)) {
+			return
+		}
+		r.pass(boundary.Add(r.o.Interval))
 	}
 	if err := r.step(r.load); err != nil {
 		r.o.Logger.Warn("region: load shares", "err", err)
+	}
+}
+
+// passAt is when the renewer takes the demand flushed at boundary: one
+// lead (interval/flushLeadDiv) after it, or after now when the tick runs
+// late (the other daemons, on the same stalled host, flush late too).
+func (r *Region) passAt(boundary time.Time) time.Time {
+	lead := r.o.Interval / flushLeadDiv
+	if late := time.Now().Add(lead); late.Sub(boundary) > 2*lead {
+		return late
+	}
+	return boundary.Add(lead)
+}
+
+// sleepUntil waits until at, and reports false when r is closed first.
+func (r *Region) sleepUntil(at time.Time) bool {
+	d := time.Until(at)
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-r.stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// subscribe starts, once, the goroutine that listens on SharesChannel
+// and asks the loop to load the shares on each message. The per-interval
+// load stays the backstop for a lost message or connection.
+func (r *Region) subscribe() {
+	if r.subCancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r.subCancel, r.subDone = cancel, make(chan struct{})
+	go r.listen(ctx, r.local)
+}
+
+// listen runs SUBSCRIBE on c until ctx is done, again after an interval
+// when the connection fails.
+func (r *Region) listen(ctx context.Context, c rueidis.Client) {
+	defer close(r.subDone)
+	on := func(rueidis.PubSubMessage) {
+		select {
+		case r.notify <- struct{}{}:
+		default: // a load is due already
+		}
+	}
+	for ctx.Err() == nil {
+		err := c.Receive(ctx, c.B().Subscribe().Channel(SharesChannel).Build(), on)
+		if ctx.Err() != nil {
+			return
+		}
+		r.o.Logger.Warn("region: subscribe to shares", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(r.o.Interval):
+		}
 	}
 }
 

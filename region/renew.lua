@@ -13,7 +13,8 @@
 -- Fields per region r: s:r (share), e:r (lease expiry, ms of this
 -- server's TIME), d:r (last demand). The clock is the global store's own.
 --
--- Returns {share, lease ms left, units reclaimed from expired regions}.
+-- Returns {share, lease ms left, units reclaimed from expired regions,
+-- target (the share before the cap by the free units)}.
 local key = KEYS[1]
 local me = ARGV[1]
 local demand = tonumber(ARGV[2])
@@ -57,17 +58,24 @@ end
 
 local target
 if sumd <= L then
-  -- The slack is split among the live regions: an expired region's
-  -- part goes to the others.
-  target = demand + math.floor((L - sumd) / live)
+  -- The slack is split among the live regions in proportion to their
+  -- demand plus m = L/2R each (an expired region's part goes to the
+  -- others; a small region keeps some headroom), but a region's headroom
+  -- is at most a quarter of its demand plus m: the rest stays free, for
+  -- a region whose demand rises to take at its next renewal without
+  -- waiting for the others to return units.
+  local m = math.max(math.floor(L / (2 * (#ARGV - 7))), 1)
+  local part = math.floor((L - sumd) * (demand + m) / (sumd + live * m))
+  target = demand + math.min(part, math.floor(demand / 4) + m)
 else
   target = math.max(floor, math.floor(L * demand / sumd))
 end
 -- A decrease is granted at once; an increase only up to what is free.
+local wanted = target
 local free = L - others
 if target > free then target = free end
 if target < 0 then target = 0 end
 
 redis.call('HSET', key, 's:' .. me, target, 'e:' .. me, now + lease, 'd:' .. me, demand)
 redis.call('PEXPIRE', key, ttl)
-return {target, lease, reclaimed}
+return {target, lease, reclaimed, wanted}

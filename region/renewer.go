@@ -37,6 +37,9 @@ type renewer struct {
 	// renewed idle once (its share shrinks and returns units), then
 	// left to expire.
 	idle map[string]int
+	// last is each key's demand per period measured at the last pass,
+	// for the trend of the next.
+	last map[string]int64
 }
 
 // elect keeps or takes the renewer role and reports whether r holds it.
@@ -55,6 +58,7 @@ func (r *Region) elect(ctx context.Context) bool {
 		if held {
 			renewerG.Add(1)
 			r.renewer.idle = map[string]int{}
+			r.renewer.last = map[string]int64{}
 			r.renewer.lastPass = time.Time{}
 		} else {
 			renewerG.Add(-1)
@@ -82,7 +86,12 @@ func (r *Region) resign(ctx context.Context) {
 // share on the global store, and writes the grants to the shares hash.
 // A failed renewal changes nothing: the key keeps its share until expiry.
 // Each of its three round trips (read, renew, write) has an interval.
-func (r *Region) pass() {
+// Keys whose grant was capped well below their target (the other regions
+// still held the units) are renewed once more at once when that can end
+// before deadline: the other regions' renewals of the same tick have
+// reached the global store by then, and returned what they no longer
+// need.
+func (r *Region) pass(deadline time.Time) {
 	r.st.passes.Add(1)
 	now := time.Now()
 	elapsed := r.o.Interval
@@ -110,6 +119,29 @@ func (r *Region) pass() {
 		renewErrsM.Add(len(wants))
 		return
 	}
+	sent := time.Now()
+	grants := r.renew(l, fields, wants, shares, now)
+	if time.Now().Add(time.Since(sent)).After(deadline) {
+		return
+	}
+	var fs []string
+	var ws []Want
+	old := map[string]string{}
+	for i, g := range grants {
+		if g.Err == nil && g.Target-g.Share >= max(wants[i].Floor, 1) {
+			fs, ws = append(fs, fields[i]), append(ws, wants[i])
+			old[fields[i]] = shares[fields[i]]
+		}
+	}
+	if len(ws) > 0 {
+		r.st.retries.Add(int64(len(ws)))
+		r.renew(l, fs, ws, old, now)
+	}
+}
+
+// renew renews wants on l and writes their grants; shares holds the
+// keys' previous values.
+func (r *Region) renew(l *Ledger, fields []string, wants []Want, shares map[string]string, now time.Time) []Grant {
 	var grants []Grant
 	r.step(func(ctx context.Context) error {
 		grants = l.Renew(ctx, wants)
@@ -119,6 +151,7 @@ func (r *Region) pass() {
 		r.write(ctx, fields, wants, shares, grants, now)
 		return nil
 	})
+	return grants
 }
 
 // read takes the demand hash and reads the shares hash.
@@ -144,8 +177,8 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 			r.o.Logger.Warn("region: skip field", "err", err)
 			return
 		}
-		// Demand per period of the limit.
-		per := mulDiv(units, m.periodMs*int64(time.Millisecond), int64(elapsed))
+		// Demand per period of the limit, projected one interval ahead.
+		per := project(mulDiv(units, m.periodMs*int64(time.Millisecond), int64(elapsed)), r.renewer.last, f)
 		floor := m.limit / int64(10*len(r.o.Regions))
 		fields = append(fields, f)
 		wants = append(wants, Want{Key: key, Demand: per, Limit: m.limit, Fallback: m.fallback, Floor: floor})
@@ -167,6 +200,22 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 		}
 	}
 	return fields, wants
+}
+
+// project returns the demand per period measured now for field f,
+// projected one interval ahead along its trend since the last pass:
+// now + (now − last), at least now/2 (and at most 2 × now, as last ≥ 0)
+// so that one noisy interval moves it at most that much. A key's share is in force from about
+// half an interval after its demand's window to one and a half after;
+// the projection keeps a rising region's share, and a falling one's
+// return, from trailing its demand by that long. It records now in last.
+func project(now int64, last map[string]int64, f string) int64 {
+	prev, ok := last[f]
+	last[f] = now
+	if !ok {
+		return now
+	}
+	return max(now+(now-prev), now/2)
 }
 
 // write stores the grants in the shares hash, counts them, and deletes
@@ -191,10 +240,17 @@ func (r *Region) write(ctx context.Context, fields []string, wants []Want, share
 		if _, exp, err := parseShare(v); !renewed[f] && (err != nil || exp <= now.UnixMilli()) {
 			gone = append(gone, f)
 			delete(r.renewer.idle, f)
+			delete(r.renewer.last, f)
 		}
 	}
 	if len(gone) > 0 {
 		cmds = append(cmds, c.B().Hdel().Key(SharesKey).Field(gone...).Build())
+	}
+	if len(cmds) > 0 {
+		// After the writes, in the same pipeline: a daemon that loads on
+		// the message reads them (on a Cluster, a late message only
+		// delays the load to the next one or to the interval's load).
+		cmds = append(cmds, c.B().Publish().Channel(SharesChannel).Message("1").Build())
 	}
 	for _, res := range c.DoMulti(ctx, cmds...) {
 		if err := res.Error(); err != nil {

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -42,8 +43,93 @@ func (r *Region) crash() {
 	r.once.Do(func() {
 		close(r.stop)
 		<-r.done
+		if r.subCancel != nil {
+			r.subCancel()
+			<-r.subDone
+		}
 		if r.renewer.held {
 			renewerG.Add(-1)
 		}
 	})
+}
+
+func TestProjectFollowsTheTrend(t *testing.T) {
+	last := map[string]int64{}
+	for _, c := range []struct {
+		now, want int64
+		why       string
+	}{
+		{100, 100, "first sight: no trend"},
+		{150, 200, "rising by 50: one more interval of it"},
+		{100, 50, "falling by 50: one more interval of it"},
+		{60, 30, "falling fast: at least half the measure"},
+		{600, 1140, "jumping: one more interval of the rise"},
+		{0, 0, "idle"},
+	} {
+		if got := project(c.now, last, "f"); got != c.want {
+			t.Fatalf("project(%d) = %d, want %d (%s)", c.now, got, c.want, c.why)
+		}
+	}
+}
+
+// TestSharesMessageLoadsAtOnce: a daemon installs the shares the
+// renewer announces on SharesChannel without waiting for its next tick.
+func TestSharesMessageLoadsAtOnce(t *testing.T) {
+	c := client(t, redistest.Standalone(t).Addr)
+	interval := time.Minute // no per-interval load within the test
+	ctx := context.Background()
+	// Another daemon holds the renewer role: r only loads.
+	if err := c.Do(ctx, c.B().Set().Key(RenewerKey).Value("other").Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	m := meta{limit: 900, periodMs: 1000, fallback: 300}
+	exp := time.Now().Add(interval)
+	// k0 is there before the start: its share shows the first tick's load.
+	if err := c.Do(ctx, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(m.field("k0"), formatShare(1, exp, 0)).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	r := newRegion(t, "eu", "a", c, c, interval)
+	r.Start()
+	redistest.WaitFor(t, "the first tick's load and subscription", func() bool {
+		_, ok := r.Table().Get([]byte("k0"), 900, time.Now())
+		n, err := c.Do(ctx, c.B().PubsubNumsub().Channel(SharesChannel).Build()).AsIntMap()
+		return ok && err == nil && n[SharesChannel] == 1
+	})
+	// The next tick is a minute away: only a message installs k.
+	redistest.WaitFor(t, "the share installed on the message", func() bool {
+		if err := c.Do(ctx, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(m.field("k"), formatShare(123, exp, 0)).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Do(ctx, c.B().Publish().Channel(SharesChannel).Message("1").Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		s, ok := r.Table().Get([]byte("k"), 900, time.Now())
+		return ok && s.Units == 123
+	})
+}
+
+// TestPassRenewsACappedKeyAgain: a key whose grant is capped well below
+// its target (the other regions hold their first-sight shares) is renewed
+// a second time in the same pass, and the live shares stay within L.
+func TestPassRenewsACappedKeyAgain(t *testing.T) {
+	local := client(t, redistest.Standalone(t).Addr)
+	global := client(t, redistest.Standalone(t).Addr)
+	r := newRegion(t, "eu", "a", local, global, time.Second)
+	m := meta{limit: 900, periodMs: 1000, fallback: 300}
+	ctx := context.Background()
+	if err := local.Do(ctx, local.B().Hincrby().Key(DemandKey).Field(m.field("k")).Increment(500).Build()).Error(); err != nil {
+		t.Fatal(err)
+	}
+	r.tick() // elected; demand 500 per period: target 773, capped at the free 300
+	st := r.Stats()
+	if st.Passes != 1 || st.Retries != 1 || st.Renewals != 2 {
+		t.Fatalf("stats %+v, want one pass, one key renewed twice", st)
+	}
+	if sh, ok := r.Table().Get([]byte("k"), 900, time.Now()); !ok || sh.Units != 300 {
+		t.Fatalf("share %+v (live %v), want 300: nothing else is free", sh, ok)
+	}
+	s := shares(t, global, "k")
+	if sum := s["eu"] + s["us"] + s["ap"]; sum > 900 {
+		t.Fatalf("ledger shares %v sum to %d > 900", s, sum)
+	}
 }
