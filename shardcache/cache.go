@@ -37,8 +37,12 @@ type Options struct {
 	// Shards is the number of lock stripes, rounded up to a power of two
 	// (DefaultShards).
 	Shards int
-	// Timeout is the longest a check waits for the store, queueing
-	// included (DefaultTimeout): the store's own timeout.
+	// Timeout bounds each store call of the cache (DefaultTimeout): the
+	// store's own timeout. A check that finds a call of its key out
+	// waits for that call and then its own, so at most twice Timeout:
+	// at a burst's edge the call out may be held by a recall, and a
+	// check queued behind it with one Timeout in all would be answered
+	// by the fail mode while the store answers in time.
 	Timeout time.Duration
 	// Peers returns how many daemons share the store, this one included;
 	// leases are capped at the key's remaining quota over twice that. Nil,
@@ -253,7 +257,8 @@ func (c *Cache) Take(ctx context.Context, key []byte, p algo.Params, cost int64,
 		return algo.Result{}, ErrClosed
 	}
 	ns := now.UnixNano()
-	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	// The key's call out (≤ Timeout), then this check's (≤ Timeout).
+	ctx, cancel := context.WithTimeout(ctx, 2*c.o.Timeout)
 	res, err := c.miss.Do(ctx, key, missReq{p: p, cost: cost, ns: ns})
 	cancel()
 	if err != nil {
