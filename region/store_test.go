@@ -172,30 +172,7 @@ func TestTableRejectsBadEntries(t *testing.T) {
 
 func TestExplainShowsTheRegionalShare(t *testing.T) {
 	r := offline(t)
-	cfg, err := config.Parse([]byte(`
-[global]
-redis = ["127.0.0.1:1"]
-region = "eu"
-regions = ["eu", "us", "ap"]
-
-[[rule]]
-name = "g"
-by = ["api_key"]
-limit = 900
-period = "1s"
-burst = 90
-scope = "global"
-`), "g.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := policy.NewStores(cfg, policy.Stores{Cached: memstore.New(memstore.Options{}),
-		Global: func(cr *config.Rule, inner policy.Store) policy.Store {
-			return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := globalPolicy(t, r, "period = \"1s\"\nburst = 90", policy.Stores{Cached: memstore.New(memstore.Options{})})
 	descs := []descriptor.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
 	now := time.Now()
 	e := p.Explain(context.Background(), &policy.Request{Now: now, Descs: descs, Cost: 1})
@@ -238,31 +215,8 @@ func (failing) Refund(context.Context, []byte, algo.Params, int64, time.Time, ti
 // region's share, not the whole global limit.
 func TestFailOpenEnforcesTheShare(t *testing.T) {
 	r := offline(t)
-	cfg, err := config.Parse([]byte(`
-[global]
-redis = ["127.0.0.1:1"]
-region = "eu"
-regions = ["eu", "us", "ap"]
-
-[[rule]]
-name = "g"
-by = ["api_key"]
-limit = 900
-period = "1h"
-scope = "global"
-fail = "open"
-`), "g.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fb := policy.NewFallback(policy.FallbackOptions{NewLocal: func() policy.LocalStore { return memstore.New(memstore.Options{}) }})
-	p, err := policy.NewStores(cfg, policy.Stores{Cached: failing{}, Fallback: fb,
-		Global: func(cr *config.Rule, inner policy.Store) policy.Store {
-			return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := globalPolicy(t, r, "period = \"1h\"\nfail = \"open\"", policy.Stores{Cached: failing{}, Fallback: fb})
 	descs := []descriptor.Descriptor{{Name: []byte("api_key"), Value: []byte("a")}}
 	now := time.Now()
 	admitted := 0
@@ -275,4 +229,34 @@ fail = "open"
 	if admitted != 300 {
 		t.Fatalf("admitted %d with the store down, want the region's fallback share 300", admitted)
 	}
+}
+
+// globalPolicy compiles one global rule "g" (limit 900 by api_key, of
+// regions eu, us and ap; extra adds its keys) over st, its global store
+// r's wrapper.
+func globalPolicy(t *testing.T, r *Region, extra string, st policy.Stores) *policy.Policy {
+	t.Helper()
+	cfg, err := config.Parse([]byte(`
+[global]
+redis = ["127.0.0.1:1"]
+region = "eu"
+regions = ["eu", "us", "ap"]
+
+[[rule]]
+name = "g"
+by = ["api_key"]
+limit = 900
+scope = "global"
+`+extra+"\n"), "g.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Global = func(cr *config.Rule, inner policy.Store) policy.Store {
+		return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
+	}
+	p, err := policy.NewStores(cfg, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
