@@ -237,6 +237,7 @@ func TestChangesFleetWithoutPubSub(t *testing.T) {
 // once the proxy resets the connections, they subscribe again and load
 // the set in force, without waiting for the poll.
 func TestChangesFleetReconnect(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	proxy := redistest.StartProxy(t, srv.Addr)
 	var ps []*daemontest.Process

@@ -146,6 +146,7 @@ func (s *blockSampler) end() {
 // blocked keys are refused at every check during the run (each daemon,
 // every 10 ms); one daemon logs and counts that it began the restore.
 func TestChangesRestoreAfterRedisRestart(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t) // --save '' --appendonly no
 	ps, https := startMetricsFleet(t, fleetChangeConfig(srv.Addr), 3)
 	short := map[string]bool{}
@@ -350,6 +351,7 @@ func TestChangesRestoreAfterLostWrites(t *testing.T) {
 // override is in Redis and in force again, the block stays lifted, and
 // one daemon counts that it began the restore.
 func TestChangesRestoreAfterSentinelFailover(t *testing.T) {
+	t.Parallel()
 	g := redistest.StartSentinel(t)
 	cfg := fleetChangeConfig("")
 	cfg = strings.Replace(cfg, `redis = [""]`, fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q", quotedList(g.SentinelAddrs()), g.MasterSet), 1)

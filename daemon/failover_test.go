@@ -160,6 +160,7 @@ func checkFailover(t *testing.T, keys []*failoverKey, failed *failoverKey, kille
 // shard is degraded for no longer than the failover plus half a second,
 // then exact again.
 func TestClusterFailover(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, redistest.AllowPartialCoverage())
 	var keys []*failoverKey
 	for _, primary := range cl.Primaries() {
@@ -204,6 +205,7 @@ func TestClusterFailover(t *testing.T) {
 // follows the promoted replica, and the key is degraded for no longer than
 // the failover plus a second, then exact again.
 func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
 	g := redistest.StartSentinel(t)
 	// A sentinel named as a standalone server is refused.
 	_, err := daemontest.Start(fleetConfig(fmt.Sprintf("redis = [%q]", g.SentinelAddrs()[0]), 10, "strict"))

@@ -89,5 +89,8 @@ func pausePrimaryUnderChecks(t *testing.T, store string, paused *redistest.Serve
 	close(stop)
 	wg.Wait()
 	t.Logf("%d checks; the slowest %v (%s)", checks.Load(), slowest.Round(time.Microsecond), slowKey)
-	assert.Less(t, slowest, 200*time.Millisecond, "a check waited on a connection's set-up (store.timeout is 25ms)")
+	// A check that waited on the set-up waits the whole dial timeout
+	// (500 ms); a loaded two-core host stalls a client for up to about
+	// 300 ms now and then, so the bound sits between the two.
+	assert.Less(t, slowest, 450*time.Millisecond, "a check waited on a connection's set-up (store.timeout is 25ms, the dial timeout 500ms)")
 }

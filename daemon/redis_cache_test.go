@@ -141,6 +141,7 @@ func TestCachedNotUnderLimit(t *testing.T) {
 // TestCachedHotKeyRedisTraffic: a hot key well under its limit costs
 // Redis at most 0.02 script calls per check, syncs included.
 func TestCachedHotKeyRedisTraffic(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Standalone(t)
 	fleet := startFleet(t, 3, cacheConfig(fmt.Sprintf("redis = [%q]", srv.Addr), 1_000_000, time.Second))
 	resetStats(t, srv.Addr)
