@@ -421,9 +421,10 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		m := missRun{key: key, p: reqs[0].p, sh: c.shard([]byte(key)), reqs: reqs, out: out}
 		c.fromLease(&m)
 		// The run holds the key's coalescing flight, and with it every
-		// later check of the key: all its store calls together last at
-		// most the store's timeout, whatever the connection does. No
-		// shard lock is held across a call.
+		// later check of the key: its store calls together last at most
+		// the store's timeout, whatever the connection does, and a
+		// recall's (see recall) at most as long again. No shard lock is
+		// held across a call.
 		ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
 		err = nil
 		if m.i < m.j {
@@ -525,7 +526,7 @@ func (c *Cache) fromStore(ctx context.Context, m *missRun) error {
 		return err
 	}
 	if m.admitted < len(m.costs) && parked > 0 && m.r.RetryAfter != algo.Never && m.mayRecall {
-		m.admitted, m.r, m.unsettled = c.recall(ctx, m.sh, m.key, m.p, m.costs, m.admitted, m.r)
+		m.admitted, m.r, m.unsettled = c.recall(m.sh, m.key, m.p, m.costs, m.admitted, m.r)
 	}
 	storeDecided.Add(len(m.costs))
 	leasesGranted.Add(int(m.leased))
@@ -1045,7 +1046,18 @@ const (
 // are admitted in all, the last Result, and whether costs were left
 // refused with units still parked (the recall or its retries did not
 // finish in time). No shard lock is held.
-func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (_ int, _ algo.Result, unsettled bool) {
+//
+// Its calls (the recall's PUBLISH, the retries) have a budget of their
+// own, Options.Timeout from the refusal, not what is left of the run's:
+// on a loaded host the refused take may have used all of that, and the
+// recall was then never sent (a PUBLISH on an ended context fails at
+// once) while the units it would have brought back sat parked on the
+// other daemons. The run then lasts up to twice the timeout; its checks
+// still wait no longer than their own deadlines (see Take), past which
+// the rule's fail mode answers them.
+func (c *Cache) recall(sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (_ int, _ algo.Result, unsettled bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+	defer cancel()
 	recallsSent.Inc()
 	if err := c.o.Recall(ctx, []byte(key), p.Kind); err != nil {
 		return admitted, r, true
