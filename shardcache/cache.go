@@ -973,6 +973,9 @@ func (c *Cache) takeLeaseOrLate(ctx context.Context, key string, p algo.Params, 
 		if err != nil || time.Since(start) > c.o.Timeout/2 {
 			c.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
 		}
+		if err != nil && !notSent(err) {
+			c.reclaimLost(key, p, want, spent)
+		}
 		return admitted, leased, parked, r, err
 	}
 	lc := &lateCall{done: make(chan struct{})}
@@ -1000,6 +1003,61 @@ func (c *Cache) takeLeaseOrLate(ctx context.Context, key string, p algo.Params, 
 		<-lc.done // answered as ctx ended
 	}
 	return lc.admitted, lc.leased, lc.parked, lc.r, lc.err
+}
+
+// reclaimLost handles a take-with-lease of key under p, asking for want
+// units and reporting spent, that failed in line after it may have run
+// (a timeout: the call that shows the store slow, see takeLeaseOrLate).
+// Its answer is lost: the store may count up to want units out on this
+// daemon's lease that no daemon holds, for the lifetime the call told
+// it (a warm grant's: 5 min), and every refusal of the key at its limit
+// would recall them in vain, and each lost grant took its units from
+// the bucket. So once lateWait has passed (the call has landed or never
+// will), the key's lease goes back with want units more and the call's
+// spent units reported again: the store gives back no more than it
+// counts out for this daemon, so that it then counts none, and the
+// units nobody holds are in the bucket again. Until then the key leases
+// nothing more (a grant meanwhile would be given back with it: see
+// recalledSince). Should the call not have run, its spent units count
+// as reported twice: the bucket gets back less than it could, never
+// more. A bucket's only: a window's units out lapse with the window. No
+// shard lock is held.
+func (c *Cache) reclaimLost(key string, p algo.Params, want, spent int64) {
+	if c.o.Holder == "" || want <= 0 || windowed(p.Kind) {
+		return
+	}
+	wait := c.lateWait()
+	sh := c.shard([]byte(key))
+	sh.mu.Lock()
+	e := sh.m[key]
+	if e == nil || e.p != p {
+		sh.mu.Unlock()
+		return
+	}
+	e.noLeaseUntil = max(e.noLeaseUntil, c.o.Clock().UnixNano()+int64(wait)+int64(c.o.SyncInterval))
+	sh.mu.Unlock()
+	c.running.Add(1) // Close waits for the units to go back
+	time.AfterFunc(wait, func() {
+		defer c.running.Add(-1)
+		sh.mu.Lock()
+		var op algo.Op
+		switch cur := sh.m[key]; {
+		case cur == e && e.p == p:
+			op = c.returnOp(e, missReturned)
+		case cur != nil:
+			// Replaced: the new entry's grants, which the store counts
+			// out, must not go back with the reclaim.
+			sh.mu.Unlock()
+			return
+		default:
+			// Dropped, holding no lease: nothing of the key is held here.
+			op = algo.Op{Kind: algo.OpRefund, Params: p, Holder: c.o.Holder, LeaseLife: c.leaseLife()}
+		}
+		op.Key, op.N, op.Spent = []byte(key), op.N+want, op.Spent+spent
+		sh.mu.Unlock()
+		lostReclaimed.Inc()
+		c.giveBack(op)
+	})
 }
 
 // giveBackLate returns the units leased by lc, a take-with-lease that
