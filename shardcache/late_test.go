@@ -15,9 +15,9 @@ import (
 )
 
 // lateBackend is an algoBackend whose Sync runs a take-with-lease of a
-// key starting with "late" only once release is closed, as a loaded Redis answers a
-// call after store.timeout, and whose Sync sends nothing while refuse is
-// set, as a circuit breaker that is open.
+// key starting with "late" only once release is closed, as a loaded
+// Redis answers a call after store.timeout, and whose Sync sends nothing
+// while refuse is set, as a circuit breaker that is open.
 type lateBackend struct {
 	*algoBackend
 	release chan struct{}
