@@ -482,3 +482,60 @@ func TestCachedBurstTakesParkedWarmLeases(t *testing.T) {
 		})
 	}
 }
+
+// TestTimedOutGrantGoesBack: a daemon at the default store.timeout, its
+// Redis behind a proxy. Its first check of a key far from its limit asks
+// for a warm lease while the proxy delays everything 60 ms: the call
+// outlasts store.timeout, the check is answered by the fail mode, and
+// Redis runs the call after the daemon stopped waiting, counting the
+// units it leased out on the daemon's lease, which the daemon never got.
+// Once Redis answers in time again, those units go back: Redis counts
+// none out two sync intervals later, where it counted them for the warm
+// lease's lifetime (5 min), recalled in vain by every refusal of the
+// key at its limit (docs/cache.md, "Units nobody holds").
+func TestTimedOutGrantGoesBack(t *testing.T) {
+	srv := redistest.Standalone(t)
+	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA} {
+		t.Run(k.String(), func(t *testing.T) {
+			// The setup is up to timing (the call must reach Redis after
+			// its check stopped waiting, and nothing else may open the
+			// daemon's breaker meanwhile): tried on a fresh daemon up to
+			// five times until Redis counts the lost lease out.
+			for attempt := 0; ; attempt++ {
+				require.Less(t, attempt, 5, "no take-with-lease ran in Redis after its check's timeout")
+				if key, ok := lostGrant(t, srv.Addr, k); ok {
+					require.Eventually(t, func() bool { return unitsOut(t, srv.Addr, key) == 0 }, 5*time.Second, 5*time.Millisecond,
+						"the lease the daemon never got went back")
+					return
+				}
+			}
+		})
+	}
+}
+
+// lostGrant starts a daemon whose Redis at addr is behind a proxy, with
+// a sync interval of a second (the units go back two intervals after
+// the call, so that the test sees them out first), and sends its first
+// check of a fresh key of kind's cached rule while the proxy delays
+// everything 60 ms. It returns the key, and whether Redis then counted
+// units out on lease for it (the call ran after the daemon stopped
+// waiting), the proxy fast again.
+func lostGrant(t *testing.T, addr string, k algo.Kind) (string, bool) {
+	proxy := redistest.StartProxy(t, addr)
+	config := strings.Replace(burstConfig(fmt.Sprintf("redis = [%q]", proxy.Addr()), ""), `sync_interval = "100ms"`, `sync_interval = "1s"`, 1)
+	d := startFleet(t, 1, config)[0]
+	c := client.New(d.Socket)
+	t.Cleanup(func() { c.Close() })
+	key := fmt.Sprintf("lost-%s-%d", k, time.Now().UnixNano())
+	proxy.Delay(60 * time.Millisecond)
+	defer proxy.Delay(0)
+	r, err := c.Check(context.Background(), descs(k.String(), key), 1)
+	require.NoError(t, err)
+	require.True(t, r.Degraded, "answered by the fail mode: %+v", r)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if unitsOut(t, addr, key) > 0 {
+			return key, true
+		}
+	}
+	return key, false
+}

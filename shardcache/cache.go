@@ -421,9 +421,10 @@ func (c *Cache) runMiss(key string, reqs []missReq, out []missResp) error {
 		m := missRun{key: key, p: reqs[0].p, sh: c.shard([]byte(key)), reqs: reqs, out: out}
 		c.fromLease(&m)
 		// The run holds the key's coalescing flight, and with it every
-		// later check of the key: all its store calls together last at
-		// most the store's timeout, whatever the connection does. No
-		// shard lock is held across a call.
+		// later check of the key: its store calls together last at most
+		// the store's timeout, whatever the connection does, and a
+		// recall's (see recall) at most as long again. No shard lock is
+		// held across a call.
 		ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
 		err = nil
 		if m.i < m.j {
@@ -525,7 +526,7 @@ func (c *Cache) fromStore(ctx context.Context, m *missRun) error {
 		return err
 	}
 	if m.admitted < len(m.costs) && parked > 0 && m.r.RetryAfter != algo.Never && m.mayRecall {
-		m.admitted, m.r, m.unsettled = c.recall(ctx, m.sh, m.key, m.p, m.costs, m.admitted, m.r)
+		m.admitted, m.r, m.unsettled = c.recall(m.sh, m.key, m.p, m.costs, m.admitted, m.r)
 	}
 	storeDecided.Add(len(m.costs))
 	leasesGranted.Add(int(m.leased))
@@ -972,6 +973,9 @@ func (c *Cache) takeLeaseOrLate(ctx context.Context, key string, p algo.Params, 
 		if err != nil || time.Since(start) > c.o.Timeout/2 {
 			c.slowUntil.Store(time.Now().Add(slowFor).UnixNano())
 		}
+		if err != nil && !notSent(err) {
+			c.reclaimLost(key, p, want, spent)
+		}
 		return admitted, leased, parked, r, err
 	}
 	lc := &lateCall{done: make(chan struct{})}
@@ -999,6 +1003,61 @@ func (c *Cache) takeLeaseOrLate(ctx context.Context, key string, p algo.Params, 
 		<-lc.done // answered as ctx ended
 	}
 	return lc.admitted, lc.leased, lc.parked, lc.r, lc.err
+}
+
+// reclaimLost handles a take-with-lease of key under p, asking for want
+// units and reporting spent, that failed in line after it may have run
+// (a timeout: the call that shows the store slow, see takeLeaseOrLate).
+// Its answer is lost: the store may count up to want units out on this
+// daemon's lease that no daemon holds, for the lifetime the call told
+// it (a warm grant's: 5 min), and every refusal of the key at its limit
+// would recall them in vain, and each lost grant took its units from
+// the bucket. So once lateWait has passed (the call has landed or never
+// will), the key's lease goes back with want units more and the call's
+// spent units reported again: the store gives back no more than it
+// counts out for this daemon, so that it then counts none, and the
+// units nobody holds are in the bucket again. Until then the key leases
+// nothing more (a grant meanwhile would be given back with it: see
+// recalledSince). Should the call not have run, its spent units count
+// as reported twice: the bucket gets back less than it could, never
+// more. A bucket's only: a window's units out lapse with the window. No
+// shard lock is held.
+func (c *Cache) reclaimLost(key string, p algo.Params, want, spent int64) {
+	if c.o.Holder == "" || want <= 0 || windowed(p.Kind) {
+		return
+	}
+	wait := c.lateWait()
+	sh := c.shard([]byte(key))
+	sh.mu.Lock()
+	e := sh.m[key]
+	if e == nil || e.p != p {
+		sh.mu.Unlock()
+		return
+	}
+	e.noLeaseUntil = max(e.noLeaseUntil, c.o.Clock().UnixNano()+int64(wait)+int64(c.o.SyncInterval))
+	sh.mu.Unlock()
+	c.running.Add(1) // Close waits for the units to go back
+	time.AfterFunc(wait, func() {
+		defer c.running.Add(-1)
+		sh.mu.Lock()
+		var op algo.Op
+		switch cur := sh.m[key]; {
+		case cur == e && e.p == p:
+			op = c.returnOp(e, missReturned)
+		case cur != nil:
+			// Replaced: the new entry's grants, which the store counts
+			// out, must not go back with the reclaim.
+			sh.mu.Unlock()
+			return
+		default:
+			// Dropped, holding no lease: nothing of the key is held here.
+			op = algo.Op{Kind: algo.OpRefund, Params: p, Holder: c.o.Holder, LeaseLife: c.leaseLife()}
+		}
+		op.Key, op.N, op.Spent = []byte(key), op.N+want, op.Spent+spent
+		sh.mu.Unlock()
+		lostReclaimed.Inc()
+		c.giveBack(op)
+	})
 }
 
 // giveBackLate returns the units leased by lc, a take-with-lease that
@@ -1045,7 +1104,18 @@ const (
 // are admitted in all, the last Result, and whether costs were left
 // refused with units still parked (the recall or its retries did not
 // finish in time). No shard lock is held.
-func (c *Cache) recall(ctx context.Context, sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (_ int, _ algo.Result, unsettled bool) {
+//
+// Its calls (the recall's PUBLISH, the retries) have a budget of their
+// own, Options.Timeout from the refusal, not what is left of the run's:
+// on a loaded host the refused take may have used all of that, and the
+// recall was then never sent (a PUBLISH on an ended context fails at
+// once) while the units it would have brought back sat parked on the
+// other daemons. The run then lasts up to twice the timeout; its checks
+// still wait no longer than their own deadlines (see Take), past which
+// the rule's fail mode answers them.
+func (c *Cache) recall(sh *shard, key string, p algo.Params, costs []int64, admitted int, r algo.Result) (_ int, _ algo.Result, unsettled bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+	defer cancel()
 	recallsSent.Inc()
 	if err := c.o.Recall(ctx, []byte(key), p.Kind); err != nil {
 		return admitted, r, true

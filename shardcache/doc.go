@@ -37,7 +37,8 @@
 // cache recalls them (Options.Recall: the daemon announces the key on a
 // pub/sub channel; the holders' Cache.Recalled returns their lease at
 // once) and retries until the take fits, nothing is parked any more, or
-// Options.RecallWait passes. A reset (Cache.Do) recalls the key's leases
+// Options.RecallWait passes, on a budget of Options.Timeout from the
+// refusal, whatever the refused take took. A reset (Cache.Do) recalls the key's leases
 // first, leaves a fresh key less the units still out, and announces the
 // key again so that the other daemons drop their view of it. A settle's
 // refund (Cache.Do) drops the key's denial and view here and, when the

@@ -2,6 +2,7 @@ package shardcache_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,10 +14,10 @@ import (
 	"github.com/rld/rld/shardcache"
 )
 
-// lateBackend is an algoBackend whose Sync runs a take-with-lease of the
-// key "late" only once release is closed, as a loaded Redis answers a
-// call after store.timeout, and whose Sync sends nothing while refuse is
-// set, as a circuit breaker that is open.
+// lateBackend is an algoBackend whose Sync runs a take-with-lease of a
+// key starting with "late" only once release is closed, as a loaded
+// Redis answers a call after store.timeout, and whose Sync sends nothing
+// while refuse is set, as a circuit breaker that is open.
 type lateBackend struct {
 	*algoBackend
 	release chan struct{}
@@ -43,7 +44,7 @@ func (b *lateBackend) Sync(ctx context.Context, ops []algo.Op) error {
 		return errOpen{}
 	}
 	for _, op := range ops {
-		if op.Kind == algo.OpTakeLease && string(op.Key) == "late" {
+		if op.Kind == algo.OpTakeLease && strings.HasPrefix(string(op.Key), "late") {
 			select {
 			case <-b.release:
 			case <-ctx.Done():
@@ -78,8 +79,9 @@ func TestLateGrantGoesBack(t *testing.T) {
 	b := newLateBackend()
 	c := newCache(b, b.clk, shardcache.Options{Timeout: 20 * time.Millisecond, Holder: "a"})
 	p := algo.Params{Kind: algo.TokenBucket, Limit: 100, Period: time.Hour}
-	for range 2 { // the first shows the store slow, and is not run
-		_, err := c.Take(ctx, []byte("late"), p, 1, b.clk.Now(), false)
+	// The first call, of another key, shows the store slow, and is not run.
+	for _, key := range []string{"late-first", "late"} {
+		_, err := c.Take(ctx, []byte(key), p, 1, b.clk.Now(), false)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 	}
 	close(b.release) // the store answers now
@@ -146,4 +148,64 @@ func TestUnsentReturnIsKept(t *testing.T) {
 	back, spent, _ := c.Held(key)
 	assert.Zero(t, back, "returned at a later tick")
 	assert.Equal(t, back+spent, b.out("k", p, "a"), "the store counts out what the cache holds")
+}
+
+// lostAnswerBackend is an algoBackend that runs the first
+// take-with-lease of the key "lost" and then loses its answer: the
+// caller gets its context's error once its time is up, as from a loaded
+// Redis that ran a call after the client stopped waiting for it.
+type lostAnswerBackend struct {
+	*algoBackend
+	lost atomic.Bool
+}
+
+func (b *lostAnswerBackend) Sync(ctx context.Context, ops []algo.Op) error {
+	err := b.algoBackend.Sync(ctx, ops)
+	for _, op := range ops {
+		if op.Kind == algo.OpTakeLease && string(op.Key) == "lost" && !b.lost.Swap(true) {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	return err
+}
+
+// TestLostGrantIsReclaimed: the take-with-lease that first shows the
+// store slow is waited for in line, and times out after the store ran
+// it: its answer, and with it the (warm) lease it granted, is lost. The
+// units go back to the store once the call has surely landed: the store
+// then counts none out for the daemon, which holds none, and the bucket
+// lacks only the check the call admitted; without that, they stayed
+// counted out for the warm lease's lifetime (5 min), recalled in vain
+// by every refusal of the key. The key's next check leases again.
+func TestLostGrantIsReclaimed(t *testing.T) {
+	for _, k := range []algo.Kind{algo.TokenBucket, algo.GCRA} {
+		t.Run(k.String(), func(t *testing.T) {
+			b := &lostAnswerBackend{algoBackend: newAlgoBackend()}
+			c := newCache(b, b.clk, shardcache.Options{
+				Timeout: 20 * time.Millisecond, SyncInterval: 50 * time.Millisecond, Holder: "a",
+				Recall: func(context.Context, []byte, algo.Kind) error { return nil }, // warm leases
+			})
+			p := algo.Params{Kind: k, Limit: 1000, Period: time.Hour}
+			key := []byte("lost")
+			_, err := c.Take(ctx, key, p, 1, b.clk.Now(), false)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			granted := b.out("lost", p, "a")
+			require.Positive(t, granted, "the lost call granted a lease")
+			lease, _, _ := c.Held(key)
+			require.Zero(t, lease, "the daemon holds none of it")
+			require.Eventually(t, func() bool { return b.out("lost", p, "a") == 0 }, 5*time.Second, time.Millisecond,
+				"the lost grant of %d units went back", granted)
+			assert.Equal(t, p.Limit-1, b.remaining("lost", p), "the bucket lacks only the check the lost call admitted")
+			// The key leases nothing until the reclaim's window (two
+			// sync intervals and one more) is over, then leases again.
+			b.clk.set(b.clk.Now().Add(3 * 50 * time.Millisecond))
+			r, err := c.Take(ctx, key, p, 1, b.clk.Now(), false)
+			require.NoError(t, err)
+			require.True(t, r.Allowed)
+			lease, spent, _ := c.Held(key)
+			assert.Positive(t, lease, "the key leases again")
+			assert.Equal(t, lease+spent, b.out("lost", p, "a"), "the store counts out what the cache holds")
+		})
+	}
 }

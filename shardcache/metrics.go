@@ -22,6 +22,9 @@ var (
 	// back at once (see takeLeaseOrLate).
 	lateAnswers  = metrics.NewCounter(`rld_cache_late_answers_total`)
 	lateReturned = metrics.NewCounter(`rld_cache_late_units_returned_total`)
+	// Take-with-leases that failed in line after they may have run
+	// (their answer lost), whose grant was reclaimed (see reclaimLost).
+	lostReclaimed = metrics.NewCounter(`rld_cache_lost_grants_reclaimed_total`)
 	// Recalls: sent when a take is refused while other daemons hold
 	// parked units of its key (admitted: the take then got them);
 	// received from other daemons (returned: with units to give back).

@@ -218,3 +218,82 @@ func TestUnsettledRefusalIsNotKept(t *testing.T) {
 		})
 	}
 }
+
+// slowRefusalBackend is an algoBackend that answers the first
+// take-with-lease of holder it refuses with units parked only once the
+// caller's context has ended, as a loaded Redis answers a call at the
+// end of store.timeout; like a real client, it sends nothing on a
+// context that has ended.
+type slowRefusalBackend struct {
+	*algoBackend
+	holder string
+	fired  atomic.Bool
+}
+
+func (s *slowRefusalBackend) Sync(ctx context.Context, ops []algo.Op) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := s.algoBackend.Sync(ctx, ops)
+	for _, op := range ops {
+		if op.Kind == algo.OpTakeLease && op.Holder == s.holder && op.Admitted < len(op.Costs) && op.Parked > 0 && !s.fired.Swap(true) {
+			<-ctx.Done()
+		}
+	}
+	return err
+}
+
+// TestRecallAfterSlowRefusal: daemon b's take is refused by the store
+// while daemon a holds units of the key, and the store's answer comes
+// as the call's time (store.timeout) runs out. The recall still goes
+// out and its retry still runs, on a budget of their own: b's check is
+// admitted from a's returned units, and the two admit exactly the
+// limit. On what was left of the call's time, the recall was never
+// sent (a publish on an ended context fails) and the check was refused
+// with a's units parked.
+func TestRecallAfterSlowRefusal(t *testing.T) {
+	for _, k := range cachedKinds {
+		t.Run(k.String(), func(t *testing.T) {
+			b := &slowRefusalBackend{algoBackend: newAlgoBackend(), holder: "b"}
+			var ca, cb *shardcache.Cache
+			o := func(holder string, other **shardcache.Cache) shardcache.Options {
+				return shardcache.Options{
+					Timeout: 50 * time.Millisecond, RecallWait: 25 * time.Millisecond, Holder: holder, Peers: func() int { return 2 },
+					Recall: func(ctx context.Context, key []byte, kind algo.Kind) error {
+						if err := ctx.Err(); err != nil {
+							return err // not published
+						}
+						(*other).Recalled(key, kind, b.clk.Now())
+						return nil
+					},
+				}
+			}
+			ca = newCache(b, b.clk, o("a", &cb))
+			cb = newCache(b, b.clk, o("b", &ca))
+			p := algo.Params{Kind: k, Limit: 40, Period: time.Hour}
+			key := []byte("slow")
+			var admitted int64
+			for range 12 {
+				r, err := ca.Take(ctx, key, p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				require.True(t, r.Allowed)
+				admitted++
+			}
+			held, _, _ := ca.Held(key)
+			require.Positive(t, held, "a holds no lease")
+			for i := 0; ; i++ {
+				require.Less(t, i, int(p.Limit), "b is never refused")
+				before := b.fired.Load()
+				r, err := cb.Take(ctx, key, p, 1, b.clk.Now(), false)
+				require.NoError(t, err)
+				if !r.Allowed {
+					require.True(t, before, "the check the store refused late, with a's units parked, is refused: %+v", r)
+					break
+				}
+				admitted++
+			}
+			assert.True(t, b.fired.Load(), "the store refused b with a's units parked")
+			assert.Equal(t, p.Limit, admitted, "a and b admitted the whole limit")
+		})
+	}
+}
