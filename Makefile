@@ -88,8 +88,9 @@ deps:
 # two cores. TEST_FIRST names the longest packages, which start first
 # so that none is left running alone at the end.
 TEST_FIRST ?= ./daemon ./packaging ./redisx ./clients/python ./cmd/rld ./region ./shardcache ./admin ./algo
+# go vet runs in lint (CI runs lint, then test): a cold vet compiles the
+# whole tree a second time, without -race.
 test: deps
-	$(GO) vet ./...
 	$(GO) test -race -count=1 -p 2 -timeout 14m $(TEST_FIRST) ./...
 	cd contrib/kubernetes && $(GO) vet -mod=mod ./... && $(GO) test -mod=mod -race -count=1 -timeout 5m ./...
 
