@@ -22,6 +22,8 @@ DEB_OUT     ?= bin
 # grpcnotrace leaves out gRPC's golang.org/x/net/trace, whose html/template
 # makes the linker keep every exported method of the binary (30.7 MB
 # instead of 14.2 MB).
+# daemontest.BuildFlags repeats these flags, so that the tests' builds
+# of cmd/rld share the build cache with this one.
 TAGS        ?= grpcnotrace
 LDFLAGS     := -s -w -X github.com/rld/rld/buildinfo.Version=$(VERSION) -X github.com/rld/rld/buildinfo.Commit=$(COMMIT)
 

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/wire"
 )
 
@@ -27,10 +28,8 @@ func TestAdminThroughBinary(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "rld")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run())
+	bin, err := daemontest.Binary()
+	require.NoError(t, err)
 	token := filepath.Join(dir, "token")
 	require.NoError(t, os.WriteFile(token, []byte("a-token-of-enough-length\n"), 0o600))
 	adminAddr := freePort(t)

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
 	"github.com/rld/rld/wire"
 )
 
@@ -92,10 +93,8 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Skip("builds the binary")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "rld")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Stderr = os.Stderr
-	require.NoError(t, build.Run())
+	bin, err := daemontest.Binary()
+	require.NoError(t, err)
 
 	sock := filepath.Join(dir, "rld.sock")
 	httpAddr := freePort(t)

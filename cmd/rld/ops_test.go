@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
 )
 
 // TestHelpTexts: rld help and every command's -h print useful text on
@@ -55,8 +56,9 @@ func TestHelpTexts(t *testing.T) {
 func buildStamped(t *testing.T, version, commit string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "rld")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", bin, "-ldflags",
+	args := append(append([]string{"build"}, daemontest.BuildFlags...), "-o", bin, "-ldflags",
 		"-X github.com/rld/rld/buildinfo.Version="+version+" -X github.com/rld/rld/buildinfo.Commit="+commit, ".")
+	cmd := exec.Command("go", args...)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)

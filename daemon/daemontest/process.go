@@ -35,6 +35,13 @@ var (
 	buildErr  error
 )
 
+// BuildFlags are the go build flags of the binary StartProcess runs,
+// with CGO_ENABLED=0: those of `make build` but its linker stamps (the
+// Makefile's TAGS), so that every test that builds cmd/rld, the
+// packaging tests' `make build` among them, shares one compilation of
+// the tree in the build cache.
+var BuildFlags = []string{"-trimpath", "-tags", "grpcnotrace"}
+
 // binary builds cmd/rld once per test process and returns its path.
 func binary() (string, error) {
 	buildOnce.Do(func() {
@@ -44,7 +51,9 @@ func binary() (string, error) {
 			return
 		}
 		buildBin = filepath.Join(dir, "rld")
-		cmd := exec.Command("go", "build", "-o", buildBin, "github.com/rld/rld/cmd/rld")
+		args := append(append([]string{"build"}, BuildFlags...), "-o", buildBin, "github.com/rld/rld/cmd/rld")
+		cmd := exec.Command("go", args...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("daemontest: go build cmd/rld: %w\n%s", err, out)
 		}
