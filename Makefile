@@ -91,8 +91,11 @@ deps:
 # so that none is left running alone at the end.
 TEST_FIRST ?= ./daemon ./packaging ./redisx ./clients/python ./cmd/rld ./region ./shardcache ./admin ./algo
 # go vet runs in lint (CI runs lint, then test): a cold vet compiles the
-# whole tree a second time, without -race.
-test: deps
+# whole tree a second time, without -race. test builds bin/rld first:
+# the tests that run the binary build it with the same flags
+# (daemontest.BuildFlags), and then find it compiled instead of
+# compiling it each at once.
+test: deps build
 	$(GO) test -race -count=1 -p 2 -timeout 14m $(TEST_FIRST) ./...
 	cd contrib/kubernetes && $(GO) vet -mod=mod ./... && $(GO) test -mod=mod -race -count=1 -timeout 5m ./...
 
