@@ -60,10 +60,10 @@ func TestProjectFollowsTheTrend(t *testing.T) {
 		why       string
 	}{
 		{100, 100, "first sight: no trend"},
-		{150, 200, "rising by 50: one more interval of it"},
+		{150, 250, "rising by 50: two more intervals of it"},
 		{100, 50, "falling by 50: one more interval of it"},
 		{60, 30, "falling fast: at least half the measure"},
-		{600, 1140, "jumping: one more interval of the rise"},
+		{600, 1680, "jumping: two more intervals of the rise"},
 		{0, 0, "idle"},
 	} {
 		if got := project(c.now, last, "f"); got != c.want {
