@@ -102,10 +102,10 @@ func (r *Region) resign(ctx context.Context) {
 // A failed renewal changes nothing: the key keeps its share until expiry.
 // Each of its three round trips (read, renew, write) has an interval.
 // Keys whose grant was capped well below their target (the other regions
-// still held the units) are renewed once more at once when that can end
-// before deadline: the other regions' renewals of the same tick have
-// reached the global store by then, and returned what they no longer
-// need.
+// still held the units), and keys a daemon asked to renew early, are
+// renewed once more at once when that can end before deadline (see
+// again): the other regions' renewals of the same tick have reached the
+// global store by then, and returned what they no longer need.
 func (r *Region) pass(deadline time.Time) {
 	r.st.passes.Add(1)
 	now := time.Now()
