@@ -68,7 +68,7 @@ func TestRefusalAsksTheRenewerForAnEarlyRenewal(t *testing.T) {
 	ctx := context.Background()
 	m := meta{limit: 900, periodMs: 1000, fallback: 300}
 	// Demand 100 per period (1000 units over the first pass's interval
-	// of 10 s): eu's share is 100 + min(800/3, 25 + 150) = 275 (us and ap
+	// of 10 s): eu's share is 100 + min(800/3, 25 + 37) = 162 (us and ap
 	// hold 300 each).
 	if err := local.Do(ctx, local.B().Hincrby().Key(DemandKey).Field(m.field("k")).Increment(1000).Build()).Error(); err != nil {
 		t.Fatal(err)
@@ -78,18 +78,18 @@ func TestRefusalAsksTheRenewerForAnEarlyRenewal(t *testing.T) {
 	redistest.WaitFor(t, "the first pass's share and the subscription", func() bool {
 		sh, ok := r.Table().Get([]byte("k"), 900, time.Now())
 		n, err := local.Do(ctx, local.B().PubsubNumsub().Channel(AskChannel).Build()).AsIntMap()
-		return ok && sh.Units == 275 && err == nil && n[AskChannel] == 1
+		return ok && sh.Units == 162 && err == nil && n[AskChannel] == 1
 	})
 	s := r.Wrap(memstore.New(memstore.Options{}), 900, 0)
 	p := tb
 	p.Burst = 900
-	if res, err := s.Take(ctx, []byte("k"), p, 275, time.Now(), false); err != nil || !res.Allowed {
+	if res, err := s.Take(ctx, []byte("k"), p, 162, time.Now(), false); err != nil || !res.Allowed {
 		t.Fatalf("take of the whole share: %+v, %v", res, err)
 	}
 	if res, err := s.Take(ctx, []byte("k"), p, 1, time.Now(), false); err != nil || res.Allowed {
 		t.Fatalf("take beyond the share: %+v, %v; want refused", res, err)
 	}
-	// Raised to 2 × 275 = 550: 550 + min(350/3, 137 + 150) = 666, capped
+	// Raised to 2 × 162 = 324: 324 + min(576/3, 81 + 37) = 442, capped
 	// by the free units: 900 - 300 - 300 = 300.
 	redistest.WaitFor(t, "the early renewal", func() bool { return r.Stats().EarlyRenewals == 1 })
 	redistest.WaitFor(t, "its share installed", func() bool {

@@ -65,19 +65,19 @@ end
 
 local target
 if sumd <= L then
-  -- The slack is split among the live regions in proportion to their
-  -- demand plus m = L/2R each (an expired region's part goes to the
-  -- others; a small region keeps some headroom), but a region's headroom
-  -- is at most a quarter of its demand plus m: the rest stays free, for
-  -- a region whose demand rises to take at its next renewal without
-  -- waiting for the others to return units.
-  -- A region whose demand falls keeps a smaller headroom (an eighth of
-  -- its demand plus m/2): the units it gives up are free for a rising
-  -- region at once, not one renewal later.
+  -- The slack is split evenly among the live regions (an expired
+  -- region's part goes to the others; a small region, the likeliest to
+  -- rise, holds as much as a big one), but a region's headroom is at
+  -- most a quarter of its demand plus m/4 (m = L/2R): the rest stays
+  -- free, for a region whose demand rises to take at its next (or early)
+  -- renewal without waiting for the others to return units. A region
+  -- whose demand falls keeps less (an eighth of its demand plus m/8):
+  -- the units it gives up are free for a rising region at once, not one
+  -- renewal later.
   local m = math.max(math.floor(L / (2 * (#ARGV - 7))), 1)
   local part = math.floor((L - sumd) / live)
-  local room = math.floor(demand / 4) + m
-  if demand < prev then room = math.floor(demand / 8) + math.floor(m / 2) end
+  local room = math.floor(demand / 4) + math.floor(m / 4)
+  if demand < prev then room = math.floor(demand / 8) + math.floor(m / 8) end
   target = demand + math.min(part, room)
 else
   target = math.max(floor, math.floor(L * demand / sumd))

@@ -120,7 +120,7 @@ func TestPassRenewsACappedKeyAgain(t *testing.T) {
 	if err := local.Do(ctx, local.B().Hincrby().Key(DemandKey).Field(m.field("k")).Increment(500).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	r.tick() // elected; demand 500 per period: target 773, capped at the free 300
+	r.tick() // elected; demand 500 per period: target 500 + min(133, 162) = 633, capped at the free 300
 	st := r.Stats()
 	if st.Passes != 1 || st.Retries != 1 || st.Renewals != 2 {
 		t.Fatalf("stats %+v, want one pass, one key renewed twice", st)
