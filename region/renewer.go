@@ -74,6 +74,7 @@ func (r *Region) elect(ctx context.Context) bool {
 			r.renewer.last = map[string]int64{}
 			r.renewer.sent = map[string]sent{}
 			r.renewer.early = map[string]time.Time{}
+			r.asked.take() // asks from before the role: stale
 			r.renewer.lastPass = time.Time{}
 		} else {
 			renewerG.Add(-1)
