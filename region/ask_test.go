@@ -60,8 +60,8 @@ func TestBoostRaisesDemandWithinTheLimitOnly(t *testing.T) {
 
 // TestRefusalAsksTheRenewerForAnEarlyRenewal: a check refused under a
 // live share makes the daemon ask its renewer, which renews the key at
-// once with its demand raised (between passes 10 s apart), and the new
-// share is installed.
+// once with its demand raised (between passes 10 s apart), and the
+// larger share is installed before the next pass.
 func TestRefusalAsksTheRenewerForAnEarlyRenewal(t *testing.T) {
 	local := client(t, redistest.Standalone(t).Addr)
 	global := client(t, redistest.Standalone(t).Addr)
@@ -73,29 +73,44 @@ func TestRefusalAsksTheRenewerForAnEarlyRenewal(t *testing.T) {
 	if err := local.Do(ctx, local.B().Hincrby().Key(DemandKey).Field(m.field("k")).Increment(1000).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	r := newRegion(t, "eu", "a", local, global, 10*time.Second)
+	interval := 10 * time.Second
+	r := newRegion(t, "eu", "a", local, global, interval)
 	r.Start()
 	redistest.WaitFor(t, "the first pass's share and the subscription", func() bool {
-		sh, ok := r.Table().Get([]byte("k"), 900, time.Now())
+		_, ok := r.Table().Get([]byte("k"), 900, time.Now())
 		n, err := local.Do(ctx, local.B().PubsubNumsub().Channel(AskChannel).Build()).AsIntMap()
-		return ok && sh.Units == 162 && err == nil && n[AskChannel] == 1
+		return ok && r.Stats().Passes >= 1 && err == nil && n[AskChannel] == 1
 	})
+	// Passes run at each multiple of the interval plus a tenth of it:
+	// start when the next one is at least 2 s away.
+	redistest.WaitFor(t, "2 s or more before the next pass", func() bool {
+		since := time.Since(time.Now().Truncate(interval))
+		return since > interval/10+500*time.Millisecond && since < interval-time.Second
+	})
+	st0 := r.Stats()
+	before, ok := r.Table().Get([]byte("k"), 900, time.Now())
+	if !ok || before.Units < 1 || before.Units >= 300 {
+		t.Fatalf("share before the refusal %+v (live %v), want between 1 and 299", before, ok)
+	}
 	s := r.Wrap(memstore.New(memstore.Options{}), 900, 0)
 	p := tb
 	p.Burst = 900
-	if res, err := s.Take(ctx, []byte("k"), p, 162, time.Now(), false); err != nil || !res.Allowed {
+	if res, err := s.Take(ctx, []byte("k"), p, before.Units, time.Now(), false); err != nil || !res.Allowed {
 		t.Fatalf("take of the whole share: %+v, %v", res, err)
 	}
 	if res, err := s.Take(ctx, []byte("k"), p, 1, time.Now(), false); err != nil || res.Allowed {
 		t.Fatalf("take beyond the share: %+v, %v; want refused", res, err)
 	}
-	// Raised to 2 × 162 = 324: 324 + min(576/3, 81 + 37) = 442, capped
-	// by the free units: 900 - 300 - 300 = 300.
-	redistest.WaitFor(t, "the early renewal", func() bool { return r.Stats().EarlyRenewals == 1 })
-	redistest.WaitFor(t, "its share installed", func() bool {
+	// Raised to twice the share (162 after the first pass, less after an
+	// idle one): a larger share, within the 300 units free (us and ap
+	// hold 600).
+	redistest.WaitFor(t, "the early renewal's larger share", func() bool {
 		sh, ok := r.Table().Get([]byte("k"), 900, time.Now())
-		return ok && sh.Units == 300
+		return ok && sh.Units > before.Units && sh.Units <= 300
 	})
+	if st := r.Stats(); st.EarlyRenewals != st0.EarlyRenewals+1 || st.Passes != st0.Passes {
+		t.Fatalf("stats %+v after %+v, want one early renewal and no pass", st, st0)
+	}
 	sh := shares(t, global, "k")
 	if sum := sh["eu"] + sh["us"] + sh["ap"]; sum > 900 {
 		t.Fatalf("ledger shares %v sum to %d > 900", sh, sum)
