@@ -9,6 +9,7 @@ func MetricHelp() map[string]string {
 		"rld_region_reclaims_total":           "Renewals that took back the share of a region whose lease had expired.",
 		"rld_region_fallback_decisions_total": "Decisions of global rules made with a key's fallback share: no live lease (new key, or the global store out of reach).",
 		"rld_region_renew_errors_total":       "Key renewals on the global store that failed; the region keeps its shares until they expire.",
+		"rld_region_early_renewals_total":     "Second renewals in a pass of keys a daemon of the region refused under their share and asked to renew early, their demand raised (while the regions' demand is within the limit).",
 		"rld_region_renewer":                  "1 while this daemon is its region's renewer, else 0.",
 	}
 }

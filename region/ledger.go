@@ -59,6 +59,9 @@ type Grant struct {
 	// Target is the share the region was targeted before the cap by the
 	// free units: above Share, the others held the difference.
 	Target int64
+	// Demand is the live regions' demand per period, this region's
+	// included: above the limit, the regions contend for it.
+	Demand int64
 	// Err is this key's error; the other keys' grants stand.
 	Err error
 }
@@ -164,10 +167,10 @@ func grant(r rueidis.RedisResult, sent time.Time) Grant {
 	if err != nil {
 		return Grant{Err: err}
 	}
-	if len(vals) != 4 {
-		return Grant{Err: fmt.Errorf("renew script replied %d values, want 4", len(vals))}
+	if len(vals) != 5 {
+		return Grant{Err: fmt.Errorf("renew script replied %d values, want 5", len(vals))}
 	}
-	return Grant{Share: vals[0], Expiry: sent.Add(time.Duration(vals[1]) * time.Millisecond), Reclaimed: vals[2], Target: vals[3]}
+	return Grant{Share: vals[0], Expiry: sent.Add(time.Duration(vals[1]) * time.Millisecond), Reclaimed: vals[2], Target: vals[3], Demand: vals[4]}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

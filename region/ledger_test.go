@@ -76,32 +76,34 @@ func TestLedgerFirstSightHoldsEveryRegionAtFallback(t *testing.T) {
 func TestLedgerProportionalTargetsAndDecreaseAtOnce(t *testing.T) {
 	c := client(t, redistest.Standalone(t).Addr)
 	eu, us, ap := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute), ledger(t, c, "ap", time.Minute)
-	// Under the limit: demand plus a part of the slack in proportion to
-	// demand + m (m = L/2R = 150), at most demand/4 + m. eu, idle:
-	// 0 + min(900×150/450, 150) = 150, a decrease at once.
-	if g := renew(t, eu, "k", 0); g.Share != 150 {
-		t.Fatalf("eu idle share = %d, want 150", g.Share)
+	// Under the limit: demand plus an even part of the slack among the
+	// live regions, at most demand/4 + m/4 (m = L/2R = 150). eu, idle:
+	// 0 + min(900/3, 37) = 37, a decrease at once.
+	if g := renew(t, eu, "k", 0); g.Share != 37 {
+		t.Fatalf("eu idle share = %d, want 37", g.Share)
 	}
-	// us asks 600: 600 + min(300×750/1050, 150 + 150) = 814, capped by
-	// what is free: 900 - 150 (eu) - 300 (ap, not yet lowered) = 450.
-	if g := renew(t, us, "k", 600); g.Share != 450 || g.Target != 814 {
-		t.Fatalf("us share = %d (target %d), want 450 (target 814, capped by free units)", g.Share, g.Target)
+	// us asks 600: 600 + min(300/3, 150 + 37) = 700, capped by what is
+	// free: 900 - 37 (eu) - 300 (ap, not yet lowered) = 563.
+	if g := renew(t, us, "k", 600); g.Share != 563 || g.Target != 700 || g.Demand != 600 {
+		t.Fatalf("us share = %d (target %d, demand %d), want 563 (target 700, capped by free units; demand 600)", g.Share, g.Target, g.Demand)
 	}
-	// ap, idle, decreases at once: 0 + min(300×150/1050, 150) = 42.
-	if g := renew(t, ap, "k", 0); g.Share != 42 {
-		t.Fatalf("ap idle share = %d, want 42", g.Share)
+	// ap, idle, decreases at once: 0 + min(300/3, 37) = 37.
+	if g := renew(t, ap, "k", 0); g.Share != 37 {
+		t.Fatalf("ap idle share = %d, want 37", g.Share)
 	}
-	// us grows into the units ap returned: 900 - 150 - 42 = 708.
-	if g := renew(t, us, "k", 600); g.Share != 708 {
-		t.Fatalf("us share = %d, want 708", g.Share)
+	// us grows into the units ap returned: its target 700.
+	if g := renew(t, us, "k", 600); g.Share != 700 {
+		t.Fatalf("us share = %d, want 700", g.Share)
 	}
 	// eu asks 300: no slack left (300 + 600 = 900), target 300, capped by
-	// free = 900 - 708 - 42 = 150.
-	if g := renew(t, eu, "k", 300); g.Share != 150 {
-		t.Fatalf("eu share = %d, want 150", g.Share)
+	// free = 900 - 700 - 37 = 163.
+	if g := renew(t, eu, "k", 300); g.Share != 163 {
+		t.Fatalf("eu share = %d, want 163", g.Share)
 	}
 	// Over the limit: proportional, with a floor. us asks 2700, eu 300.
-	renew(t, us, "k", 2700) // 900*2700/3000 = 810, capped by free
+	if g := renew(t, us, "k", 2700); g.Demand != 3000 { // 900*2700/3000 = 810, capped by free
+		t.Fatalf("regions' demand = %d, want 3000", g.Demand)
+	}
 	if g := renew(t, eu, "k", 300); g.Share != 90 {
 		t.Fatalf("eu share under contention = %d, want 900*300/3000 = 90", g.Share)
 	}
@@ -144,9 +146,9 @@ func TestLedgerReclaimsExpiredShares(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	// eu's first renewal (demand 100) lowered it to 100 + 100/4 + 150.
-	if g.Reclaimed != 275+300 {
-		t.Fatalf("reclaimed %d, want eu's 275 and ap's 300", g.Reclaimed)
+	// eu's first renewal (demand 100) lowered it to 100 + 100/4 + 150/4.
+	if g.Reclaimed != 162+300 {
+		t.Fatalf("reclaimed %d, want eu's 162 and ap's 300", g.Reclaimed)
 	}
 	if g.Share != 900 {
 		t.Fatalf("us share after the others expired = %d, want 900", g.Share)
@@ -232,12 +234,28 @@ func TestLedgerSplitsSlackAmongLiveRegions(t *testing.T) {
 	if reclaimed != 300 {
 		t.Fatalf("reclaimed %d, want eu's 300", reclaimed)
 	}
-	// The slack 200 in proportion to demand + 150 between the two live
-	// regions: ap 300 + 200×450/1000 = 390, us 400 + 200×550/1000 = 510
-	// (with eu counted live: 378 and 495).
+	// The slack 200 split evenly between the two live regions: ap 400,
+	// us 500 (with eu counted live: 366 and 466; headroom caps 112, 137).
 	ga := renew(t, ap, "k", 300)
 	gu := renew(t, us, "k", 400)
-	if ga.Share != 390 || gu.Share != 510 {
-		t.Fatalf("us %d, ap %d, want 510 and 390", gu.Share, ga.Share)
+	if ga.Share != 400 || gu.Share != 500 {
+		t.Fatalf("us %d, ap %d, want 500 and 400", gu.Share, ga.Share)
+	}
+}
+
+func TestLedgerFallingRegionKeepsLessHeadroom(t *testing.T) {
+	c := client(t, redistest.Standalone(t).Addr)
+	eu, us, ap := ledger(t, c, "eu", time.Minute), ledger(t, c, "us", time.Minute), ledger(t, c, "ap", time.Minute)
+	renew(t, eu, "k", 400) // first sight: us and ap hold 300 each
+	renew(t, us, "k", 0)   // 0 + min(500/3, 37) = 37
+	renew(t, ap, "k", 0)   // 37
+	// eu's demand falls from 400 to 200: its headroom is at most
+	// 200/8 + m/8 = 43 (the slack's part is 700/3 = 233): 243.
+	if g := renew(t, eu, "k", 200); g.Share != 243 {
+		t.Fatalf("falling eu share = %d, want 200 + 43", g.Share)
+	}
+	// Steady at 200: the headroom is at most 200/4 + m/4 = 87: 287.
+	if g := renew(t, eu, "k", 200); g.Share != 287 {
+		t.Fatalf("steady eu share = %d, want 200 + 87", g.Share)
 	}
 }

@@ -13,6 +13,7 @@ var (
 	reclaimsM  = metrics.NewCounter(`rld_region_reclaims_total`)
 	fallbackM  = metrics.NewCounter(`rld_region_fallback_decisions_total`)
 	renewErrsM = metrics.NewCounter(`rld_region_renew_errors_total`)
+	earlyM     = metrics.NewCounter(`rld_region_early_renewals_total`)
 	renewerG   atomic.Int64 // daemons of this process that hold the renewer role
 	_          = metrics.NewGauge(`rld_region_renewer`, func() float64 { return float64(renewerG.Load()) })
 )
@@ -35,14 +36,18 @@ type Stats struct {
 	RenewErrors int64
 	// Passes is the renewal passes this daemon ran as the renewer.
 	Passes int64
-	// Retries is the keys renewed a second time in a pass, their first
-	// grant capped well below their target.
+	// Retries is the keys renewed a second time in a pass: their first
+	// grant capped well below their target, or asked early.
 	Retries int64
+	// EarlyRenewals is the second renewals of keys a daemon of the region
+	// asked for, having refused them under their share, with their
+	// demand raised.
+	EarlyRenewals int64
 }
 
 // stats are a Region's counters.
 type stats struct {
-	renewals, returns, reclaims, fallbacks, renewErrs, passes, retries atomic.Int64
+	renewals, returns, reclaims, fallbacks, renewErrs, passes, retries, early atomic.Int64
 }
 
 func (r *Region) fellBack() {
@@ -55,6 +60,6 @@ func (r *Region) Stats() Stats {
 	return Stats{
 		Renewals: r.st.renewals.Load(), Returns: r.st.returns.Load(), Reclaims: r.st.reclaims.Load(),
 		Fallbacks: r.st.fallbacks.Load(), RenewErrors: r.st.renewErrs.Load(), Passes: r.st.passes.Load(),
-		Retries: r.st.retries.Load(),
+		Retries: r.st.retries.Load(), EarlyRenewals: r.st.early.Load(),
 	}
 }

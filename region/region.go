@@ -41,6 +41,10 @@ const (
 	// SharesChannel is the channel on which the renewer announces that
 	// it wrote new shares: every daemon loads them at once.
 	SharesChannel = "rld:region:shares"
+	// AskChannel is the channel on which a daemon asks the renewer for
+	// an early renewal of a key it refused under its live share: one
+	// message per key, the key's field id.
+	AskChannel = "rld:region:ask"
 )
 
 // flushLeadDiv places the renewer's pass after the daemons' flushes:
@@ -95,6 +99,9 @@ type Region struct {
 	stop        chan struct{}
 	done        chan struct{}
 	notify      chan struct{} // a message on SharesChannel: load now
+	nudge       chan struct{} // a key refused under its share: publish the asks
+	wake        chan struct{} // an ask came to the renewer: renew early
+	asked       asked         // the asks the renewer received, for its next pass
 	subDone     chan struct{} // closed when the subscriber returns
 	subCancel   context.CancelFunc
 	once        sync.Once
@@ -125,7 +132,7 @@ func New(o Options) (*Region, error) {
 		return nil, fmt.Errorf("region: %w", err)
 	}
 	o.Regions = append([]string(nil), o.Regions...)
-	r := &Region{o: o, table: NewTable(), stop: make(chan struct{}), done: make(chan struct{}), notify: make(chan struct{}, 1)}
+	r := &Region{o: o, table: NewTable(), stop: make(chan struct{}), done: make(chan struct{}), notify: make(chan struct{}, 1), nudge: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
 	r.local, r.ownLocal = o.Local, o.Local == nil
 	return r, nil
 }
@@ -224,6 +231,16 @@ func (r *Region) loop() {
 				r.o.Logger.Warn("region: load shares", "err", err)
 			}
 			continue
+		case <-r.nudge:
+			if err := r.step(r.publishAsks); err != nil {
+				r.o.Logger.Warn("region: ask for early renewals", "err", err)
+			}
+			continue
+		case <-r.wake:
+			if r.renewer.held {
+				r.early(next.Add(r.o.Interval / flushLeadDiv))
+			}
+			continue
 		case <-t.C:
 			r.tickAt(next)
 		}
@@ -263,7 +280,8 @@ func (r *Region) tickAt(boundary time.Time) {
 		} else if !r.sleepUntil(r.passAt(boundary)) {
 			return
 		}
-		r.pass(boundary.Add(r.o.Interval))
+		// A second renewal may delay the next pass by a quarter interval.
+		r.pass(r.passAt(boundary.Add(r.o.Interval)).Add(r.o.Interval / 4))
 	}
 	if err := r.step(r.load); err != nil {
 		r.o.Logger.Warn("region: load shares", "err", err)
@@ -313,14 +331,24 @@ func (r *Region) subscribe() {
 // when the connection fails.
 func (r *Region) listen(ctx context.Context, c rueidis.Client) {
 	defer close(r.subDone)
-	on := func(rueidis.PubSubMessage) {
+	on := func(m rueidis.PubSubMessage) {
+		if m.Channel == AskChannel {
+			if r.renewerHeld.Load() {
+				r.asked.add(m.Message)
+				select {
+				case r.wake <- struct{}{}:
+				default: // an early renewal is due already
+				}
+			}
+			return
+		}
 		select {
 		case r.notify <- struct{}{}:
 		default: // a load is due already
 		}
 	}
 	for ctx.Err() == nil {
-		err := c.Receive(ctx, c.B().Subscribe().Channel(SharesChannel).Build(), on)
+		err := c.Receive(ctx, c.B().Subscribe().Channel(SharesChannel, AskChannel).Build(), on)
 		if ctx.Err() != nil {
 			return
 		}
@@ -359,6 +387,71 @@ func (r *Region) flush(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// askGap is the least time between two asks of one key by one daemon.
+func (r *Region) askGap() time.Duration { return r.o.Interval / askGapDiv }
+
+// askGapDiv divides the interval into the least gap between two asks of
+// one key by one daemon.
+const askGapDiv = 4
+
+// nudgeAsks wakes the loop to publish the keys marked for an early
+// renewal; it never blocks.
+func (r *Region) nudgeAsks() {
+	select {
+	case r.nudge <- struct{}{}:
+	default: // a publish is due already
+	}
+}
+
+// publishAsks publishes on AskChannel the keys marked for an early
+// renewal, in one pipelined round trip.
+func (r *Region) publishAsks(ctx context.Context) error {
+	if !r.connect() {
+		return nil
+	}
+	fields := r.table.TakeAsks()
+	if len(fields) == 0 {
+		return nil
+	}
+	c := r.local
+	cmds := make(rueidis.Commands, len(fields))
+	for i, f := range fields {
+		cmds[i] = c.B().Publish().Channel(AskChannel).Message(f).Build()
+	}
+	for _, res := range c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return fmt.Errorf("region: publish %s: %w", AskChannel, err)
+		}
+	}
+	return nil
+}
+
+// asked is the set of keys asked for an early renewal since the
+// renewer's last pass; the subscriber adds, the pass takes.
+type asked struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+// add adds the field id f.
+func (a *asked) add(f string) {
+	a.mu.Lock()
+	if a.m == nil {
+		a.m = map[string]struct{}{}
+	}
+	a.m[f] = struct{}{}
+	a.mu.Unlock()
+}
+
+// take returns the set and empties it.
+func (a *asked) take() map[string]struct{} {
+	a.mu.Lock()
+	m := a.m
+	a.m = nil
+	a.mu.Unlock()
+	return m
 }
 
 // load installs the regional shares hash into the table. A failed load

@@ -14,7 +14,8 @@
 -- server's TIME), d:r (last demand). The clock is the global store's own.
 --
 -- Returns {share, lease ms left, units reclaimed from expired regions,
--- target (the share before the cap by the free units)}.
+-- target (the share before the cap by the free units), the live
+-- regions' demand (this one's included)}.
 local key = KEYS[1]
 local me = ARGV[1]
 local demand = tonumber(ARGV[2])
@@ -36,6 +37,12 @@ end
 
 local h = redis.call('HGETALL', key)
 local others, sumd, reclaimed, live = 0, demand, 0, 1
+-- The demand this region sent at its last renewal, while its lease is
+-- live: below it, the region's demand is falling.
+local prev = -1
+if tonumber(redis.call('HGET', key, 'e:' .. me) or '0') > now then
+  prev = tonumber(redis.call('HGET', key, 'd:' .. me) or '-1')
+end
 for i = 1, #h, 2 do
   local field = h[i]
   if string.sub(field, 1, 2) == 's:' then
@@ -58,15 +65,20 @@ end
 
 local target
 if sumd <= L then
-  -- The slack is split among the live regions in proportion to their
-  -- demand plus m = L/2R each (an expired region's part goes to the
-  -- others; a small region keeps some headroom), but a region's headroom
-  -- is at most a quarter of its demand plus m: the rest stays free, for
-  -- a region whose demand rises to take at its next renewal without
-  -- waiting for the others to return units.
+  -- The slack is split evenly among the live regions (an expired
+  -- region's part goes to the others; a small region, the likeliest to
+  -- rise, holds as much as a big one), but a region's headroom is at
+  -- most a quarter of its demand plus m/4 (m = L/2R): the rest stays
+  -- free, for a region whose demand rises to take at its next (or early)
+  -- renewal without waiting for the others to return units. A region
+  -- whose demand falls keeps less (an eighth of its demand plus m/8):
+  -- the units it gives up are free for a rising region at once, not one
+  -- renewal later.
   local m = math.max(math.floor(L / (2 * (#ARGV - 7))), 1)
-  local part = math.floor((L - sumd) * (demand + m) / (sumd + live * m))
-  target = demand + math.min(part, math.floor(demand / 4) + m)
+  local part = math.floor((L - sumd) / live)
+  local room = math.floor(demand / 4) + math.floor(m / 4)
+  if demand < prev then room = math.floor(demand / 8) + math.floor(m / 8) end
+  target = demand + math.min(part, room)
 else
   target = math.max(floor, math.floor(L * demand / sumd))
 end
@@ -78,4 +90,4 @@ if target < 0 then target = 0 end
 
 redis.call('HSET', key, 's:' .. me, target, 'e:' .. me, now + lease, 'd:' .. me, demand)
 redis.call('PEXPIRE', key, ttl)
-return {target, lease, reclaimed, wanted}
+return {target, lease, reclaimed, wanted, sumd}

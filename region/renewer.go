@@ -40,6 +40,19 @@ type renewer struct {
 	// last is each key's demand per period measured at the last pass,
 	// for the trend of the next.
 	last map[string]int64
+	// sent is each key's last renewal (its want and grant), for the
+	// early renewals a daemon asks for between passes.
+	sent map[string]sent
+	// early is when each key was last renewed early.
+	early map[string]time.Time
+	// rtt is the last renewal's round trip to the global store.
+	rtt time.Duration
+}
+
+// sent is one key's last renewal.
+type sent struct {
+	want  Want
+	grant Grant
 }
 
 // elect keeps or takes the renewer role and reports whether r holds it.
@@ -59,6 +72,9 @@ func (r *Region) elect(ctx context.Context) bool {
 			renewerG.Add(1)
 			r.renewer.idle = map[string]int{}
 			r.renewer.last = map[string]int64{}
+			r.renewer.sent = map[string]sent{}
+			r.renewer.early = map[string]time.Time{}
+			r.asked.take() // asks from before the role: stale
 			r.renewer.lastPass = time.Time{}
 		} else {
 			renewerG.Add(-1)
@@ -87,16 +103,16 @@ func (r *Region) resign(ctx context.Context) {
 // A failed renewal changes nothing: the key keeps its share until expiry.
 // Each of its three round trips (read, renew, write) has an interval.
 // Keys whose grant was capped well below their target (the other regions
-// still held the units) are renewed once more at once when that can end
-// before deadline: the other regions' renewals of the same tick have
-// reached the global store by then, and returned what they no longer
-// need.
+// still held the units), and keys a daemon asked to renew early, are
+// renewed once more at once when that can end before deadline (see
+// again): the other regions' renewals of the same tick have reached the
+// global store by then, and returned what they no longer need.
 func (r *Region) pass(deadline time.Time) {
 	r.st.passes.Add(1)
 	now := time.Now()
 	elapsed := r.o.Interval
 	if !r.renewer.lastPass.IsZero() {
-		elapsed = max(now.Sub(r.renewer.lastPass), time.Millisecond)
+		elapsed = windows(now.Sub(r.renewer.lastPass), r.o.Interval)
 	}
 	r.renewer.lastPass = now
 	var demand map[string]int64
@@ -124,19 +140,106 @@ func (r *Region) pass(deadline time.Time) {
 	if time.Now().Add(time.Since(sent)).After(deadline) {
 		return
 	}
-	var fs []string
-	var ws []Want
-	old := map[string]string{}
-	for i, g := range grants {
-		if g.Err == nil && g.Target-g.Share >= max(wants[i].Floor, 1) {
-			fs, ws = append(fs, fields[i]), append(ws, wants[i])
-			old[fields[i]] = shares[fields[i]]
-		}
-	}
+	fs, ws, old := r.again(fields, wants, grants, shares)
 	if len(ws) > 0 {
 		r.st.retries.Add(int64(len(ws)))
 		r.renew(l, fs, ws, old, now)
 	}
+}
+
+// again lists a pass's second renewals: the keys whose grant was capped
+// at least the floor below its target, and the keys a daemon asked to
+// renew early (see boost). It returns the fields, the wants and the
+// shares before the pass of those keys.
+func (r *Region) again(fields []string, wants []Want, grants []Grant, shares map[string]string) ([]string, []Want, map[string]string) {
+	asked := r.asked.take()
+	var fs []string
+	var ws []Want
+	old := map[string]string{}
+	for i, g := range grants {
+		if g.Err != nil {
+			continue
+		}
+		w, capped := wants[i], g.Target-g.Share >= max(wants[i].Floor, 1)
+		_, early := asked[fields[i]]
+		if early {
+			units, _, _ := parseShare(shares[fields[i]])
+			w, early = boost(w, g, units)
+		}
+		if capped || early {
+			if early {
+				r.countEarly(fields[i])
+			}
+			fs, ws = append(fs, fields[i]), append(ws, w)
+			old[fields[i]] = shares[fields[i]]
+		}
+	}
+	return fs, ws, old
+}
+
+// boost returns the want of an early renewal of a key last renewed with
+// w and granted g, whose share before that was units, and whether to
+// renew it: only while the regions' demand is within the limit (else
+// the regions contend for it, and refusals are due). Its demand is
+// raised to twice its share (the larger of g's and units), but not so
+// far that the regions' demand exceeds the limit: a region whose demand
+// outruns its measure grows at once, as far as the free units go.
+func boost(w Want, g Grant, units int64) (Want, bool) {
+	if g.Demand > w.Limit {
+		return w, false
+	}
+	d := min(2*max(units, g.Share, 1), w.Limit-(g.Demand-w.Demand))
+	if d <= w.Demand {
+		return w, false
+	}
+	w.Demand = d
+	return w, true
+}
+
+// countEarly counts an early renewal of field f.
+func (r *Region) countEarly(f string) {
+	r.renewer.early[f] = time.Now()
+	r.st.early.Add(1)
+	earlyM.Inc()
+}
+
+// early renews at once the keys the region's daemons asked for (they
+// refused them under their share) when that can end before deadline,
+// the next pass; else the pass's second renewals take the asks. A key
+// is renewed early at most once per askGap, from its last renewal (see
+// boost).
+func (r *Region) early(deadline time.Time) {
+	if r.ledger == nil || time.Now().Add(r.renewer.rtt).After(deadline) {
+		return
+	}
+	now := time.Now()
+	var fs []string
+	var ws []Want
+	old := map[string]string{}
+	for f := range r.asked.take() {
+		last, ok := r.renewer.sent[f]
+		if !ok || now.Sub(r.renewer.early[f]) < r.askGap() || !now.Before(last.grant.Expiry) {
+			continue
+		}
+		w, ok := boost(last.want, last.grant, last.grant.Share)
+		if !ok {
+			continue
+		}
+		r.countEarly(f)
+		fs, ws = append(fs, f), append(ws, w)
+		old[f] = formatShare(last.grant.Share, last.grant.Expiry, last.want.Demand)
+	}
+	if len(ws) > 0 {
+		r.renew(r.ledger, fs, ws, old, now)
+	}
+}
+
+// windows returns the span of the daemons' flushes a pass takes, d
+// after the last pass: a whole number of intervals i (at least one), as
+// the daemons flush at each multiple of i, whatever the renewer's own
+// lateness; the nearest to d.
+func windows(d, i time.Duration) time.Duration {
+	return max((d+i/2)/i, 1) * i
 }
 
 // renew renews wants on l and writes their grants; shares holds the
@@ -144,9 +247,16 @@ func (r *Region) pass(deadline time.Time) {
 func (r *Region) renew(l *Ledger, fields []string, wants []Want, shares map[string]string, now time.Time) []Grant {
 	var grants []Grant
 	r.step(func(ctx context.Context) error {
+		start := time.Now()
 		grants = l.Renew(ctx, wants)
+		r.renewer.rtt = time.Since(start)
 		return nil
 	})
+	for i, g := range grants {
+		if g.Err == nil {
+			r.renewer.sent[fields[i]] = sent{want: wants[i], grant: g}
+		}
+	}
 	r.step(func(ctx context.Context) error {
 		r.write(ctx, fields, wants, shares, grants, now)
 		return nil
@@ -203,17 +313,19 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 }
 
 // project returns the demand per period measured now for field f,
-// projected one interval ahead along its trend since the last pass:
-// now + (now − last), at least now/2 (and at most 2 × now, as last ≥ 0)
-// so that one noisy interval moves it at most that much. A key's share is in force from about
-// half an interval after its demand's window to one and a half after;
-// the projection keeps a rising region's share, and a falling one's
-// return, from trailing its demand by that long. It records now in last.
+// projected along its trend since the last pass. A key's share is in
+// force from about half an interval after its demand's window to one and
+// a half after: a rising demand is projected to the end of that span,
+// now + 2 × (now − last) (at most 3 × now), a falling one to its start,
+// now + (now − last), but to no less than now/2. It records now in last.
 func project(now int64, last map[string]int64, f string) int64 {
 	prev, ok := last[f]
 	last[f] = now
 	if !ok {
 		return now
+	}
+	if now > prev {
+		return now + 2*(now-prev)
 	}
 	return max(now+(now-prev), now/2)
 }
@@ -241,6 +353,8 @@ func (r *Region) write(ctx context.Context, fields []string, wants []Want, share
 			gone = append(gone, f)
 			delete(r.renewer.idle, f)
 			delete(r.renewer.last, f)
+			delete(r.renewer.sent, f)
+			delete(r.renewer.early, f)
 		}
 	}
 	if len(gone) > 0 {

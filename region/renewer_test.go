@@ -60,10 +60,10 @@ func TestProjectFollowsTheTrend(t *testing.T) {
 		why       string
 	}{
 		{100, 100, "first sight: no trend"},
-		{150, 200, "rising by 50: one more interval of it"},
+		{150, 250, "rising by 50: two more intervals of it"},
 		{100, 50, "falling by 50: one more interval of it"},
 		{60, 30, "falling fast: at least half the measure"},
-		{600, 1140, "jumping: one more interval of the rise"},
+		{600, 1680, "jumping: two more intervals of the rise"},
 		{0, 0, "idle"},
 	} {
 		if got := project(c.now, last, "f"); got != c.want {
@@ -120,7 +120,7 @@ func TestPassRenewsACappedKeyAgain(t *testing.T) {
 	if err := local.Do(ctx, local.B().Hincrby().Key(DemandKey).Field(m.field("k")).Increment(500).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
-	r.tick() // elected; demand 500 per period: target 773, capped at the free 300
+	r.tick() // elected; demand 500 per period: target 500 + min(133, 162) = 633, capped at the free 300
 	st := r.Stats()
 	if st.Passes != 1 || st.Retries != 1 || st.Renewals != 2 {
 		t.Fatalf("stats %+v, want one pass, one key renewed twice", st)

@@ -101,11 +101,25 @@ func (s *Store) denied(p *algo.Params, now time.Time) algo.Result {
 func (s *Store) Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
 	q, ok := s.scaled(key, &p, now, demandOf(cost, peek))
 	if !ok {
+		if !peek {
+			s.refused(key, &p, now)
+		}
 		return s.denied(&p, now), nil
 	}
 	res, err := s.inner.Take(ctx, key, q, cost, now, peek)
+	if err == nil && !res.Allowed && !peek {
+		s.refused(key, &p, now)
+	}
 	res.Limit = p.Capacity()
 	return res, err
+}
+
+// refused asks the region's renewer for an early renewal of key, refused
+// at now under its live share (at most once per key per askGap).
+func (s *Store) refused(key []byte, p *algo.Params, now time.Time) {
+	if s.r.table.refused(key, p.Limit, now, s.r.askGap()) {
+		s.r.nudgeAsks()
+	}
 }
 
 // demandOf is the demand a take of cost counts: none for a peek.
@@ -136,12 +150,16 @@ func (s *Store) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, 
 		if !peek {
 			m := s.metaOf(&p)
 			s.r.table.share(key, &m, now, max(cost, 1))
+			s.refused(key, &p, now)
 		}
 		return s.denied(&p, now), true
 	}
 	res, done := s.local.TakeLocal(key, q, cost, now, peek)
 	if done && !peek {
 		s.scaled(key, &p, now, max(cost, 1))
+		if !res.Allowed {
+			s.refused(key, &p, now)
+		}
 	}
 	res.Limit = p.Capacity()
 	return res, done

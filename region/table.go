@@ -55,8 +55,29 @@ type entry struct {
 	expiry int64 // unix nanoseconds, on this region's clocks
 	// demand counts the units asked of the key since the last flush.
 	demand *atomic.Int64
+	// ask is the key's early-renewal request state, kept across installs.
+	ask *ask
 	// lastDemand is the region's demand at the last renewal, per period.
 	lastDemand int64
+}
+
+// ask is one key's request for an early renewal: a daemon that refuses
+// a check of a key with a live share marks it, at most once per gap; the
+// region's loop publishes the marked keys to the renewer.
+type ask struct {
+	at      atomic.Int64 // when the key was last marked, unix ns
+	pending atomic.Bool  // marked, not published yet
+}
+
+// mark marks the key at ns unless it was marked less than gap before,
+// and reports whether it did.
+func (a *ask) mark(ns, gap int64) bool {
+	last := a.at.Load()
+	if ns-last < gap || !a.at.CompareAndSwap(last, ns) {
+		return false
+	}
+	a.pending.Store(true)
+	return true
 }
 
 // Share is a key's lease as the shares table holds it.
@@ -144,6 +165,28 @@ func (t *Table) share(key []byte, m *meta, now time.Time, cost int64) (units int
 	return m.fallback, true
 }
 
+// refused marks key's entry for an early renewal after a refusal at
+// now, at most once per gap, and reports whether it did: only a key with
+// a live share of limit asks (a key on its fallback share is renewed at
+// the next pass).
+func (t *Table) refused(key []byte, limit int64, now time.Time, gap time.Duration) bool {
+	e := t.lookup(key, limit)
+	ns := now.UnixNano()
+	return e != nil && ns < e.expiry && e.ask.mark(ns, int64(gap))
+}
+
+// TakeAsks returns the fields of the keys marked for an early renewal
+// since the last call, and clears their marks.
+func (t *Table) TakeAsks() []string {
+	var out []string
+	for k, e := range *t.m.Load() {
+		if e.ask.pending.Swap(false) {
+			out = append(out, e.field(k))
+		}
+	}
+	return out
+}
+
 // pendOf returns the pending demand counter of key, creating it.
 func (t *Table) pendOf(key []byte, m *meta) *pend {
 	sh := &t.pending[xxhash.Sum64(key)%pendShards]
@@ -221,9 +264,10 @@ func (t *Table) Install(hash map[string]string) error {
 func (t *Table) carry(old map[string]*entry, key string, md meta, share, expMs int64) *entry {
 	e := &entry{meta: md, share: share, expiry: expMs * int64(time.Millisecond)}
 	if o := old[key]; o != nil && o.limit == md.limit {
-		e.demand = o.demand
+		e.demand, e.ask = o.demand, o.ask
 		return e
 	}
+	e.ask = new(ask)
 	sh := &t.pending[xxhash.Sum64String(key)%pendShards]
 	sh.mu.Lock()
 	if p := sh.m[key]; p != nil && p.limit == md.limit {
