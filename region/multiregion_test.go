@@ -52,13 +52,20 @@ type world struct {
 	daemons  [nRegions][perRegion]*daemontest.Server
 	clients  [nRegions][perRegion]*client.Client
 	gc       rueidis.Client
+	extra    string // more keys of the global rule "g"
 }
 
 func regionName(i int) string { return "r" + strconv.Itoa(i) }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	w := &world{global: redistest.Standalone(t)}
+	return newWorldOf(t, "")
+}
+
+// newWorldOf is newWorld with extra added to the global rule's keys.
+func newWorldOf(t *testing.T, extra string) *world {
+	t.Helper()
+	w := &world{global: redistest.Standalone(t), extra: extra}
 	w.gc = dial(t, w.global.Addr)
 	for i := range nRegions {
 		w.regional[i] = redistest.Standalone(t)
@@ -105,6 +112,7 @@ algorithm = "token_bucket"
 limit = %d
 period = "1s"
 scope = "global"
+%s
 
 [[rule]]
 name = "loc"
@@ -112,7 +120,7 @@ by = ["user"]
 algorithm = "token_bucket"
 limit = %d
 period = "1s"
-`, w.regional[i].Addr, w.proxies[i].Addr(), regionName(i), interval, lease, limit, limit)
+`, w.regional[i].Addr, w.proxies[i].Addr(), regionName(i), interval, lease, limit, w.extra, limit)
 }
 
 func dial(t testing.TB, addr string) rueidis.Client {
