@@ -514,3 +514,47 @@ regions = ["r0", "r1"]
 		t.Fatalf("start with [global] and no store.redis: %v", err)
 	}
 }
+
+// TestStrictGlobalKeyFirstCheckThenHammer: with global_strict, the first
+// check of a key in each region is admitted on a share renewed at once
+// on the global store (one round trip through the proxy; the share is in
+// the region's shares hash right after it), and the regions hammering the
+// key at ten times its limit admit at most the global bound.
+func TestStrictGlobalKeyFirstCheckThenHammer(t *testing.T) {
+	w := newWorldOf(t, "global_strict = true")
+	desc := []client.Descriptor{{Name: "api_key", Value: "k"}}
+	start := time.Now()
+	for i := range nRegions {
+		at := time.Now()
+		res, err := w.clients[i][0].Check(context.Background(), desc, 1)
+		took := time.Since(at)
+		if err != nil || !res.Allowed() {
+			t.Fatalf("region %d: first check of a strict key: %+v %v, want admitted", i, res, err)
+		}
+		units, exp := w.share(t, i)
+		if units <= 0 || !exp.After(time.Now()) {
+			t.Fatalf("region %d: share %d until %s after the first check: want a live share renewed by it", i, units, exp)
+		}
+		if took < 2*globalDelay {
+			t.Fatalf("region %d: first check answered in %s, less than a global round trip", i, took)
+		}
+	}
+	l := w.drive([nRegions]int64{10 * limit / 3, 10 * limit / 3, 10 * limit / 3})
+	time.Sleep(phase(3 * time.Second)) // the load's duration, not a synchronization
+	l.halt()
+	took := time.Since(start)
+	admitted := l.allowed() + nRegions
+	b, slack := bound(took), int64(limit*interval.Seconds())
+	t.Logf("admitted %d of %d decided in %s; bound %d (+%d)", admitted, l.decided()+nRegions, took.Round(time.Millisecond), b, slack)
+	if admitted > b+slack {
+		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
+	}
+	if admitted < b/2 {
+		t.Fatalf("admitted %d, less than half the bound %d", admitted, b)
+	}
+	for i := range nRegions {
+		if n := l.counts[i].errs.Load(); n > 0 {
+			t.Fatalf("region %d: %d check errors", i, n)
+		}
+	}
+}
