@@ -198,3 +198,20 @@ func TestStrictFailModeDecidesUnanswered(t *testing.T) {
 		})
 	}
 }
+
+// TestStrictTakeWithShareDoesNotAllocate: a strict rule's take of a key
+// with a live share reads the table only: no allocation, no round trip.
+func TestStrictTakeWithShareDoesNotAllocate(t *testing.T) {
+	r := offline(t)
+	s := r.WrapStrict(memstore.New(memstore.Options{}), 900)
+	now := time.Now()
+	install(t, r, "k", s.metaOf(&tb), 300, now.Add(time.Hour))
+	key := []byte("k")
+	s.Take(context.Background(), key, tb, 1, now, false) // the inner store's first sight of k
+	if n := testing.AllocsPerRun(100, func() { s.Take(context.Background(), key, tb, 1, now, false) }); n != 0 {
+		t.Fatalf("strict take with a live share: %.1f allocations, want 0", n)
+	}
+	if st := r.Stats(); st.StrictRenewals != 0 || st.StrictUnanswered != 0 {
+		t.Fatalf("stats %+v: a key with a live share renewed", st)
+	}
+}
