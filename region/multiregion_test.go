@@ -558,3 +558,29 @@ func TestStrictGlobalKeyFirstCheckThenHammer(t *testing.T) {
 		}
 	}
 }
+
+// TestStrictGlobalKeyPartitionedAnswersByFailMode: a region cut off from
+// the global store (its proxy drops the traffic) answers the first check
+// of a strict key by the rule's fail mode (closed: refused, degraded)
+// within the bound (two intervals from the renewal's start), not hung;
+// a region still reaching the global store admits it.
+func TestStrictGlobalKeyPartitionedAnswersByFailMode(t *testing.T) {
+	w := newWorldOf(t, "global_strict = true\nfail = \"closed\"")
+	w.proxies[0].Blackhole()
+	desc := []client.Descriptor{{Name: "api_key", Value: "z"}}
+	for j := range perRegion {
+		at := time.Now()
+		res, err := w.clients[0][j].Check(context.Background(), desc, 1)
+		took := time.Since(at)
+		if err != nil || res.Allowed() || !res.Degraded {
+			t.Fatalf("daemon %d of the cut-off region: %+v %v, want refused and degraded (fail closed)", j, res, err)
+		}
+		if took < 2*interval || took > 10*interval {
+			t.Fatalf("daemon %d of the cut-off region answered in %s, want the bound %s (at most 10 intervals: not hung)", j, took, 2*interval)
+		}
+	}
+	res, err := w.clients[1][0].Check(context.Background(), desc, 1)
+	if err != nil || !res.Allowed() {
+		t.Fatalf("a region reaching the global store: %+v %v, want admitted", res, err)
+	}
+}
