@@ -48,7 +48,7 @@ func (r *Region) Wrap(inner policy.Store, base, fallback int64) *Store {
 // and a take of a key with no live share in the region first renews the
 // key on the global store (one round trip, coalesced per key), then
 // decides on the share granted. When the global store gives no share
-// within one interval, the take fails with ErrGlobalUnanswered, and the
+// within two intervals, the take fails with ErrGlobalUnanswered, and the
 // rule's fail mode decides (open: on limit / regions, see RegionParams).
 func (r *Region) WrapStrict(inner policy.Store, base int64) *Store {
 	s := r.Wrap(inner, base, 0)

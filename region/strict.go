@@ -87,9 +87,17 @@ func (r *Region) strictShare(ctx context.Context, key []byte, m *meta, cost int6
 	if lead {
 		go r.fly(k, *m, cost, f)
 	}
+	var err error
+	select {
+	case <-f.done: // landed already: its answer, whatever the time
+		if err = f.err; err == nil {
+			return nil
+		}
+		return r.unanswered(k, err)
+	default:
+	}
 	t := time.NewTimer(time.Until(f.start.Add(r.strictWait())))
 	defer t.Stop()
-	var err error
 	select {
 	case <-f.done:
 		if err = f.err; err == nil {
@@ -100,6 +108,12 @@ func (r *Region) strictShare(ctx context.Context, key []byte, m *meta, cost int6
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	return r.unanswered(k, err)
+}
+
+// unanswered counts a check of strict key k that got no share, and
+// returns its error.
+func (r *Region) unanswered(k string, err error) error {
 	r.st.strictUnanswered.Add(1)
 	strictUnansweredM.Inc()
 	return fmt.Errorf("region: strict key %q: %w", k, err)

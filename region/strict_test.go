@@ -215,3 +215,27 @@ func TestStrictTakeWithShareDoesNotAllocate(t *testing.T) {
 		t.Fatalf("stats %+v: a key with a live share renewed", st)
 	}
 }
+
+// TestInstallKeepsAStrictShareTheHashLacks: a share a strict renewal put
+// in the table survives a load of a shares hash read before its write
+// (no entry, or an older one), and gives way to a later one.
+func TestInstallKeepsAStrictShareTheHashLacks(t *testing.T) {
+	tab := NewTable()
+	m := meta{limit: 900, periodMs: 1000}
+	now := time.Now()
+	tab.put("k", m, 50, now.Add(time.Minute))
+	for _, hash := range []map[string]string{{}, {m.field("k"): formatShare(70, now.Add(time.Second), 0)}} {
+		if err := tab.Install(hash); err != nil {
+			t.Fatal(err)
+		}
+		if sh, live := tab.Get([]byte("k"), 900, now); !live || sh.Units != 50 {
+			t.Fatalf("after loading %v: share %+v live %v, want the strict renewal's 50", hash, sh, live)
+		}
+	}
+	if err := tab.Install(map[string]string{m.field("k"): formatShare(70, now.Add(2*time.Minute), 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if sh, live := tab.Get([]byte("k"), 900, now); !live || sh.Units != 70 {
+		t.Fatalf("after a later renewal: share %+v live %v, want its 70", sh, live)
+	}
+}

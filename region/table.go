@@ -241,7 +241,8 @@ func (t *Table) TakeDemand() []Demand {
 // shares hash (field id → "share:expiry unix ms"). A key keeps its demand
 // counter across installs. Entries that do not parse are skipped and
 // reported in the error; the others are installed. A live share this
-// daemon installed itself (put) and the hash does not hold yet stays.
+// daemon installed itself (put) stays while the hash holds none of the
+// key's that expires later (the hash was read before put's write).
 func (t *Table) Install(hash map[string]string) error {
 	cur := t.m.Load()
 	old := *cur
@@ -264,7 +265,7 @@ func (t *Table) Install(hash map[string]string) error {
 	now := time.Now().UnixNano()
 	for {
 		for k, e := range *cur {
-			if _, ok := m[k]; !ok && e.local && now < e.expiry {
+			if o, ok := m[k]; e.local && now < e.expiry && (!ok || o.expiry < e.expiry) {
 				m[k] = e
 			}
 		}
