@@ -545,7 +545,7 @@ func TestStrictGlobalKeyFirstCheckThenHammer(t *testing.T) {
 	took := time.Since(start)
 	admitted := l.allowed() + nRegions
 	b, slack := bound(took), int64(limit*interval.Seconds())
-	t.Logf("admitted %d of %d decided in %s; bound %d (+%d)", admitted, l.decided()+nRegions, took.Round(time.Millisecond), b, slack)
+	t.Logf("admitted %d of %d decided in %s; bound %d (+%d); global renewals %d", admitted, l.decided()+nRegions, took.Round(time.Millisecond), b, slack, w.renewals(t))
 	if admitted > b+slack {
 		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
 	}
@@ -575,6 +575,7 @@ func TestStrictGlobalKeyPartitionedAnswersByFailMode(t *testing.T) {
 		if err != nil || res.Allowed() || !res.Degraded {
 			t.Fatalf("daemon %d of the cut-off region: %+v %v, want refused and degraded (fail closed)", j, res, err)
 		}
+		t.Logf("daemon %d of the cut-off region: refused in %s", j, took.Round(time.Millisecond))
 		if took < 2*interval || took > 10*interval {
 			t.Fatalf("daemon %d of the cut-off region answered in %s, want the bound %s (at most 10 intervals: not hung)", j, took, 2*interval)
 		}
