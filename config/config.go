@@ -385,6 +385,10 @@ type Rule struct {
 	// FallbackShare is, for a global rule, the units of Limit a region
 	// uses for a key it holds no lease of; 0 means Limit / regions.
 	FallbackShare int64 `toml:"fallback_share"`
+	// GlobalStrict, for a global rule, decides a key with no live share
+	// in the region by a synchronous renewal on the global store instead
+	// of a fallback share (which is then 0).
+	GlobalStrict bool `toml:"global_strict"`
 }
 
 // Penalty is a rule's penalty = { after, factor, max }: a key refused

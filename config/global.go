@@ -99,6 +99,9 @@ func (r *Rule) validateScope(p *problems, at string, g *Global) {
 		if r.FallbackShare != 0 {
 			p.add("%s: fallback_share = %d: only for scope = \"global\"", at, r.FallbackShare)
 		}
+		if r.GlobalStrict {
+			p.add("%s: global_strict = true: only for scope = \"global\" (a local rule always decides on the region's store)", at)
+		}
 		return
 	case ScopeGlobal:
 	default:
@@ -113,6 +116,9 @@ func (r *Rule) validateScope(p *problems, at string, g *Global) {
 	}
 	if r.Shadow {
 		p.add("%s: scope = \"global\": a shadow rule cannot be global", at)
+	}
+	if r.GlobalStrict && r.FallbackShare != 0 {
+		p.add("%s: global_strict = true: fallback_share = %d must be left out (a strict rule's fallback share is 0)", at, r.FallbackShare)
 	}
 	if r.FallbackShare < 0 {
 		p.add("%s: fallback_share = %d: must not be negative", at, r.FallbackShare)

@@ -31,6 +31,16 @@ func TestGlobalRuleParses(t *testing.T) {
 	}
 }
 
+func TestGlobalStrictRuleParses(t *testing.T) {
+	c, err := Parse([]byte(globalBase+"scope = \"global\"\nglobal_strict = true\n"), "g.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Rules[0].GlobalStrict || !c.Rules[0].IsGlobal() {
+		t.Fatalf("parsed %+v", c.Rules[0])
+	}
+}
+
 func TestGlobalConfigErrors(t *testing.T) {
 	for _, tc := range []struct{ text, want string }{
 		{strings.Replace(globalBase, `redis = ["127.0.0.1:7000"]`, "", 1) + "scope = \"global\"\n", "needs a [global] table"},
@@ -38,6 +48,9 @@ func TestGlobalConfigErrors(t *testing.T) {
 		{globalBase + "scope = \"global\"\nfallback_share = 301\n", "fallback_share = 301"},
 		{globalBase + "fallback_share = 10\n", `only for scope = "global"`},
 		{globalBase + "scope = \"global\"\nfallback_share = -1\n", "must not be negative"},
+		{globalBase + "global_strict = true\n", `rule[0] "g": global_strict = true: only for scope = "global"`},
+		{globalBase + "scope = \"local\"\nglobal_strict = true\n", `global_strict = true: only for scope = "global"`},
+		{globalBase + "scope = \"global\"\nglobal_strict = true\nfallback_share = 100\n", "fallback_share = 100 must be left out"},
 		{strings.Replace(globalBase, `region = "eu"`, `region = "mars"`, 1), `global.region = "mars"`},
 		{strings.Replace(globalBase, `"ap"]`, `"eu"]`, 1), "listed twice"},
 		{strings.Replace(globalBase, `region = "eu"`, "region = \"eu\"\nlease = \"100ms\"", 1), "global.lease"},

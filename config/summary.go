@@ -54,6 +54,9 @@ func (r *Rule) Summary() string {
 		if r.FallbackShare > 0 {
 			fmt.Fprintf(&b, " fallback_share=%d", r.FallbackShare)
 		}
+		if r.GlobalStrict {
+			b.WriteString(" global_strict")
+		}
 	}
 	if len(r.Match) > 0 {
 		b.WriteString(" match ")

@@ -48,6 +48,9 @@ func (d *Daemon) openRegion(cfg *config.Config) error {
 	}
 	d.region = r
 	d.stores.Global = func(cr *config.Rule, inner policy.Store) policy.Store {
+		if cr.GlobalStrict {
+			return r.WrapStrict(inner, cr.DefaultLimit())
+		}
 		return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
 	}
 	d.log.Info("global rules enabled", slog.String("region", g.Region), slog.Any("regions", g.Regions), slog.Any("global", g.Redis))

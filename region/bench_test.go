@@ -16,6 +16,8 @@ import (
 // through the region wrapper (a key with a live share): the wrapper's
 // cost on the hot path: the share lookup and the demand count (the
 // bucket is soon empty: most takes are refusals, as under a hammer).
+// store=strict is the same take of a global_strict rule's key with a
+// live share: one more share lookup, no round trip.
 func BenchmarkTake(b *testing.B) {
 	never := func() (rueidis.Client, error) { return nil, errors.New("not started") }
 	r, err := New(Options{Region: "eu", Regions: three, ID: "b", DialLocal: never, DialGlobal: never})
@@ -33,7 +35,7 @@ func BenchmarkTake(b *testing.B) {
 	for _, bc := range []struct {
 		name string
 		s    policy.Store
-	}{{"store=inner", inner}, {"store=wrapped", w}} {
+	}{{"store=inner", inner}, {"store=wrapped", w}, {"store=strict", r.WrapStrict(inner, tb.Limit)}} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -14,8 +14,12 @@ var (
 	fallbackM  = metrics.NewCounter(`rld_region_fallback_decisions_total`)
 	renewErrsM = metrics.NewCounter(`rld_region_renew_errors_total`)
 	earlyM     = metrics.NewCounter(`rld_region_early_renewals_total`)
-	renewerG   atomic.Int64 // daemons of this process that hold the renewer role
-	_          = metrics.NewGauge(`rld_region_renewer`, func() float64 { return float64(renewerG.Load()) })
+	strictM    = metrics.NewCounter(`rld_region_strict_renewals_total`)
+	// strictUnansweredM counts checks of strict keys decided by the
+	// rule's fail mode: the global store gave no share in time.
+	strictUnansweredM = metrics.NewCounter(`rld_region_strict_unanswered_total`)
+	renewerG          atomic.Int64 // daemons of this process that hold the renewer role
+	_                 = metrics.NewGauge(`rld_region_renewer`, func() float64 { return float64(renewerG.Load()) })
 )
 
 // Stats are one Region's counts since it started; the metrics add up
@@ -43,11 +47,18 @@ type Stats struct {
 	// asked for, having refused them under their share, with their
 	// demand raised.
 	EarlyRenewals int64
+	// StrictRenewals is the renewals of strict keys with no live share
+	// made at once by a check (one per key in flight).
+	StrictRenewals int64
+	// StrictUnanswered is the checks of strict keys with no live share
+	// that got none in time: the rule's fail mode decided them.
+	StrictUnanswered int64
 }
 
 // stats are a Region's counters.
 type stats struct {
 	renewals, returns, reclaims, fallbacks, renewErrs, passes, retries, early atomic.Int64
+	strict, strictUnanswered                                                  atomic.Int64
 }
 
 func (r *Region) fellBack() {
@@ -61,5 +72,6 @@ func (r *Region) Stats() Stats {
 		Renewals: r.st.renewals.Load(), Returns: r.st.returns.Load(), Reclaims: r.st.reclaims.Load(),
 		Fallbacks: r.st.fallbacks.Load(), RenewErrors: r.st.renewErrs.Load(), Passes: r.st.passes.Load(),
 		Retries: r.st.retries.Load(), EarlyRenewals: r.st.early.Load(),
+		StrictRenewals: r.st.strict.Load(), StrictUnanswered: r.st.strictUnanswered.Load(),
 	}
 }

@@ -52,13 +52,20 @@ type world struct {
 	daemons  [nRegions][perRegion]*daemontest.Server
 	clients  [nRegions][perRegion]*client.Client
 	gc       rueidis.Client
+	extra    string // more keys of the global rule "g"
 }
 
 func regionName(i int) string { return "r" + strconv.Itoa(i) }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	w := &world{global: redistest.Standalone(t)}
+	return newWorldOf(t, "")
+}
+
+// newWorldOf is newWorld with extra added to the global rule's keys.
+func newWorldOf(t *testing.T, extra string) *world {
+	t.Helper()
+	w := &world{global: redistest.Standalone(t), extra: extra}
 	w.gc = dial(t, w.global.Addr)
 	for i := range nRegions {
 		w.regional[i] = redistest.Standalone(t)
@@ -105,6 +112,7 @@ algorithm = "token_bucket"
 limit = %d
 period = "1s"
 scope = "global"
+%s
 
 [[rule]]
 name = "loc"
@@ -112,7 +120,7 @@ by = ["user"]
 algorithm = "token_bucket"
 limit = %d
 period = "1s"
-`, w.regional[i].Addr, w.proxies[i].Addr(), regionName(i), interval, lease, limit, limit)
+`, w.regional[i].Addr, w.proxies[i].Addr(), regionName(i), interval, lease, limit, w.extra, limit)
 }
 
 func dial(t testing.TB, addr string) rueidis.Client {
@@ -504,5 +512,76 @@ regions = ["r0", "r1"]
 `)
 	if err == nil || !strings.Contains(err.Error(), "[global] needs store.redis") {
 		t.Fatalf("start with [global] and no store.redis: %v", err)
+	}
+}
+
+// TestStrictGlobalKeyFirstCheckThenHammer: with global_strict, the first
+// check of a key in each region is admitted on a share renewed at once
+// on the global store (one round trip through the proxy; the share is in
+// the region's shares hash right after it), and the regions hammering the
+// key at ten times its limit admit at most the global bound.
+func TestStrictGlobalKeyFirstCheckThenHammer(t *testing.T) {
+	w := newWorldOf(t, "global_strict = true")
+	desc := []client.Descriptor{{Name: "api_key", Value: "k"}}
+	start := time.Now()
+	for i := range nRegions {
+		at := time.Now()
+		res, err := w.clients[i][0].Check(context.Background(), desc, 1)
+		took := time.Since(at)
+		if err != nil || !res.Allowed() {
+			t.Fatalf("region %d: first check of a strict key: %+v %v, want admitted", i, res, err)
+		}
+		units, exp := w.share(t, i)
+		if units <= 0 || !exp.After(time.Now()) {
+			t.Fatalf("region %d: share %d until %s after the first check: want a live share renewed by it", i, units, exp)
+		}
+		if took < 2*globalDelay {
+			t.Fatalf("region %d: first check answered in %s, less than a global round trip", i, took)
+		}
+	}
+	l := w.drive([nRegions]int64{10 * limit / 3, 10 * limit / 3, 10 * limit / 3})
+	time.Sleep(phase(3 * time.Second)) // the load's duration, not a synchronization
+	l.halt()
+	took := time.Since(start)
+	admitted := l.allowed() + nRegions
+	b, slack := bound(took), int64(limit*interval.Seconds())
+	t.Logf("admitted %d of %d decided in %s; bound %d (+%d); global renewals %d", admitted, l.decided()+nRegions, took.Round(time.Millisecond), b, slack, w.renewals(t))
+	if admitted > b+slack {
+		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
+	}
+	if admitted < b/2 {
+		t.Fatalf("admitted %d, less than half the bound %d", admitted, b)
+	}
+	for i := range nRegions {
+		if n := l.counts[i].errs.Load(); n > 0 {
+			t.Fatalf("region %d: %d check errors", i, n)
+		}
+	}
+}
+
+// TestStrictGlobalKeyPartitionedAnswersByFailMode: a region cut off from
+// the global store (its proxy drops the traffic) answers the first check
+// of a strict key by the rule's fail mode (closed: refused, degraded)
+// within the bound (two intervals from the renewal's start), not hung;
+// a region still reaching the global store admits it.
+func TestStrictGlobalKeyPartitionedAnswersByFailMode(t *testing.T) {
+	w := newWorldOf(t, "global_strict = true\nfail = \"closed\"")
+	w.proxies[0].Blackhole()
+	desc := []client.Descriptor{{Name: "api_key", Value: "z"}}
+	for j := range perRegion {
+		at := time.Now()
+		res, err := w.clients[0][j].Check(context.Background(), desc, 1)
+		took := time.Since(at)
+		if err != nil || res.Allowed() || !res.Degraded {
+			t.Fatalf("daemon %d of the cut-off region: %+v %v, want refused and degraded (fail closed)", j, res, err)
+		}
+		t.Logf("daemon %d of the cut-off region: refused in %s", j, took.Round(time.Millisecond))
+		if took < 2*interval || took > 10*interval {
+			t.Fatalf("daemon %d of the cut-off region answered in %s, want the bound %s (at most 10 intervals: not hung)", j, took, 2*interval)
+		}
+	}
+	res, err := w.clients[1][0].Check(context.Background(), desc, 1)
+	if err != nil || !res.Allowed() {
+		t.Fatalf("a region reaching the global store: %+v %v, want admitted", res, err)
 	}
 }

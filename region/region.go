@@ -87,12 +87,19 @@ type Region struct {
 	table *Table
 	st    stats
 
-	// The loop's goroutine's only (and Close's, after it): the clients
-	// and the ledger, made when first needed.
-	local     rueidis.Client
-	ownLocal  bool           // local was dialled by the Region
+	// The loop's goroutine's only (and Close's, after it): the regional
+	// client, made when first needed.
+	local    rueidis.Client
+	ownLocal bool // local was dialled by the Region
+	// The ledger on the global store, made when first needed by the loop
+	// or a strict key's renewal (under ledgerMu, as ownGlobal).
+	ledger    atomic.Pointer[Ledger]
+	ledgerMu  sync.Mutex
 	ownGlobal rueidis.Client // the global client dialled by the Region
-	ledger    *Ledger
+	closed    bool           // Close ran: dial nothing more
+
+	flights flights                        // the strict keys' renewals in flight
+	shared  atomic.Pointer[rueidis.Client] // local, for other goroutines
 
 	renewer     renewer     // the loop's goroutine's only
 	renewerHeld atomic.Bool // renewer.held, for other goroutines
@@ -134,6 +141,9 @@ func New(o Options) (*Region, error) {
 	o.Regions = append([]string(nil), o.Regions...)
 	r := &Region{o: o, table: NewTable(), stop: make(chan struct{}), done: make(chan struct{}), notify: make(chan struct{}, 1), nudge: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
 	r.local, r.ownLocal = o.Local, o.Local == nil
+	if o.Local != nil {
+		r.shared.Store(&r.o.Local)
+	}
 	return r, nil
 }
 
@@ -149,14 +159,20 @@ func (r *Region) connect() bool {
 		return false
 	}
 	r.local = c
+	r.shared.Store(&c)
 	return true
 }
 
 // ledgerOf returns the ledger, connecting to the global store when
 // there is none yet; nil when that fails.
 func (r *Region) ledgerOf() *Ledger {
-	if r.ledger != nil {
-		return r.ledger
+	if l := r.ledger.Load(); l != nil {
+		return l
+	}
+	r.ledgerMu.Lock()
+	defer r.ledgerMu.Unlock()
+	if l := r.ledger.Load(); l != nil || r.closed {
+		return l
 	}
 	c := r.o.Global
 	if c == nil {
@@ -172,7 +188,7 @@ func (r *Region) ledgerOf() *Ledger {
 		r.o.Logger.Error("region: ledger", "err", err)
 		return nil
 	}
-	r.ledger = l
+	r.ledger.Store(l)
 	return l
 }
 
@@ -207,9 +223,12 @@ func (r *Region) Close() {
 		if r.ownLocal && r.local != nil {
 			r.local.Close()
 		}
+		r.ledgerMu.Lock()
+		r.closed = true
 		if r.ownGlobal != nil {
 			r.ownGlobal.Close()
 		}
+		r.ledgerMu.Unlock()
 	})
 }
 

@@ -209,7 +209,8 @@ func (r *Region) countEarly(f string) {
 // is renewed early at most once per askGap, from its last renewal (see
 // boost).
 func (r *Region) early(deadline time.Time) {
-	if r.ledger == nil || time.Now().Add(r.renewer.rtt).After(deadline) {
+	l := r.ledger.Load()
+	if l == nil || time.Now().Add(r.renewer.rtt).After(deadline) {
 		return
 	}
 	now := time.Now()
@@ -230,7 +231,7 @@ func (r *Region) early(deadline time.Time) {
 		old[f] = formatShare(last.grant.Share, last.grant.Expiry, last.want.Demand)
 	}
 	if len(ws) > 0 {
-		r.renew(r.ledger, fs, ws, old, now)
+		r.renew(l, fs, ws, old, now)
 	}
 }
 

@@ -29,6 +29,7 @@ type Store struct {
 	peeker   policy.DenialPeeker
 	base     int64 // the rule's base limit
 	fallback int64 // the rule's fallback_share of base; 0: limit / regions
+	strict   bool  // a key with no live share renews at once (WrapStrict)
 }
 
 // Wrap returns the Store of a global rule whose base limit is base and
@@ -42,10 +43,25 @@ func (r *Region) Wrap(inner policy.Store, base, fallback int64) *Store {
 	return s
 }
 
+// WrapStrict returns the Store of a strict global rule (global_strict)
+// whose base limit is base, deciding on inner: its fallback share is 0,
+// and a take of a key with no live share in the region first renews the
+// key on the global store (one round trip, coalesced per key), then
+// decides on the share granted. When the global store gives no share
+// within two intervals, the take fails with ErrGlobalUnanswered, and the
+// rule's fail mode decides (open: on limit / regions, see RegionParams).
+func (r *Region) WrapStrict(inner policy.Store, base int64) *Store {
+	s := r.Wrap(inner, base, 0)
+	s.strict = true
+	return s
+}
+
 // metaOf returns the renewal meta of a key limited by p.
 func (s *Store) metaOf(p *algo.Params) meta {
 	m := meta{limit: p.Limit, periodMs: max(p.Period.Milliseconds(), 1)}
 	switch {
+	case s.strict:
+		m.fallback = 0
 	case s.fallback > 0 && s.base > 0:
 		m.fallback = min(mulDiv(s.fallback, p.Limit, s.base), p.Limit)
 	default:
@@ -97,8 +113,15 @@ func (s *Store) denied(p *algo.Params, now time.Time) algo.Result {
 	return algo.Result{Limit: p.Capacity(), Reset: s.r.o.Interval, RetryAfter: s.r.o.Interval, At: now.UnixMicro()}
 }
 
-// Take decides on the inner store with p scaled to key's share.
+// Take decides on the inner store with p scaled to key's share. A strict
+// rule's key with no live share gets one from the global store first.
 func (s *Store) Take(ctx context.Context, key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, error) {
+	if s.strict && !peek && !s.r.table.live(key, p.Limit, now) {
+		m := s.metaOf(&p)
+		if err := s.r.strictShare(ctx, key, &m, max(cost, 1)); err != nil {
+			return algo.Result{}, err
+		}
+	}
 	q, ok := s.scaled(key, &p, now, demandOf(cost, peek))
 	if !ok {
 		if !peek {
@@ -142,8 +165,8 @@ func (s *Store) Refund(ctx context.Context, key []byte, p algo.Params, cost int6
 
 // TakeLocal decides on the inner store's host state, when it has one.
 func (s *Store) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, peek bool) (algo.Result, bool) {
-	if s.local == nil {
-		return algo.Result{}, false
+	if s.local == nil || s.strict && !peek && !s.r.table.live(key, p.Limit, now) {
+		return algo.Result{}, false // Take renews a strict key first
 	}
 	q, ok := s.scaled(key, &p, now, 0)
 	if !ok {
@@ -195,10 +218,15 @@ func (s *Store) ExplainRegion(key []byte, p algo.Params, now time.Time) policy.R
 
 // RegionParams implements policy.RegionScaler: p scaled to key's share at
 // now, counting no demand. A share of 0 (lowered since the store was
-// called) gives the least limit, 1 unit.
+// called) gives the least limit, 1 unit. A strict rule's key with no
+// live share (the global store gave none in time) gets limit / regions,
+// the share a non-strict rule falls back to.
 func (s *Store) RegionParams(key []byte, p algo.Params, now time.Time) algo.Params {
 	m := s.metaOf(&p)
-	units, _ := s.r.table.share(key, &m, now, 0)
+	units, fell := s.r.table.share(key, &m, now, 0)
+	if fell && s.strict {
+		units = p.Limit / int64(len(s.r.o.Regions))
+	}
 	q, _ := scale(p, max(units, 1))
 	return q
 }

@@ -252,6 +252,9 @@ scope = "global"
 		t.Fatal(err)
 	}
 	st.Global = func(cr *config.Rule, inner policy.Store) policy.Store {
+		if cr.GlobalStrict {
+			return r.WrapStrict(inner, cr.DefaultLimit())
+		}
 		return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
 	}
 	p, err := policy.NewStores(cfg, st)

@@ -59,6 +59,10 @@ type entry struct {
 	ask *ask
 	// lastDemand is the region's demand at the last renewal, per period.
 	lastDemand int64
+	// local marks a share this daemon installed itself (a strict key's
+	// renewal), kept by Install until the shares hash holds the key or
+	// the share expires.
+	local bool
 }
 
 // ask is one key's request for an early renewal: a daemon that refuses
@@ -236,9 +240,12 @@ func (t *Table) TakeDemand() []Demand {
 // Install replaces the table's shares by those in hash, the regional
 // shares hash (field id → "share:expiry unix ms"). A key keeps its demand
 // counter across installs. Entries that do not parse are skipped and
-// reported in the error; the others are installed.
+// reported in the error; the others are installed. A live share this
+// daemon installed itself (put) stays while the hash holds none of the
+// key's that expires later (the hash was read before put's write).
 func (t *Table) Install(hash map[string]string) error {
-	old := *t.m.Load()
+	cur := t.m.Load()
+	old := *cur
 	m := make(map[string]*entry, len(hash))
 	var errs []error
 	for f, v := range hash {
@@ -255,8 +262,45 @@ func (t *Table) Install(hash map[string]string) error {
 		}
 		errs = append(errs, err)
 	}
-	t.m.Store(&m)
-	return errors.Join(errs...)
+	now := time.Now().UnixNano()
+	for {
+		for k, e := range *cur {
+			if o, ok := m[k]; e.local && now < e.expiry && (!ok || o.expiry < e.expiry) {
+				m[k] = e
+			}
+		}
+		if t.m.CompareAndSwap(cur, &m) {
+			return errors.Join(errs...)
+		}
+		cur = t.m.Load() // a put since: keep its entry
+	}
+}
+
+// put installs key's share of md.limit until exp, granted to this daemon
+// by a strict key's renewal, keeping the other entries.
+func (t *Table) put(key string, md meta, share int64, exp time.Time) {
+	e := t.carry(*t.m.Load(), key, md, share, exp.UnixMilli())
+	e.local = true
+	for {
+		cur := t.m.Load()
+		if o := (*cur)[key]; o != nil && o.limit == md.limit {
+			e.demand, e.ask, e.lastDemand = o.demand, o.ask, o.lastDemand
+		}
+		m := make(map[string]*entry, len(*cur)+1)
+		for k, v := range *cur {
+			m[k] = v
+		}
+		m[key] = e
+		if t.m.CompareAndSwap(cur, &m) {
+			return
+		}
+	}
+}
+
+// live reports whether key has a live share of limit at now.
+func (t *Table) live(key []byte, limit int64, now time.Time) bool {
+	e := t.lookup(key, limit)
+	return e != nil && now.UnixNano() < e.expiry
 }
 
 // carry returns key's new entry, with the demand counter of its old
