@@ -71,14 +71,16 @@ func (s *Store) metaOf(p *algo.Params) meta {
 }
 
 // scaled returns p scaled to key's share at now, counting cost as
-// demand, and false when the share is 0.
-func (s *Store) scaled(key []byte, p *algo.Params, now time.Time, cost int64) (algo.Params, bool) {
+// demand, and false when the share is 0; and key's table entry (nil:
+// none), for refused.
+func (s *Store) scaled(key []byte, p *algo.Params, now time.Time, cost int64) (algo.Params, bool, *entry) {
 	m := s.metaOf(p)
-	units, fell := s.r.table.share(key, &m, now, cost)
+	units, fell, e := s.r.table.share(key, &m, now, cost)
 	if fell && cost > 0 {
 		s.r.fellBack()
 	}
-	return scale(*p, units)
+	q, ok := scale(*p, units)
+	return q, ok, e
 }
 
 // scale returns p with Limit and Burst scaled to units of p.Limit, and
@@ -122,25 +124,26 @@ func (s *Store) Take(ctx context.Context, key []byte, p algo.Params, cost int64,
 			return algo.Result{}, err
 		}
 	}
-	q, ok := s.scaled(key, &p, now, demandOf(cost, peek))
+	q, ok, e := s.scaled(key, &p, now, demandOf(cost, peek))
 	if !ok {
 		if !peek {
-			s.refused(key, &p, now)
+			s.refused(e, now)
 		}
 		return s.denied(&p, now), nil
 	}
 	res, err := s.inner.Take(ctx, key, q, cost, now, peek)
 	if err == nil && !res.Allowed && !peek {
-		s.refused(key, &p, now)
+		s.refused(e, now)
 	}
 	res.Limit = p.Capacity()
 	return res, err
 }
 
-// refused asks the region's renewer for an early renewal of key, refused
-// at now under its live share (at most once per key per askGap).
-func (s *Store) refused(key []byte, p *algo.Params, now time.Time) {
-	if s.r.table.refused(key, p.Limit, now, s.r.askGap()) {
+// refused asks the region's renewer for an early renewal of the key of
+// entry e (nil: none), refused at now under its live share (at most once
+// per key per askGap).
+func (s *Store) refused(e *entry, now time.Time) {
+	if e.refused(now, s.r.askGap()) {
 		s.r.nudgeAsks()
 	}
 }
@@ -156,7 +159,7 @@ func demandOf(cost int64, peek bool) int64 {
 // Refund gives cost back on the inner store, with p scaled as a take
 // would scale it now.
 func (s *Store) Refund(ctx context.Context, key []byte, p algo.Params, cost int64, takenAt, now time.Time) error {
-	q, ok := s.scaled(key, &p, now, 0)
+	q, ok, _ := s.scaled(key, &p, now, 0)
 	if !ok {
 		return nil // a share of 0 admitted nothing since it was granted
 	}
@@ -168,12 +171,12 @@ func (s *Store) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, 
 	if s.local == nil || s.strict && !peek && !s.r.table.live(key, p.Limit, now) {
 		return algo.Result{}, false // Take renews a strict key first
 	}
-	q, ok := s.scaled(key, &p, now, 0)
+	q, ok, e := s.scaled(key, &p, now, 0)
 	if !ok {
 		if !peek {
 			m := s.metaOf(&p)
 			s.r.table.share(key, &m, now, max(cost, 1))
-			s.refused(key, &p, now)
+			s.refused(e, now)
 		}
 		return s.denied(&p, now), true
 	}
@@ -181,7 +184,7 @@ func (s *Store) TakeLocal(key []byte, p algo.Params, cost int64, now time.Time, 
 	if done && !peek {
 		s.scaled(key, &p, now, max(cost, 1))
 		if !res.Allowed {
-			s.refused(key, &p, now)
+			s.refused(e, now)
 		}
 	}
 	res.Limit = p.Capacity()
@@ -193,7 +196,7 @@ func (s *Store) PeekForDenial(ctx context.Context, key []byte, p algo.Params, co
 	if s.peeker == nil {
 		return s.Take(ctx, key, p, cost, now, true)
 	}
-	q, ok := s.scaled(key, &p, now, 0)
+	q, ok, _ := s.scaled(key, &p, now, 0)
 	if !ok {
 		return s.denied(&p, now), nil
 	}
@@ -223,7 +226,7 @@ func (s *Store) ExplainRegion(key []byte, p algo.Params, now time.Time) policy.R
 // the share a non-strict rule falls back to.
 func (s *Store) RegionParams(key []byte, p algo.Params, now time.Time) algo.Params {
 	m := s.metaOf(&p)
-	units, fell := s.r.table.share(key, &m, now, 0)
+	units, fell, _ := s.r.table.share(key, &m, now, 0)
 	if fell && s.strict {
 		units = p.Limit / int64(len(s.r.o.Regions))
 	}
@@ -239,7 +242,7 @@ func (s *Store) RegionParams(key []byte, p algo.Params, now time.Time) algo.Para
 // counter admits nothing while the share is 0 (Take denies without it).
 func (s *Store) Do(ctx context.Context, ops []algo.Op, now time.Time) error {
 	for i := range ops {
-		if q, ok := s.scaled(ops[i].Key, &ops[i].Params, now, 0); ok {
+		if q, ok, _ := s.scaled(ops[i].Key, &ops[i].Params, now, 0); ok {
 			ops[i].Params = q
 		}
 	}

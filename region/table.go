@@ -151,22 +151,23 @@ func (t *Table) Get(key []byte, limit int64, now time.Time) (Share, bool) {
 }
 
 // share returns the units key may use of m.limit at now: its live share,
-// or m.fallback (fell true). With cost > 0 it counts cost as demand.
-func (t *Table) share(key []byte, m *meta, now time.Time, cost int64) (units int64, fell bool) {
-	e := t.lookup(key, m.limit)
+// or m.fallback (fell true), and its entry (nil when it has none). With
+// cost > 0 it counts cost as demand.
+func (t *Table) share(key []byte, m *meta, now time.Time, cost int64) (units int64, fell bool, e *entry) {
+	e = t.lookup(key, m.limit)
 	if e != nil {
 		if cost > 0 {
 			e.demand.Add(cost)
 		}
 		if now.UnixNano() < e.expiry {
-			return e.share, false
+			return e.share, false, e
 		}
-		return m.fallback, true
+		return m.fallback, true, e
 	}
 	if cost > 0 {
 		t.pendOf(key, m).n.Add(cost)
 	}
-	return m.fallback, true
+	return m.fallback, true, nil
 }
 
 // refused marks key's entry for an early renewal after a refusal at
@@ -174,7 +175,11 @@ func (t *Table) share(key []byte, m *meta, now time.Time, cost int64) (units int
 // a live share of limit asks (a key on its fallback share is renewed at
 // the next pass).
 func (t *Table) refused(key []byte, limit int64, now time.Time, gap time.Duration) bool {
-	e := t.lookup(key, limit)
+	return t.lookup(key, limit).refused(now, gap)
+}
+
+// refused marks e (nil: none) as Table.refused does.
+func (e *entry) refused(now time.Time, gap time.Duration) bool {
 	ns := now.UnixNano()
 	return e != nil && ns < e.expiry && e.ask.mark(ns, int64(gap))
 }
