@@ -293,17 +293,7 @@ func TestHammerAdmitsAtMostTheGlobalBound(t *testing.T) {
 	slack := int64(limit * interval.Seconds())
 	t.Logf("admitted %d of %d decided in %s; bound %d (+%d); global renewals %d = %.4f per decision",
 		admitted, decided, took.Round(time.Millisecond), b, slack, w.renewals(t), float64(w.renewals(t))/float64(decided))
-	if admitted > b+slack {
-		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
-	}
-	if admitted < b/2 {
-		t.Fatalf("admitted %d, less than half the bound %d: the shares starve the regions", admitted, b)
-	}
-	for i := range nRegions {
-		if n := l.counts[i].errs.Load(); n > 0 {
-			t.Fatalf("region %d: %d check errors", i, n)
-		}
-	}
+	l.within(t, admitted, b, slack)
 }
 
 // snapshot returns the allowed and denied counts of every region.
@@ -546,17 +536,7 @@ func TestStrictGlobalKeyFirstCheckThenHammer(t *testing.T) {
 	admitted := l.allowed() + nRegions
 	b, slack := bound(took), int64(limit*interval.Seconds())
 	t.Logf("admitted %d of %d decided in %s; bound %d (+%d); global renewals %d", admitted, l.decided()+nRegions, took.Round(time.Millisecond), b, slack, w.renewals(t))
-	if admitted > b+slack {
-		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
-	}
-	if admitted < b/2 {
-		t.Fatalf("admitted %d, less than half the bound %d", admitted, b)
-	}
-	for i := range nRegions {
-		if n := l.counts[i].errs.Load(); n > 0 {
-			t.Fatalf("region %d: %d check errors", i, n)
-		}
-	}
+	l.within(t, admitted, b, slack)
 }
 
 // TestStrictGlobalKeyPartitionedAnswersByFailMode: a region cut off from
@@ -583,5 +563,22 @@ func TestStrictGlobalKeyPartitionedAnswersByFailMode(t *testing.T) {
 	res, err := w.clients[1][0].Check(context.Background(), desc, 1)
 	if err != nil || !res.Allowed() {
 		t.Fatalf("a region reaching the global store: %+v %v, want admitted", res, err)
+	}
+}
+
+// within fails t when admitted exceeds the bound b + slack, falls short
+// of half of b (the shares starve the regions), or a check failed.
+func (l *load) within(t *testing.T, admitted, b, slack int64) {
+	t.Helper()
+	if admitted > b+slack {
+		t.Fatalf("admitted %d > bound %d + %d", admitted, b, slack)
+	}
+	if admitted < b/2 {
+		t.Fatalf("admitted %d, less than half the bound %d: the shares starve the regions", admitted, b)
+	}
+	for i := range nRegions {
+		if n := l.counts[i].errs.Load(); n > 0 {
+			t.Fatalf("region %d: %d check errors", i, n)
+		}
 	}
 }
