@@ -163,6 +163,9 @@ type RegionShare struct {
 	// Demand is the region's demand of the key at its last renewal, in
 	// units per period.
 	Demand int64 `json:"demand"`
+	// Strict reports a global_strict rule: without a live lease, the
+	// key's next check asks the global store for a share.
+	Strict bool `json:"strict,omitempty"`
 }
 
 // TopArgs are top's arguments.

@@ -383,7 +383,7 @@ func regionShare(rs *policy.RegionShare) *admin.RegionShare {
 	if rs == nil {
 		return nil
 	}
-	out := &admin.RegionShare{Region: rs.Region, Share: rs.Units, Limit: rs.Limit, Live: rs.Live, Fallback: rs.Fallback, Demand: rs.Demand}
+	out := &admin.RegionShare{Region: rs.Region, Share: rs.Units, Limit: rs.Limit, Live: rs.Live, Fallback: rs.Fallback, Demand: rs.Demand, Strict: rs.Strict}
 	if !rs.Expiry.IsZero() {
 		ms := time.Until(rs.Expiry).Milliseconds()
 		out.ExpiresMs = &ms

@@ -25,6 +25,9 @@ type RegionShare struct {
 	// Demand is the region's demand of the key at its last renewal, in
 	// units per period of the limit.
 	Demand int64
+	// Strict reports a global_strict rule: without a live lease, the
+	// key's next check asks the global store for a share.
+	Strict bool
 }
 
 // RegionExplainer is implemented by the store of a global rule: it

@@ -209,7 +209,7 @@ func (s *Store) PeekForDenial(ctx context.Context, key []byte, p algo.Params, co
 // region, counting no demand.
 func (s *Store) ExplainRegion(key []byte, p algo.Params, now time.Time) policy.RegionShare {
 	m := s.metaOf(&p)
-	rs := policy.RegionShare{Region: s.r.o.Region, Limit: p.Limit, Fallback: m.fallback, Units: m.fallback}
+	rs := policy.RegionShare{Region: s.r.o.Region, Limit: p.Limit, Fallback: m.fallback, Units: m.fallback, Strict: s.strict}
 	if sh, ok := s.r.table.Get(key, p.Limit, now); sh.Limit != 0 {
 		rs.Live, rs.Expiry, rs.Demand = ok, sh.Expiry, sh.Demand
 		if ok {

@@ -74,6 +74,9 @@ func TestStrictKeyNewToRegionRenewsOnceThenDecides(t *testing.T) {
 	p := tb
 	p.Burst = 0 // the whole share at once: room for the 20 checks
 	ctx := context.Background()
+	if rs := s.ExplainRegion([]byte("k"), p, time.Now()); !rs.Strict || rs.Live || rs.Units != 0 {
+		t.Fatalf("explain before the first check: %+v, want strict, no lease, 0 units", rs)
+	}
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, 20)

@@ -332,12 +332,16 @@ func printRegion(w io.Writer, rs *admin.RegionShare) {
 	if rs == nil {
 		return
 	}
-	state := "fallback share, no lease"
+	none := "fallback share"
+	if rs.Strict {
+		none = "strict: the next check asks the global store"
+	}
+	state := none + ", no lease"
 	switch {
 	case rs.Live && rs.ExpiresMs != nil:
 		state = fmt.Sprintf("lease, %dms left", *rs.ExpiresMs)
 	case rs.ExpiresMs != nil:
-		state = fmt.Sprintf("fallback share, lease expired %dms ago", -*rs.ExpiresMs)
+		state = fmt.Sprintf("%s, lease expired %dms ago", none, -*rs.ExpiresMs)
 	}
 	fmt.Fprintf(w, " region %s share %d of %d (%s; fallback %d; region demand %d/period)", rs.Region, rs.Share, rs.Limit, state, rs.Fallback, rs.Demand)
 }
