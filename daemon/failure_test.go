@@ -493,9 +493,15 @@ func TestFailClosed(t *testing.T) {
 			return r.Status == wire.StatusAllowed && !r.Degraded
 		})
 	}
-	code, h := healthOf(t, d)
+	// /healthz says degraded for a second after a fail mode decided a
+	// check (those first calls, on a loaded machine): it turns ok then.
+	var code int
+	var h daemon.Health
+	redistest.WaitFor(t, "/healthz to say ok", func() bool {
+		code, h = healthOf(t, d)
+		return h.Status == "ok"
+	})
 	require.Equal(t, http.StatusOK, code)
-	assert.Equal(t, "ok", h.Status)
 	require.NotNil(t, h.Redis)
 	assert.Equal(t, []daemon.BreakerHealth{{Node: srv.Addr, State: "closed"}}, h.Redis.Breakers)
 
