@@ -400,12 +400,7 @@ func (r *Region) flush(ctx context.Context) error {
 	for i, d := range ds {
 		cmds[i] = c.B().Hincrby().Key(DemandKey).Field(d.Field).Increment(d.Units).Build()
 	}
-	for _, res := range c.DoMulti(ctx, cmds...) {
-		if err := res.Error(); err != nil {
-			return fmt.Errorf("region: hincrby %s: %w", DemandKey, err)
-		}
-	}
-	return nil
+	return doAll(ctx, c, cmds, "hincrby "+DemandKey)
 }
 
 // askGap is the least time between two asks of one key by one daemon.
@@ -439,9 +434,15 @@ func (r *Region) publishAsks(ctx context.Context) error {
 	for i, f := range fields {
 		cmds[i] = c.B().Publish().Channel(AskChannel).Message(f).Build()
 	}
+	return doAll(ctx, c, cmds, "publish "+AskChannel)
+}
+
+// doAll sends cmds to c in one pipelined round trip and returns the
+// first error, wrapped with what the commands do.
+func doAll(ctx context.Context, c rueidis.Client, cmds rueidis.Commands, what string) error {
 	for _, res := range c.DoMulti(ctx, cmds...) {
 		if err := res.Error(); err != nil {
-			return fmt.Errorf("region: publish %s: %w", AskChannel, err)
+			return fmt.Errorf("region: %s: %w", what, err)
 		}
 	}
 	return nil
