@@ -90,14 +90,14 @@ deps:
 # two cores. TEST_FIRST names the longest packages, which start first
 # so that none is left running alone at the end.
 TEST_FIRST ?= ./daemon ./packaging ./redisx ./clients/python ./cmd/rld ./region ./shardcache ./admin ./algo
-# go vet runs in lint (CI runs lint, then test): a cold vet compiles the
-# whole tree a second time, without -race. test builds bin/rld first:
+# go vet runs in lint (CI runs lint, then test), contrib/kubernetes's
+# too: a cold vet compiles the whole tree a second time, without -race. test builds bin/rld first:
 # the tests that run the binary build it with the same flags
 # (daemontest.BuildFlags), and then find it compiled instead of
 # compiling it each at once.
 test: deps build
 	$(GO) test -race -count=1 -p 2 -timeout 14m $(TEST_FIRST) ./...
-	cd contrib/kubernetes && $(GO) vet -mod=mod ./... && $(GO) test -mod=mod -race -count=1 -timeout 5m ./...
+	cd contrib/kubernetes && $(GO) test -mod=mod -race -count=1 -timeout 5m ./...
 
 # bench measures check latency as a user's client sees it (rld-bench,
 # docs/performance.md): it starts the echo server, redis-server and rld
@@ -138,6 +138,7 @@ soak: deps
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+	cd contrib/kubernetes && $(GO) vet -mod=mod ./...
 
 clean:
 	rm -rf bin run
