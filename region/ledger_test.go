@@ -250,9 +250,9 @@ func TestLedgerFallingRegionKeepsLessHeadroom(t *testing.T) {
 	renew(t, us, "k", 0)   // 0 + min(500/3, 37) = 37
 	renew(t, ap, "k", 0)   // 37
 	// eu's demand falls from 400 to 200: its headroom is at most
-	// 200/8 + m/8 = 43 (the slack's part is 700/3 = 233): 243.
-	if g := renew(t, eu, "k", 200); g.Share != 243 {
-		t.Fatalf("falling eu share = %d, want 200 + 43", g.Share)
+	// 200/16 + m/8 = 30 (the slack's part is 700/3 = 233): 230.
+	if g := renew(t, eu, "k", 200); g.Share != 230 {
+		t.Fatalf("falling eu share = %d, want 200 + 30", g.Share)
 	}
 	// Steady at 200: the headroom is at most 200/4 + m/4 = 87: 287.
 	if g := renew(t, eu, "k", 200); g.Share != 287 {

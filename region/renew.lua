@@ -71,13 +71,13 @@ if sumd <= L then
   -- most a quarter of its demand plus m/4 (m = L/2R): the rest stays
   -- free, for a region whose demand rises to take at its next (or early)
   -- renewal without waiting for the others to return units. A region
-  -- whose demand falls keeps less (an eighth of its demand plus m/8):
+  -- whose demand falls keeps less (a sixteenth of its demand plus m/8):
   -- the units it gives up are free for a rising region at once, not one
   -- renewal later.
   local m = math.max(math.floor(L / (2 * (#ARGV - 7))), 1)
   local part = math.floor((L - sumd) / live)
   local room = math.floor(demand / 4) + math.floor(m / 4)
-  if demand < prev then room = math.floor(demand / 8) + math.floor(m / 8) end
+  if demand < prev then room = math.floor(demand / 16) + math.floor(m / 8) end
   target = demand + math.min(part, room)
 else
   target = math.max(floor, math.floor(L * demand / sumd))

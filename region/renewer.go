@@ -289,7 +289,8 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 			return
 		}
 		// Demand per period of the limit, projected one interval ahead.
-		per := project(mulDiv(units, m.periodMs*int64(time.Millisecond), int64(elapsed)), r.renewer.last, f)
+		period := m.periodMs * int64(time.Millisecond)
+		per := project(mulDiv(units, period, int64(elapsed)), mulDiv(2, period, int64(elapsed)), r.renewer.last, f)
 		floor := m.limit / int64(10*len(r.o.Regions))
 		fields = append(fields, f)
 		wants = append(wants, Want{Key: key, Demand: per, Limit: m.limit, Fallback: m.fallback, Floor: floor})
@@ -318,17 +319,23 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 // force from about half an interval after its demand's window to one and
 // a half after: a rising demand is projected to the end of that span,
 // now + 2 × (now − last) (at most 3 × now), a falling one to its start,
-// now + (now − last), but to no less than now/2. It records now in last.
-func project(now int64, last map[string]int64, f string) int64 {
+// now + (now − last), but to no less than now/2. A change of at most
+// noise (the demand of two checks in the interval: a small key's count
+// moves by that much at a steady rate) is no trend, and a larger one is
+// projected less noise. It records now in last.
+func project(now, noise int64, last map[string]int64, f string) int64 {
 	prev, ok := last[f]
 	last[f] = now
 	if !ok {
 		return now
 	}
-	if now > prev {
-		return now + 2*(now-prev)
+	switch d := now - prev; {
+	case d > noise:
+		return now + 2*(d-noise)
+	case d < -noise:
+		return max(now+d+noise, now/2)
 	}
-	return max(now+(now-prev), now/2)
+	return now
 }
 
 // write stores the grants in the shares hash, counts them, and deletes

@@ -56,18 +56,23 @@ func (r *Region) crash() {
 func TestProjectFollowsTheTrend(t *testing.T) {
 	last := map[string]int64{}
 	for _, c := range []struct {
-		now, want int64
-		why       string
+		now, noise, want int64
+		why              string
 	}{
-		{100, 100, "first sight: no trend"},
-		{150, 250, "rising by 50: two more intervals of it"},
-		{100, 50, "falling by 50: one more interval of it"},
-		{60, 30, "falling fast: at least half the measure"},
-		{600, 1680, "jumping: two more intervals of the rise"},
-		{0, 0, "idle"},
+		{100, 0, 100, "first sight: no trend"},
+		{150, 0, 250, "rising by 50: two more intervals of it"},
+		{100, 0, 50, "falling by 50: one more interval of it"},
+		{60, 0, 30, "falling fast: at least half the measure"},
+		{600, 0, 1680, "jumping: two more intervals of the rise"},
+		{0, 0, 0, "idle"},
+		{10, 10, 10, "a small key's count moving within the noise: no trend"},
+		{20, 10, 20, "up by the noise: no trend"},
+		{10, 10, 10, "down by the noise: no trend"},
+		{40, 10, 80, "rising by 30: two more intervals of it less the noise"},
+		{10, 10, 5, "falling by 30: the measure less the fall beyond the noise, at least half of it"},
 	} {
-		if got := project(c.now, last, "f"); got != c.want {
-			t.Fatalf("project(%d) = %d, want %d (%s)", c.now, got, c.want, c.why)
+		if got := project(c.now, c.noise, last, "f"); got != c.want {
+			t.Fatalf("project(%d, %d) = %d, want %d (%s)", c.now, c.noise, got, c.want, c.why)
 		}
 	}
 }
