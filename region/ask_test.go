@@ -15,7 +15,7 @@ func TestTableMarksARefusedKeyOncePerGap(t *testing.T) {
 	m := meta{limit: 900, periodMs: 1000, fallback: 300}
 	install(t, r, "k", m, 300, now.Add(time.Minute))
 	install2 := func() { // a load keeps the key's mark
-		if err := r.table.Install(map[string]string{m.field("k"): formatShare(300, now.Add(time.Minute), 0)}); err != nil {
+		if err := r.table.Install(map[string]string{m.field("k"): formatShare(300, now.Add(time.Minute), 0, 0)}); err != nil {
 			t.Fatal(err)
 		}
 	}

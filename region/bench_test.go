@@ -28,7 +28,7 @@ func BenchmarkTake(b *testing.B) {
 	w := r.Wrap(inner, tb.Limit, 0)
 	now := time.Now()
 	m := w.metaOf(&tb)
-	if err := r.table.Install(map[string]string{m.field("k"): formatShare(tb.Limit, now.Add(time.Hour), 0)}); err != nil {
+	if err := r.table.Install(map[string]string{m.field("k"): formatShare(tb.Limit, now.Add(time.Hour), 0, 0)}); err != nil {
 		b.Fatal(err)
 	}
 	key := []byte("k")

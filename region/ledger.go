@@ -62,6 +62,10 @@ type Grant struct {
 	// Demand is the live regions' demand per period, this region's
 	// included: above the limit, the regions contend for it.
 	Demand int64
+	// Stamp is the global store's time of the grant, in µs: of two
+	// grants of one key to one region, the later stamp is the one the
+	// ledger holds, whichever reply came first.
+	Stamp int64
 	// Err is this key's error; the other keys' grants stand.
 	Err error
 }
@@ -167,10 +171,10 @@ func grant(r rueidis.RedisResult, sent time.Time) Grant {
 	if err != nil {
 		return Grant{Err: err}
 	}
-	if len(vals) != 5 {
-		return Grant{Err: fmt.Errorf("renew script replied %d values, want 5", len(vals))}
+	if len(vals) != 6 {
+		return Grant{Err: fmt.Errorf("renew script replied %d values, want 6", len(vals))}
 	}
-	return Grant{Share: vals[0], Expiry: sent.Add(time.Duration(vals[1]) * time.Millisecond), Reclaimed: vals[2], Target: vals[3], Demand: vals[4]}
+	return Grant{Share: vals[0], Expiry: sent.Add(time.Duration(vals[1]) * time.Millisecond), Reclaimed: vals[2], Target: vals[3], Demand: vals[4], Stamp: vals[5]}
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

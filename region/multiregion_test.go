@@ -142,9 +142,9 @@ func (w *world) share(t testing.TB, i int) (int64, time.Time) {
 		t.Fatal(err)
 	}
 	for _, v := range m {
-		parts := strings.Split(v, ":") // units:expiry_ms:demand
-		if len(parts) != 3 {
-			t.Fatalf("share %q: want units:expiry_ms:demand", v)
+		parts := strings.Split(v, ":") // units:expiry_ms:demand:stamp
+		if len(parts) != 4 {
+			t.Fatalf("share %q: want units:expiry_ms:demand:stamp", v)
 		}
 		units, err1 := strconv.ParseInt(parts[0], 10, 64)
 		ms, err2 := strconv.ParseInt(parts[1], 10, 64)

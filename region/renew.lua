@@ -15,7 +15,9 @@
 --
 -- Returns {share, lease ms left, units reclaimed from expired regions,
 -- target (the share before the cap by the free units), the live
--- regions' demand (this one's included)}.
+-- regions' demand (this one's included), the grant's stamp (this
+-- server's TIME in µs: it orders the grants of one key, as scripts run
+-- one at a time)}.
 local key = KEYS[1]
 local me = ARGV[1]
 local demand = tonumber(ARGV[2])
@@ -90,4 +92,4 @@ if target < 0 then target = 0 end
 
 redis.call('HSET', key, 's:' .. me, target, 'e:' .. me, now + lease, 'd:' .. me, demand)
 redis.call('PEXPIRE', key, ttl)
-return {target, lease, reclaimed, wanted, sumd}
+return {target, lease, reclaimed, wanted, sumd, tonumber(t[1]) * 1000000 + tonumber(t[2])}

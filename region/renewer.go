@@ -228,7 +228,7 @@ func (r *Region) early(deadline time.Time) {
 		}
 		r.countEarly(f)
 		fs, ws = append(fs, f), append(ws, w)
-		old[f] = formatShare(last.grant.Share, last.grant.Expiry, last.want.Demand)
+		old[f] = formatShare(last.grant.Share, last.grant.Expiry, last.want.Demand, last.grant.Stamp)
 	}
 	if len(ws) > 0 {
 		r.renew(l, fs, ws, old, now)
@@ -341,8 +341,7 @@ func project(now, noise int64, last map[string]int64, f string) int64 {
 // write stores the grants in the shares hash, counts them, and deletes
 // the shares that expired with no renewal.
 func (r *Region) write(ctx context.Context, fields []string, wants []Want, shares map[string]string, grants []Grant, now time.Time) {
-	c := r.local
-	cmds := make(rueidis.Commands, 0, len(grants)+1)
+	puts := make([]string, 0, 2*len(grants))
 	renewed := make(map[string]bool, len(fields))
 	for i, g := range grants {
 		if g.Err != nil {
@@ -353,7 +352,7 @@ func (r *Region) write(ctx context.Context, fields []string, wants []Want, share
 		}
 		renewed[fields[i]] = true
 		r.count(shares[fields[i]], g, now)
-		cmds = append(cmds, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(fields[i], formatShare(g.Share, g.Expiry, wants[i].Demand)).Build())
+		puts = append(puts, fields[i], formatShare(g.Share, g.Expiry, wants[i].Demand, g.Stamp))
 	}
 	var gone []string
 	for f, v := range shares {
@@ -365,19 +364,16 @@ func (r *Region) write(ctx context.Context, fields []string, wants []Want, share
 			delete(r.renewer.early, f)
 		}
 	}
-	if len(gone) > 0 {
-		cmds = append(cmds, c.B().Hdel().Key(SharesKey).Field(gone...).Build())
+	if len(puts) == 0 && len(gone) == 0 {
+		return
 	}
-	if len(cmds) > 0 {
-		// After the writes, in the same pipeline: a daemon that loads on
-		// the message reads them (on a Cluster, a late message only
-		// delays the load to the next one or to the interval's load).
-		cmds = append(cmds, c.B().Publish().Channel(SharesChannel).Message("1").Build())
-	}
-	for _, res := range c.DoMulti(ctx, cmds...) {
-		if err := res.Error(); err != nil {
-			r.o.Logger.Warn("region: write shares", "err", err)
-		}
+	// One script: a grant that a strict key's renewal (another daemon's)
+	// overtook stays out, an expired share renewed since stays in, and
+	// the announcement follows the writes (a daemon that loads on it
+	// reads them; on a Cluster, a late message only delays the load to
+	// the next one or to the interval's load).
+	if err := putShares(ctx, r.local, puts, gone, now); err != nil {
+		r.o.Logger.Warn("region: write shares", "err", err)
 	}
 }
 

@@ -90,7 +90,7 @@ func TestSharesMessageLoadsAtOnce(t *testing.T) {
 	m := meta{limit: 900, periodMs: 1000, fallback: 300}
 	exp := time.Now().Add(interval)
 	// k0 is there before the start: its share shows the first tick's load.
-	if err := c.Do(ctx, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(m.field("k0"), formatShare(1, exp, 0)).Build()).Error(); err != nil {
+	if err := c.Do(ctx, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(m.field("k0"), formatShare(1, exp, 0, 0)).Build()).Error(); err != nil {
 		t.Fatal(err)
 	}
 	r := newRegion(t, "eu", "a", c, c, interval)
@@ -102,7 +102,7 @@ func TestSharesMessageLoadsAtOnce(t *testing.T) {
 	})
 	// The next tick is a minute away: only a message installs k.
 	redistest.WaitFor(t, "the share installed on the message", func() bool {
-		if err := c.Do(ctx, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(m.field("k"), formatShare(123, exp, 0)).Build()).Error(); err != nil {
+		if err := c.Do(ctx, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(m.field("k"), formatShare(123, exp, 0, 0)).Build()).Error(); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Do(ctx, c.B().Publish().Channel(SharesChannel).Message("1").Build()).Error(); err != nil {

@@ -32,7 +32,7 @@ func newRegion(t testing.TB, name, id string, local, global rueidis.Client, inte
 // install writes key's share into r's table directly.
 func install(t testing.TB, r *Region, key string, m meta, units int64, exp time.Time) {
 	t.Helper()
-	if err := r.table.Install(map[string]string{m.field(key): formatShare(units, exp, 0)}); err != nil {
+	if err := r.table.Install(map[string]string{m.field(key): formatShare(units, exp, 0, 0)}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -185,7 +185,7 @@ func TestExplainShowsTheRegionalShare(t *testing.T) {
 	if len(ds) != 1 {
 		t.Fatalf("demand after one check: %+v", ds)
 	}
-	if err := r.table.Install(map[string]string{ds[0].Field: formatShare(600, now.Add(time.Minute), 1234)}); err != nil {
+	if err := r.table.Install(map[string]string{ds[0].Field: formatShare(600, now.Add(time.Minute), 1234, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	e = p.Explain(context.Background(), &policy.Request{Now: now, Descs: descs, Cost: 1})

@@ -2,6 +2,7 @@ package region
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"strconv"
@@ -16,17 +17,26 @@ import (
 // bound (strictWait): the rule's fail mode then decides the check.
 var ErrGlobalUnanswered = errors.New("region: no share from the global store in time for a strict key")
 
-// putShareScript writes a strict key's share to the regional shares
-// hash unless the hash holds a later one, and announces it:
-// KEYS[1] the shares hash; ARGV field, value, expiry ms, channel.
-var putShareScript = rueidis.NewLuaScript(`local v = redis.call('HGET', KEYS[1], ARGV[1])
-if v then
-  local e = tonumber(string.match(v, '^%d+:(%d+)'))
-  if e and e >= tonumber(ARGV[3]) then return 0 end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PUBLISH', ARGV[4], '1')
-return 1`)
+//go:embed shares.lua
+var sharesSource string
+
+// sharesScript writes grants to the regional shares hash unless it holds
+// later ones, deletes expired shares, and announces a change (shares.lua).
+var sharesScript = rueidis.NewLuaScript(sharesSource)
+
+// putShares writes puts (field, value pairs) to the regional shares hash
+// on c, each unless the hash holds a later grant of its key, and deletes
+// the fields of gone whose share expired by now; a change is announced
+// on SharesChannel.
+func putShares(ctx context.Context, c rueidis.Client, puts, gone []string, now time.Time) error {
+	args := make([]string, 0, 3+len(puts)+len(gone))
+	args = append(args, SharesChannel, strconv.FormatInt(now.UnixMilli(), 10), strconv.Itoa(len(puts)/2))
+	args = append(append(args, puts...), gone...)
+	if err := sharesScript.Exec(ctx, c, []string{SharesKey}, args).Error(); err != nil {
+		return fmt.Errorf("region: write shares: %w", err)
+	}
+	return nil
+}
 
 // strictWaitIntervals is how long, in intervals, a check of a strict key
 // with no live share waits for the key's renewal: a renewal fits in one
@@ -147,13 +157,11 @@ func (r *Region) renewStrict(ctx context.Context, k string, m meta, cost int64) 
 		renewErrsM.Inc()
 		return fmt.Errorf("%w: %w", ErrGlobalUnanswered, g.Err)
 	}
-	r.table.put(k, m, g.Share, g.Expiry)
+	r.table.put(k, m, g.Share, g.Expiry, g.Stamp)
 	r.st.strict.Add(1)
 	strictM.Inc()
 	if c := r.shared.Load(); c != nil {
-		err := putShareScript.Exec(ctx, *c, []string{SharesKey}, []string{m.field(k), formatShare(g.Share, g.Expiry, w.Demand),
-			strconv.FormatInt(g.Expiry.UnixMilli(), 10), SharesChannel}).Error()
-		if err != nil {
+		if err := putShares(ctx, *c, []string{m.field(k), formatShare(g.Share, g.Expiry, w.Demand, g.Stamp)}, nil, time.Now()); err != nil {
 			r.o.Logger.Warn("region: write a strict key's share", "key", k, "err", err)
 		}
 	}

@@ -221,13 +221,14 @@ func TestStrictTakeWithShareDoesNotAllocate(t *testing.T) {
 
 // TestInstallKeepsAStrictShareTheHashLacks: a share a strict renewal put
 // in the table survives a load of a shares hash read before its write
-// (no entry, or an older one), and gives way to a later one.
+// (no entry, or an earlier grant by the global store's stamp, whatever
+// its expiry), and gives way to a later grant.
 func TestInstallKeepsAStrictShareTheHashLacks(t *testing.T) {
 	tab := NewTable()
 	m := meta{limit: 900, periodMs: 1000}
 	now := time.Now()
-	tab.put("k", m, 50, now.Add(time.Minute))
-	for _, hash := range []map[string]string{{}, {m.field("k"): formatShare(70, now.Add(time.Second), 0)}} {
+	tab.put("k", m, 50, now.Add(time.Minute), 200)
+	for _, hash := range []map[string]string{{}, {m.field("k"): formatShare(70, now.Add(2*time.Minute), 0, 100)}} {
 		if err := tab.Install(hash); err != nil {
 			t.Fatal(err)
 		}
@@ -235,10 +236,115 @@ func TestInstallKeepsAStrictShareTheHashLacks(t *testing.T) {
 			t.Fatalf("after loading %v: share %+v live %v, want the strict renewal's 50", hash, sh, live)
 		}
 	}
-	if err := tab.Install(map[string]string{m.field("k"): formatShare(70, now.Add(2*time.Minute), 0)}); err != nil {
+	if err := tab.Install(map[string]string{m.field("k"): formatShare(70, now.Add(time.Second), 0, 300)}); err != nil {
 		t.Fatal(err)
 	}
 	if sh, live := tab.Get([]byte("k"), 900, now); !live || sh.Units != 70 {
 		t.Fatalf("after a later renewal: share %+v live %v, want its 70", sh, live)
+	}
+}
+
+// TestCrossingRenewalsKeepTheLedgersGrant: a strict key's renewal by a
+// daemon of the region (d1, whose link to the global store stalls) and
+// the renewer's renewal of the same key (its ledger call and write of
+// the shares hash) cross: d1's is sent first and reaches the global
+// store last. The regional hash then holds the grant the global ledger
+// holds (d1's), not the renewer's, though the renewer's expires later
+// and was written first.
+func TestCrossingRenewalsKeepTheLedgersGrant(t *testing.T) {
+	gs, ls := redistest.Standalone(t), redistest.Standalone(t)
+	p := redistest.StartProxy(t, gs.Addr)
+	local, global := client(t, ls.Addr), client(t, gs.Addr)
+	d1 := newRegion(t, "eu", "d1", local, client(t, p.Addr()), time.Hour)
+	renewer, err := NewLedger(global, "eu", three, d1.o.Lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := meta{limit: 900, periodMs: 1000, fallback: 300}
+	ctx := context.Background()
+	crossed := 0
+	for attempt := range 5 {
+		key := "k" + strconv.Itoa(attempt)
+		p.Blackhole() // d1's renewal waits in the proxy
+		done := make(chan error, 1)
+		go func() { done <- d1.renewStrict(ctx, key, m, 1) }()
+		// The renewer's, of a demand of 600: answered and written at once.
+		w := Want{Key: key, Demand: 600, Limit: m.limit, Fallback: m.fallback, Floor: 30}
+		g := renewer.Renew(ctx, []Want{w})[0]
+		if g.Err != nil {
+			t.Fatal(g.Err)
+		}
+		if err := putShares(ctx, local, []string{m.field(key), formatShare(g.Share, g.Expiry, w.Demand, g.Stamp)}, nil, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		p.Heal()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		held, err := global.Do(ctx, global.B().Hget().Key(LedgerKey(key)).Field("s:eu").Build()).AsInt64()
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := local.Do(ctx, local.B().Hget().Key(SharesKey).Field(m.field(key)).Build()).ToString()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sv, err := parseShareValue(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mine, _ := d1.table.Get([]byte(key), m.limit, time.Now())
+		t.Logf("attempt %d: renewer's grant %d (stamp %d), strict grant %d, ledger %d, hash %q", attempt, g.Share, g.Stamp, mine.Units, held, v)
+		if sv.units != held || sv.stamp <= g.Stamp {
+			t.Fatalf("the hash holds %q, the ledger %d: want the later grant (stamp above the renewer's %d), the ledger's", v, held, g.Stamp)
+		}
+		if mine.Units != held {
+			t.Fatalf("d1's table holds %d, the ledger %d", mine.Units, held)
+		}
+		if mine.Expiry.Before(g.Expiry) {
+			crossed++ // d1's was sent first: it expires first
+		}
+	}
+	if crossed == 0 {
+		t.Fatal("in no attempt was the strict renewal sent before the renewer's: the crossing was not tested")
+	}
+	t.Logf("crossed in %d of 5 attempts", crossed)
+}
+
+// TestPutSharesKeepsTheLaterGrant: the shares script writes a grant
+// unless the hash holds a later one (by stamp; a value without one is
+// earlier than any), deletes a share given as gone only if it expired,
+// and announces a change only.
+func TestPutSharesKeepsTheLaterGrant(t *testing.T) {
+	c := client(t, redistest.Standalone(t).Addr)
+	ctx := context.Background()
+	now := time.Now()
+	get := func(f string) string {
+		v, err := c.Do(ctx, c.B().Hget().Key(SharesKey).Field(f).Build()).ToString()
+		if err != nil && !rueidis.IsRedisNil(err) {
+			t.Fatal(err)
+		}
+		return v
+	}
+	later, earlier := formatShare(10, now.Add(time.Second), 5, 200), formatShare(99, now.Add(time.Minute), 5, 100)
+	old := "7:" + strconv.FormatInt(now.Add(time.Hour).UnixMilli(), 10) + ":3" // no stamp
+	for _, step := range []struct {
+		puts, gone []string
+		want       map[string]string
+	}{
+		{[]string{"a", later, "b", old}, nil, map[string]string{"a": later, "b": old}},
+		{[]string{"a", earlier, "b", earlier}, nil, map[string]string{"a": later, "b": earlier}},
+		{nil, []string{"a", "b"}, map[string]string{"a": later, "b": earlier}}, // both live
+		{[]string{"c", formatShare(1, now.Add(-time.Second), 0, 300)}, nil, map[string]string{"c": formatShare(1, now.Add(-time.Second), 0, 300)}},
+		{nil, []string{"c", "x"}, map[string]string{"a": later, "c": ""}}, // c expired; x never was
+	} {
+		if err := putShares(ctx, c, step.puts, step.gone, now); err != nil {
+			t.Fatal(err)
+		}
+		for f, want := range step.want {
+			if got := get(f); got != want {
+				t.Fatalf("after puts %q, gone %q: %s = %q, want %q", step.puts, step.gone, f, got, want)
+			}
+		}
 	}
 }

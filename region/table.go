@@ -53,6 +53,7 @@ type entry struct {
 	meta
 	share  int64
 	expiry int64 // unix nanoseconds, on this region's clocks
+	stamp  int64 // the grant's Stamp (0: unknown)
 	// demand counts the units asked of the key since the last flush.
 	demand *atomic.Int64
 	// ask is the key's early-renewal request state, kept across installs.
@@ -243,11 +244,11 @@ func (t *Table) TakeDemand() []Demand {
 }
 
 // Install replaces the table's shares by those in hash, the regional
-// shares hash (field id → "share:expiry unix ms"). A key keeps its demand
-// counter across installs. Entries that do not parse are skipped and
-// reported in the error; the others are installed. A live share this
-// daemon installed itself (put) stays while the hash holds none of the
-// key's that expires later (the hash was read before put's write).
+// shares hash (field id → "units:expiry_ms:demand:stamp"). A key keeps
+// its demand counter across installs. Entries that do not parse are
+// skipped and reported in the error; the others are installed. A live
+// share this daemon installed itself (put) stays while the hash holds
+// no later grant of the key (the hash was read before put's write).
 func (t *Table) Install(hash map[string]string) error {
 	cur := t.m.Load()
 	old := *cur
@@ -256,11 +257,11 @@ func (t *Table) Install(hash map[string]string) error {
 	for f, v := range hash {
 		md, key, err := parseField(f)
 		if err == nil {
-			var share, exp, demand int64
-			share, exp, demand, err = parseShareDemand(v)
+			var v2 shareValue
+			v2, err = parseShareValue(v)
 			if err == nil {
-				e := t.carry(old, key, md, share, exp)
-				e.lastDemand = demand
+				e := t.carry(old, key, md, v2.units, v2.expMs)
+				e.lastDemand, e.stamp = v2.demand, v2.stamp
 				m[key] = e
 				continue
 			}
@@ -270,7 +271,7 @@ func (t *Table) Install(hash map[string]string) error {
 	now := time.Now().UnixNano()
 	for {
 		for k, e := range *cur {
-			if o, ok := m[k]; e.local && now < e.expiry && (!ok || o.expiry < e.expiry) {
+			if o, ok := m[k]; e.local && now < e.expiry && (!ok || o.stamp < e.stamp) {
 				m[k] = e
 			}
 		}
@@ -282,10 +283,10 @@ func (t *Table) Install(hash map[string]string) error {
 }
 
 // put installs key's share of md.limit until exp, granted to this daemon
-// by a strict key's renewal, keeping the other entries.
-func (t *Table) put(key string, md meta, share int64, exp time.Time) {
+// by a strict key's renewal with stamp, keeping the other entries.
+func (t *Table) put(key string, md meta, share int64, exp time.Time, stamp int64) {
 	e := t.carry(*t.m.Load(), key, md, share, exp.UnixMilli())
-	e.local = true
+	e.local, e.stamp = true, stamp
 	for {
 		cur := t.m.Load()
 		if o := (*cur)[key]; o != nil && o.limit == md.limit {
@@ -331,28 +332,35 @@ func (t *Table) carry(old map[string]*entry, key string, md meta, share, expMs i
 }
 
 // formatShare is the shares hash's value of share units until exp,
-// granted for demand: "units:expiry_ms:demand".
-func formatShare(units int64, exp time.Time, demand int64) string {
-	return strconv.FormatInt(units, 10) + ":" + strconv.FormatInt(exp.UnixMilli(), 10) + ":" + strconv.FormatInt(demand, 10)
+// granted for demand with stamp (the grant's Stamp):
+// "units:expiry_ms:demand:stamp".
+func formatShare(units int64, exp time.Time, demand, stamp int64) string {
+	return strconv.FormatInt(units, 10) + ":" + strconv.FormatInt(exp.UnixMilli(), 10) + ":" +
+		strconv.FormatInt(demand, 10) + ":" + strconv.FormatInt(stamp, 10)
 }
 
-// parseShare parses a shares hash value; the demand may be left out.
+// shareValue is a parsed shares hash value.
+type shareValue struct{ units, expMs, demand, stamp int64 }
+
+// parseShare parses a shares hash value's units and expiry.
 func parseShare(v string) (units, expMs int64, err error) {
-	units, expMs, _, err = parseShareDemand(v)
-	return units, expMs, err
+	sv, err := parseShareValue(v)
+	return sv.units, sv.expMs, err
 }
 
-// parseShareDemand parses a shares hash value with its demand.
-func parseShareDemand(v string) (units, expMs, demand int64, err error) {
+// parseShareValue parses a shares hash value; the demand and the stamp
+// may be left out (0).
+func parseShareValue(v string) (shareValue, error) {
 	parts := strings.Split(v, ":")
-	if len(parts) < 2 || len(parts) > 3 {
-		return 0, 0, 0, fmt.Errorf("region: share %q: want units:expiry_ms:demand", v)
+	if len(parts) < 2 || len(parts) > 4 {
+		return shareValue{}, fmt.Errorf("region: share %q: want units:expiry_ms:demand:stamp", v)
 	}
-	var nums [3]int64
+	var nums [4]int64
 	for i, p := range parts {
+		var err error
 		if nums[i], err = strconv.ParseInt(p, 10, 64); err != nil || nums[i] < 0 {
-			return 0, 0, 0, fmt.Errorf("region: share %q: want units:expiry_ms:demand", v)
+			return shareValue{}, fmt.Errorf("region: share %q: want units:expiry_ms:demand:stamp", v)
 		}
 	}
-	return nums[0], nums[1], nums[2], nil
+	return shareValue{units: nums[0], expMs: nums[1], demand: nums[2], stamp: nums[3]}, nil
 }
