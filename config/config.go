@@ -285,14 +285,33 @@ func (s *Store) UsesRedis() bool { return len(s.Redis) > 0 }
 // RedisPassword returns Password, or the content of PasswordFile without
 // its trailing newline.
 func (s *Store) RedisPassword() (string, error) {
-	if s.PasswordFile == "" {
-		return s.Password, nil
+	return readPassword("store", s.Password, s.PasswordFile)
+}
+
+// readPassword returns password, or the content of file (section's
+// password_file) without its trailing newline when file is set.
+func readPassword(section, password, file string) (string, error) {
+	if file == "" {
+		return password, nil
 	}
-	b, err := os.ReadFile(s.PasswordFile)
+	b, err := os.ReadFile(file)
 	if err != nil {
-		return "", fmt.Errorf("cannot read store.password_file=%q: %w", s.PasswordFile, err)
+		return "", fmt.Errorf("cannot read %s.password_file=%q: %w", section, file, err)
 	}
 	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// validatePassword checks section's password and password_file: at
+// most one of them, and a file that can be read.
+func validatePassword(p *problems, section, password, file string) {
+	if password != "" && file != "" {
+		p.add("%s.password_file = %q: set either password or password_file, not both", section, file)
+	}
+	if file != "" {
+		if _, err := readPassword(section, password, file); err != nil {
+			p.add("%s.password_file = %q: %v", section, file, errors.Unwrap(err))
+		}
+	}
 }
 
 // Request is the [request] table: how the daemon derives descriptors

@@ -1,7 +1,12 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -43,7 +48,53 @@ type Global struct {
 	Interval Duration `toml:"interval"`
 	// Lease is how long a renewed share holds.
 	Lease Duration `toml:"lease"`
+	// Username is the global store's Redis ACL user; "" means the
+	// default user.
+	Username string `toml:"username"`
+	// Password authenticates to the global store. At most one of
+	// Password and PasswordFile may be set.
+	Password string `toml:"password"`
+	// PasswordFile names a file holding the password; a trailing newline
+	// is ignored.
+	PasswordFile string `toml:"password_file"`
+	// TLS connects to the global store with TLS.
+	TLS bool `toml:"tls"`
+	// TLSCAFile names a PEM file of the certificates that may sign the
+	// global store's; "" means the system's roots.
+	TLSCAFile string `toml:"tls_ca_file"`
+	// TLSServerName is the name the global store's certificate must
+	// carry; "" means the host of the address dialled.
+	TLSServerName string `toml:"tls_server_name"`
 }
+
+// RedisPassword returns Password, or the content of PasswordFile without
+// its trailing newline.
+func (g *Global) RedisPassword() (string, error) {
+	return readPassword("global", g.Password, g.PasswordFile)
+}
+
+// TLSConfig returns the TLS configuration of connections to the global
+// store, or nil without tls = true.
+func (g *Global) TLSConfig() (*tls.Config, error) {
+	if !g.TLS {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: g.TLSServerName}
+	if g.TLSCAFile != "" {
+		pem, err := os.ReadFile(g.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read global.tls_ca_file=%q: %w", g.TLSCAFile, err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("global.tls_ca_file=%q: %w", g.TLSCAFile, errNoPEMCertificate)
+		}
+	}
+	return c, nil
+}
+
+// errNoPEMCertificate is the error of a CA file with no PEM certificate.
+var errNoPEMCertificate = errors.New("no PEM certificate in the file")
 
 // Enabled reports whether the [global] table names a global store.
 func (g *Global) Enabled() bool { return len(g.Redis) > 0 }
@@ -73,6 +124,13 @@ func (g *Global) validate(p *problems) {
 	}
 	if g.Lease <= g.Interval {
 		p.add("global.lease = %q: must be longer than global.interval (%s)", g.Lease, g.Interval)
+	}
+	validatePassword(p, "global", g.Password, g.PasswordFile)
+	if !g.TLS && (g.TLSCAFile != "" || g.TLSServerName != "") {
+		p.add("global.tls = false: tls_ca_file and tls_server_name need tls = true")
+	}
+	if _, err := g.TLSConfig(); err != nil {
+		p.add("%v", err)
 	}
 	if !g.Enabled() {
 		if g.Region != "" || len(g.Regions) > 0 {

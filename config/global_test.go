@@ -1,6 +1,10 @@
 package config
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -60,6 +64,46 @@ func TestGlobalConfigErrors(t *testing.T) {
 		_, err := Parse([]byte(tc.text), "g.toml")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("config %q: error %v, want one containing %q", tc.text, err, tc.want)
+		}
+	}
+}
+
+// TestGlobalAuthAndTLS: [global]'s password, password file and TLS
+// settings are read and checked as [store]'s are: one of password and
+// password_file, a CA file that exists and holds a PEM certificate, and
+// the TLS keys only with tls = true.
+func TestGlobalAuthAndTLS(t *testing.T) {
+	dir := t.TempDir()
+	pw, notPEM := filepath.Join(dir, "pw"), filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	with := func(lines string) string {
+		return strings.Replace(globalBase, `region = "eu"`, "region = \"eu\"\n"+lines, 1)
+	}
+	c, err := Parse([]byte(with(fmt.Sprintf("username = \"rld\"\npassword_file = %q\ntls = true\ntls_server_name = \"global.example\"", pw))), "g.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Global.RedisPassword(); err != nil || got != "s3cret" || c.Global.Username != "rld" {
+		t.Fatalf("password %q (%v), username %q", got, err, c.Global.Username)
+	}
+	if tc, err := c.Global.TLSConfig(); err != nil || tc == nil || tc.ServerName != "global.example" || tc.RootCAs != nil {
+		t.Fatalf("TLS config %+v (%v): want the system's roots and the server name", tc, err)
+	}
+	for _, tc := range []struct{ lines, want string }{
+		{fmt.Sprintf("password = \"x\"\npassword_file = %q", pw), "global.password_file = " + strconv.Quote(pw) + ": set either password or password_file, not both"},
+		{"password_file = \"/nonexistent/pw\"", `global.password_file = "/nonexistent/pw": open /nonexistent/pw: no such file or directory`},
+		{"tls_ca_file = \"/etc/ssl/certs/ca-certificates.crt\"", "tls_ca_file and tls_server_name need tls = true"},
+		{"tls = true\ntls_ca_file = \"/nonexistent/ca.pem\"", `cannot read global.tls_ca_file="/nonexistent/ca.pem"`},
+		{fmt.Sprintf("tls = true\ntls_ca_file = %q", notPEM), "no PEM certificate in the file"},
+	} {
+		_, err := Parse([]byte(with(tc.lines)), "g.toml")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("config with %q: error %v, want one containing %q", tc.lines, err, tc.want)
 		}
 	}
 }

@@ -148,14 +148,7 @@ func (s *Store) validate(p *problems, set func(key string) bool) {
 	if s.MasterSet != "" && s.Mode != RedisSentinel {
 		p.add("store.master_set = %q: only for mode = \"sentinel\", not %q", s.MasterSet, s.Mode)
 	}
-	if s.Password != "" && s.PasswordFile != "" {
-		p.add("store.password_file = %q: set either password or password_file, not both", s.PasswordFile)
-	}
-	if s.PasswordFile != "" {
-		if _, err := s.RedisPassword(); err != nil {
-			p.add("store.password_file = %q: %v", s.PasswordFile, errors.Unwrap(err))
-		}
-	}
+	validatePassword(p, "store", s.Password, s.PasswordFile)
 	if _, err := s.LeaseKey(); err != nil {
 		p.add("%v", err)
 	}

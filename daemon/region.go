@@ -32,7 +32,15 @@ func (d *Daemon) openRegion(cfg *config.Config) error {
 	if sc.Mode == config.RedisSentinel {
 		local.MasterSet = sc.MasterSet
 	}
-	global := region.DialOptions{Addrs: g.Redis, Cluster: g.Mode == config.RedisCluster}
+	gpassword, err := g.RedisPassword()
+	if err != nil {
+		return err
+	}
+	gtls, err := g.TLSConfig()
+	if err != nil {
+		return err
+	}
+	global := region.DialOptions{Addrs: g.Redis, Cluster: g.Mode == config.RedisCluster, Username: g.Username, Password: gpassword, TLS: gtls}
 	r, err := region.New(region.Options{
 		Region:     g.Region,
 		Regions:    g.Regions,
@@ -53,6 +61,6 @@ func (d *Daemon) openRegion(cfg *config.Config) error {
 		}
 		return r.Wrap(inner, cr.DefaultLimit(), cr.FallbackShare)
 	}
-	d.log.Info("global rules enabled", slog.String("region", g.Region), slog.Any("regions", g.Regions), slog.Any("global", g.Redis))
+	d.log.Info("global rules enabled", slog.String("region", g.Region), slog.Any("regions", g.Regions), slog.Any("global", g.Redis), slog.Bool("tls", g.TLS))
 	return nil
 }

@@ -1,6 +1,7 @@
 package region
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,8 @@ type DialOptions struct {
 	MasterSet string
 	// Username and Password authenticate to the Redis servers.
 	Username, Password string
+	// TLS, when set, connects with TLS (a cross-region global store).
+	TLS *tls.Config
 	// Timeout bounds the set-up of a connection and how long a
 	// connection may go without answers (default 1s).
 	Timeout time.Duration
@@ -39,6 +42,7 @@ func Dial(o DialOptions) (rueidis.Client, error) {
 		InitAddress:      o.Addrs,
 		Username:         o.Username,
 		Password:         o.Password,
+		TLSConfig:        o.TLS,
 		ClientName:       "rld-region",
 		Dialer:           net.Dialer{Timeout: o.Timeout},
 		ConnWriteTimeout: o.Timeout,
