@@ -257,11 +257,11 @@ func (t *Table) Install(hash map[string]string) error {
 	for f, v := range hash {
 		md, key, err := parseField(f)
 		if err == nil {
-			var v2 shareValue
-			v2, err = parseShareValue(v)
+			var sv shareValue
+			sv, err = parseShareValue(v)
 			if err == nil {
-				e := t.carry(old, key, md, v2.units, v2.expMs)
-				e.lastDemand, e.stamp = v2.demand, v2.stamp
+				e := t.carry(old, key, md, sv.units, sv.expMs)
+				e.lastDemand, e.stamp = sv.demand, sv.stamp
 				m[key] = e
 				continue
 			}
