@@ -9,6 +9,8 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -219,6 +221,14 @@ type Store struct {
 	// PasswordFile names a file holding the password; a trailing newline
 	// is ignored. It is read when the daemon starts.
 	PasswordFile string `toml:"password_file"`
+	// TLS connects to the Redis servers, and to the sentinels, with TLS.
+	TLS bool `toml:"tls"`
+	// TLSCAFile names a PEM file of the certificates that may sign the
+	// servers'; "" means the system's roots.
+	TLSCAFile string `toml:"tls_ca_file"`
+	// TLSServerName is the name the servers' certificates must carry; ""
+	// means the host of each address dialled.
+	TLSServerName string `toml:"tls_server_name"`
 	// LeaseKeyFile names a file holding the key (16 bytes or more) that
 	// signs the leases of acquires, which release and settle verify. The
 	// daemons of a fleet share one so that any of them, restarted or
@@ -286,6 +296,47 @@ func (s *Store) UsesRedis() bool { return len(s.Redis) > 0 }
 // its trailing newline.
 func (s *Store) RedisPassword() (string, error) {
 	return readPassword("store", s.Password, s.PasswordFile)
+}
+
+// TLSConfig returns the TLS configuration of connections to Redis, or
+// nil without tls = true.
+func (s *Store) TLSConfig() (*tls.Config, error) {
+	return tlsConfig("store", s.TLS, s.TLSCAFile, s.TLSServerName)
+}
+
+// tlsConfig returns the TLS configuration of section's tls, tls_ca_file
+// and tls_server_name: nil when on is false.
+func tlsConfig(section string, on bool, caFile, serverName string) (*tls.Config, error) {
+	if !on {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read %s.tls_ca_file=%q: %w", section, caFile, err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s.tls_ca_file=%q: %w", section, caFile, errNoPEMCertificate)
+		}
+	}
+	return c, nil
+}
+
+// errNoPEMCertificate is the error of a CA file with no PEM certificate.
+var errNoPEMCertificate = errors.New("no PEM certificate in the file")
+
+// validateTLS checks section's tls, tls_ca_file and tls_server_name:
+// the last two only with tls = true, and a CA file that can be read and
+// holds a certificate.
+func validateTLS(p *problems, section string, on bool, caFile, serverName string) {
+	if !on && (caFile != "" || serverName != "") {
+		p.add("%s.tls = false: tls_ca_file and tls_server_name need tls = true", section)
+	}
+	if _, err := tlsConfig(section, on, caFile, serverName); err != nil {
+		p.add("%v", err)
+	}
 }
 
 // readPassword returns password, or the content of file (section's

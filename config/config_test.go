@@ -423,3 +423,35 @@ enforce = "12.5%"
 	assert.Equal(t, "orders: token_bucket 5/1m by api_key match endpoint=~/v1/orders/[0-9]+ cached fail=open enforce=12.5%", c.Rules[0].Summary())
 	assert.Equal(t, 1250, c.Rules[0].EnforceShare())
 }
+
+// TestStoreTLS: store.tls builds a TLS configuration with the CA file's
+// certificates and the server name; the CA file must hold a PEM
+// certificate, and tls_ca_file and tls_server_name need tls = true.
+func TestStoreTLS(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := filepath.Join(dir, "not.pem")
+	require.NoError(t, os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600))
+	const base = "[store]\nredis = [\"127.0.0.1:6380\"]\n"
+	c, err := Parse([]byte(base+"tls = true\ntls_server_name = \"redis.internal\"\n"), "x.toml")
+	require.NoError(t, err)
+	tc, err := c.Store.TLSConfig()
+	require.NoError(t, err)
+	require.NotNil(t, tc)
+	assert.Equal(t, "redis.internal", tc.ServerName)
+	assert.Nil(t, tc.RootCAs, "the system's roots")
+	c, err = Parse([]byte(base), "x.toml")
+	require.NoError(t, err)
+	tc, err = c.Store.TLSConfig()
+	assert.NoError(t, err)
+	assert.Nil(t, tc, "no TLS without tls = true")
+	for _, tt := range []struct{ lines, want string }{
+		{"tls_server_name = \"x\"\n", "store.tls = false: tls_ca_file and tls_server_name need tls = true"},
+		{"tls = true\ntls_ca_file = \"/nonexistent/ca.pem\"\n", `cannot read store.tls_ca_file="/nonexistent/ca.pem"`},
+		{"tls = true\ntls_ca_file = \"" + notPEM + "\"\n", "no PEM certificate in the file"},
+	} {
+		_, err := Parse([]byte(base+tt.lines), "x.toml")
+		if assert.Error(t, err, tt.lines) {
+			assert.Contains(t, err.Error(), tt.want)
+		}
+	}
+}

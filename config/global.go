@@ -2,11 +2,7 @@ package config
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
-	"fmt"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -76,25 +72,8 @@ func (g *Global) RedisPassword() (string, error) {
 // TLSConfig returns the TLS configuration of connections to the global
 // store, or nil without tls = true.
 func (g *Global) TLSConfig() (*tls.Config, error) {
-	if !g.TLS {
-		return nil, nil
-	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: g.TLSServerName}
-	if g.TLSCAFile != "" {
-		pem, err := os.ReadFile(g.TLSCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("cannot read global.tls_ca_file=%q: %w", g.TLSCAFile, err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("global.tls_ca_file=%q: %w", g.TLSCAFile, errNoPEMCertificate)
-		}
-	}
-	return c, nil
+	return tlsConfig("global", g.TLS, g.TLSCAFile, g.TLSServerName)
 }
-
-// errNoPEMCertificate is the error of a CA file with no PEM certificate.
-var errNoPEMCertificate = errors.New("no PEM certificate in the file")
 
 // Enabled reports whether the [global] table names a global store.
 func (g *Global) Enabled() bool { return len(g.Redis) > 0 }
@@ -126,12 +105,7 @@ func (g *Global) validate(p *problems) {
 		p.add("global.lease = %q: must be longer than global.interval (%s)", g.Lease, g.Interval)
 	}
 	validatePassword(p, "global", g.Password, g.PasswordFile)
-	if !g.TLS && (g.TLSCAFile != "" || g.TLSServerName != "") {
-		p.add("global.tls = false: tls_ca_file and tls_server_name need tls = true")
-	}
-	if _, err := g.TLSConfig(); err != nil {
-		p.add("%v", err)
-	}
+	validateTLS(p, "global", g.TLS, g.TLSCAFile, g.TLSServerName)
 	if !g.Enabled() {
 		if g.Region != "" || len(g.Regions) > 0 {
 			p.add("global.redis = []: name the global store, or leave global.region and global.regions out")

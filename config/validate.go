@@ -149,6 +149,7 @@ func (s *Store) validate(p *problems, set func(key string) bool) {
 		p.add("store.master_set = %q: only for mode = \"sentinel\", not %q", s.MasterSet, s.Mode)
 	}
 	validatePassword(p, "store", s.Password, s.PasswordFile)
+	validateTLS(p, "store", s.TLS, s.TLSCAFile, s.TLSServerName)
 	if _, err := s.LeaseKey(); err != nil {
 		p.add("%v", err)
 	}

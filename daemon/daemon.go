@@ -187,9 +187,13 @@ func (d *Daemon) openStore(sc *config.Store) error {
 	if err != nil {
 		return err
 	}
+	tc, err := sc.TLSConfig()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), redisStartTimeout)
 	defer cancel()
-	c, err := redisx.New(ctx, redisOptions(sc, password))
+	c, err := redisx.New(ctx, redisOptions(sc, password, tc))
 	if err != nil {
 		return fmt.Errorf("cannot use store.redis: %w", err)
 	}

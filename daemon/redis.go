@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -48,9 +49,10 @@ type fleet struct {
 }
 
 // redisOptions returns the options of the Redis client that sc
-// describes, authenticating with password.
-func redisOptions(sc *config.Store, password string) redisx.Options {
+// describes, authenticating with password, over TLS with tc when set.
+func redisOptions(sc *config.Store, password string, tc *tls.Config) redisx.Options {
 	return redisx.Options{
+		TLS:       tc,
 		Addrs:     sc.Redis,
 		Mode:      redisx.Mode(sc.Mode),
 		MasterSet: sc.MasterSet,

@@ -28,7 +28,11 @@ func (d *Daemon) openRegion(cfg *config.Config) error {
 		return err
 	}
 	sc := cfg.Store
-	local := region.DialOptions{Addrs: sc.Redis, Cluster: sc.Mode == config.RedisCluster, Username: sc.Username, Password: password}
+	ltls, err := sc.TLSConfig()
+	if err != nil {
+		return err
+	}
+	local := region.DialOptions{Addrs: sc.Redis, Cluster: sc.Mode == config.RedisCluster, Username: sc.Username, Password: password, TLS: ltls}
 	if sc.Mode == config.RedisSentinel {
 		local.MasterSet = sc.MasterSet
 	}

@@ -77,6 +77,9 @@ type Options struct {
 	// Username and Password authenticate to the Redis servers (not to
 	// the sentinels).
 	Username, Password string
+	// TLS, when set, connects to the servers and the sentinels with TLS.
+	// Calls then all go through the pipeline (see takeDirect).
+	TLS *tls.Config
 	// KeyPrefix starts every key the Store writes. Unlike the other
 	// fields, "" is taken as it is: no prefix.
 	KeyPrefix string
@@ -153,6 +156,7 @@ func (o *Options) rueidisOption() rueidis.ClientOption {
 		InitAddress:      o.Addrs,
 		Username:         o.Username,
 		Password:         o.Password,
+		TLSConfig:        o.TLS,
 		ClientName:       "rld",
 		Dialer:           net.Dialer{Timeout: o.DialTimeout},
 		ConnWriteTimeout: o.WriteTimeout,
@@ -171,6 +175,7 @@ func (o *Options) rueidisOption() rueidis.ClientOption {
 	case Sentinel:
 		ro.Sentinel = rueidis.SentinelOption{
 			MasterSet: o.MasterSet,
+			TLSConfig: o.TLS,
 			// Go's default keep-alive, spelled out: it tells a sentinel's
 			// dial from the primary's (Client.dials).
 			Dialer: net.Dialer{Timeout: o.DialTimeout, KeepAliveConfig: net.KeepAliveConfig{
@@ -262,7 +267,7 @@ func New(ctx context.Context, o Options) (*Client, error) {
 	}
 	select {
 	case err := <-first:
-		if isRefusal(err) {
+		if isRefusal(err) || isTLSMismatch(err) {
 			c.Close()
 			if o.Mode == Sentinel && strings.Contains(err.Error(), "unknown command 'SENTINEL'") {
 				return nil, fmt.Errorf("redisx: %s is not a sentinel (it does not know SENTINEL): name the sentinels, or set the mode to standalone: %w", strings.Join(o.Addrs, ","), err)
@@ -279,6 +284,15 @@ func New(ctx context.Context, o Options) (*Client, error) {
 func isRefusal(err error) bool {
 	_, ok := rueidis.IsRedisErr(err)
 	return ok
+}
+
+// isTLSMismatch reports whether err is a TLS handshake that cannot
+// succeed by waiting: a certificate the client does not trust (or that
+// names another server), or a server that does not speak TLS.
+func isTLSMismatch(err error) bool {
+	var cert *tls.CertificateVerificationError
+	var record tls.RecordHeaderError
+	return errors.As(err, &cert) || errors.As(err, &record)
 }
 
 // connectLoop makes the first connection, backing off between tries,
@@ -508,7 +522,8 @@ func (d directClient) B() rueidis.Builder { return d.dc.B() }
 // connection is given back with putDirect.
 func (c *Client) takeDirect() rueidis.Client {
 	d := &c.direct
-	if !peekSupported || c.o.Mode != Standalone || !d.mu.TryLock() {
+	// Not over TLS: the peek sees the socket's bytes, not the records'.
+	if !peekSupported || c.o.Mode != Standalone || c.o.TLS != nil || !d.mu.TryLock() {
 		return nil
 	}
 	if d.dc != nil && d.sock.open() {

@@ -22,7 +22,8 @@ type DialOptions struct {
 	MasterSet string
 	// Username and Password authenticate to the Redis servers.
 	Username, Password string
-	// TLS, when set, connects with TLS (a cross-region global store).
+	// TLS, when set, connects with TLS, to the sentinels too (a
+	// cross-region global store, or a region's Redis that takes TLS).
 	TLS *tls.Config
 	// Timeout bounds the set-up of a connection and how long a
 	// connection may go without answers (default 1s).
@@ -51,7 +52,7 @@ func Dial(o DialOptions) (rueidis.Client, error) {
 	}
 	switch {
 	case o.MasterSet != "":
-		ro.Sentinel = rueidis.SentinelOption{MasterSet: o.MasterSet}
+		ro.Sentinel = rueidis.SentinelOption{MasterSet: o.MasterSet, TLSConfig: o.TLS}
 	case !o.Cluster:
 		ro.ForceSingleClient = true
 	}

@@ -1,0 +1,62 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/rld/rld/client"
+	"github.com/rld/rld/daemon/daemontest"
+	"github.com/rld/rld/redistest"
+	"github.com/rld/rld/region"
+	"github.com/rld/rld/wire"
+)
+
+// TestRedisOverTLS: a daemon whose [store] names a Redis that takes
+// only TLS clients with a password, with tls = true and the CA that
+// signed its certificate, decides every algorithm there, cached and
+// strict, and admits each key's limit exactly; one that trusts another
+// CA does not start, and says why.
+func TestRedisOverTLS(t *testing.T) {
+	t.Parallel()
+	srv, tlsPort := redistest.StandaloneTLS(t)
+	_, err := redistest.Do(srv.Addr, "CONFIG", "SET", "requirepass", "s3cret")
+	require.NoError(t, err)
+	store := func(caFile string) string {
+		return fmt.Sprintf("redis = [%q]\npassword = \"s3cret\"\ntls = true\ntls_ca_file = %q", tlsPort.Addr, caFile)
+	}
+
+	_, err = daemontest.Start(fleetConfig(store(redistest.CAFile(t)), 5, "cached"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cannot use store.redis")
+	assert.Contains(t, err.Error(), "certificate signed by unknown authority")
+
+	for _, mode := range []string{"cached", "strict"} {
+		d, err := daemontest.Start(fleetConfig(store(tlsPort.CAFile), 5, mode))
+		require.NoError(t, err, mode)
+		c := client.New(d.Socket)
+		for _, k := range fleetKinds {
+			allowed := 0
+			for range 8 {
+				r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "tls-" + mode}, {Name: "alg", Value: k.String()}}, 1)
+				require.NoError(t, err)
+				if r.Status == wire.StatusAllowed {
+					allowed++
+				}
+			}
+			assert.Equal(t, 5, allowed, "%s, %s: 8 checks of a limit of 5", mode, k)
+		}
+		c.Close()
+		d.Close()
+	}
+	// The counters are in that Redis (read on its plain port).
+	rc, err := region.Dial(region.DialOptions{Addrs: []string{srv.Addr}, Password: "s3cret"})
+	require.NoError(t, err)
+	defer rc.Close()
+	n, err := rc.Do(context.Background(), rc.B().Dbsize().Build()).AsInt64()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, n, int64(len(fleetKinds)), "counters in the Redis reached over TLS")
+}
