@@ -213,22 +213,8 @@ type Store struct {
 	// MasterSet is the name the sentinels know the primary by (sentinel
 	// mode only, and required there).
 	MasterSet string `toml:"master_set"`
-	// Username is the Redis ACL user; "" means the default user.
-	Username string `toml:"username"`
-	// Password authenticates to Redis (not to the sentinels). At most one
-	// of Password and PasswordFile may be set.
-	Password string `toml:"password"`
-	// PasswordFile names a file holding the password; a trailing newline
-	// is ignored. It is read when the daemon starts.
-	PasswordFile string `toml:"password_file"`
-	// TLS connects to the Redis servers, and to the sentinels, with TLS.
-	TLS bool `toml:"tls"`
-	// TLSCAFile names a PEM file of the certificates that may sign the
-	// servers'; "" means the system's roots.
-	TLSCAFile string `toml:"tls_ca_file"`
-	// TLSServerName is the name the servers' certificates must carry; ""
-	// means the host of each address dialled.
-	TLSServerName string `toml:"tls_server_name"`
+	// RedisAccess holds the credentials and the TLS settings.
+	RedisAccess
 	// LeaseKeyFile names a file holding the key (16 bytes or more) that
 	// signs the leases of acquires, which release and settle verify. The
 	// daemons of a fleet share one so that any of them, restarted or
@@ -294,76 +280,11 @@ func (s *Store) UsesRedis() bool { return len(s.Redis) > 0 }
 
 // RedisPassword returns Password, or the content of PasswordFile without
 // its trailing newline.
-func (s *Store) RedisPassword() (string, error) {
-	return readPassword("store", s.Password, s.PasswordFile)
-}
+func (s *Store) RedisPassword() (string, error) { return s.password("store") }
 
 // TLSConfig returns the TLS configuration of connections to Redis, or
 // nil without tls = true.
-func (s *Store) TLSConfig() (*tls.Config, error) {
-	return tlsConfig("store", s.TLS, s.TLSCAFile, s.TLSServerName)
-}
-
-// tlsConfig returns the TLS configuration of section's tls, tls_ca_file
-// and tls_server_name: nil when on is false.
-func tlsConfig(section string, on bool, caFile, serverName string) (*tls.Config, error) {
-	if !on {
-		return nil, nil
-	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
-	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
-		if err != nil {
-			return nil, fmt.Errorf("cannot read %s.tls_ca_file=%q: %w", section, caFile, err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s.tls_ca_file=%q: %w", section, caFile, errNoPEMCertificate)
-		}
-	}
-	return c, nil
-}
-
-// errNoPEMCertificate is the error of a CA file with no PEM certificate.
-var errNoPEMCertificate = errors.New("no PEM certificate in the file")
-
-// validateTLS checks section's tls, tls_ca_file and tls_server_name:
-// the last two only with tls = true, and a CA file that can be read and
-// holds a certificate.
-func validateTLS(p *problems, section string, on bool, caFile, serverName string) {
-	if !on && (caFile != "" || serverName != "") {
-		p.add("%s.tls = false: tls_ca_file and tls_server_name need tls = true", section)
-	}
-	if _, err := tlsConfig(section, on, caFile, serverName); err != nil {
-		p.add("%v", err)
-	}
-}
-
-// readPassword returns password, or the content of file (section's
-// password_file) without its trailing newline when file is set.
-func readPassword(section, password, file string) (string, error) {
-	if file == "" {
-		return password, nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return "", fmt.Errorf("cannot read %s.password_file=%q: %w", section, file, err)
-	}
-	return strings.TrimRight(string(b), "\r\n"), nil
-}
-
-// validatePassword checks section's password and password_file: at
-// most one of them, and a file that can be read.
-func validatePassword(p *problems, section, password, file string) {
-	if password != "" && file != "" {
-		p.add("%s.password_file = %q: set either password or password_file, not both", section, file)
-	}
-	if file != "" {
-		if _, err := readPassword(section, password, file); err != nil {
-			p.add("%s.password_file = %q: %v", section, file, errors.Unwrap(err))
-		}
-	}
-}
+func (s *Store) TLSConfig() (*tls.Config, error) { return s.tlsConfig("store") }
 
 // Request is the [request] table: how the daemon derives descriptors
 // (ip, method, host, endpoint and Descriptors) from a request's
@@ -760,4 +681,80 @@ func (d Duration) String() string {
 		s = s[:len(s)-2]
 	}
 	return s
+}
+
+// RedisAccess is how rld reaches a Redis deployment: the credentials and
+// the TLS settings that [store] and [global] both take.
+type RedisAccess struct {
+	// Username is the Redis ACL user; "" means the default user.
+	Username string `toml:"username"`
+	// Password authenticates to Redis (not to the sentinels). At most one
+	// of Password and PasswordFile may be set.
+	Password string `toml:"password"`
+	// PasswordFile names a file holding the password; a trailing newline
+	// is ignored. It is read when the daemon starts.
+	PasswordFile string `toml:"password_file"`
+	// TLS connects to the Redis servers, and to the sentinels, with TLS.
+	TLS bool `toml:"tls"`
+	// TLSCAFile names a PEM file of the certificates that may sign the
+	// servers'; "" means the system's roots.
+	TLSCAFile string `toml:"tls_ca_file"`
+	// TLSServerName is the name the servers' certificates must carry; ""
+	// means the host of each address dialled.
+	TLSServerName string `toml:"tls_server_name"`
+}
+
+// password returns Password, or the content of PasswordFile without its
+// trailing newline; section names the table in errors.
+func (a *RedisAccess) password(section string) (string, error) {
+	if a.PasswordFile == "" {
+		return a.Password, nil
+	}
+	b, err := os.ReadFile(a.PasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("cannot read %s.password_file=%q: %w", section, a.PasswordFile, err)
+	}
+	return strings.TrimRight(string(b), "\r\n"), nil
+}
+
+// tlsConfig returns the TLS configuration of a's settings, nil without
+// TLS; section names the table in errors.
+func (a *RedisAccess) tlsConfig(section string) (*tls.Config, error) {
+	if !a.TLS {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: a.TLSServerName}
+	if a.TLSCAFile != "" {
+		pem, err := os.ReadFile(a.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read %s.tls_ca_file=%q: %w", section, a.TLSCAFile, err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s.tls_ca_file=%q: %w", section, a.TLSCAFile, errNoPEMCertificate)
+		}
+	}
+	return c, nil
+}
+
+// errNoPEMCertificate is the error of a CA file with no PEM certificate.
+var errNoPEMCertificate = errors.New("no PEM certificate in the file")
+
+// validate checks a (section's): at most one of password and
+// password_file, a password file that can be read, tls_ca_file and
+// tls_server_name only with tls = true, and a CA file that can be read
+// and holds a certificate.
+func (a *RedisAccess) validate(p *problems, section string) {
+	if a.Password != "" && a.PasswordFile != "" {
+		p.add("%s.password_file = %q: set either password or password_file, not both", section, a.PasswordFile)
+	}
+	if _, err := a.password(section); err != nil {
+		p.add("%s.password_file = %q: %v", section, a.PasswordFile, errors.Unwrap(err))
+	}
+	if !a.TLS && (a.TLSCAFile != "" || a.TLSServerName != "") {
+		p.add("%s.tls = false: tls_ca_file and tls_server_name need tls = true", section)
+	}
+	if _, err := a.tlsConfig(section); err != nil {
+		p.add("%v", err)
+	}
 }

@@ -76,6 +76,15 @@ func tomlKeys(typ reflect.Type) map[string]reflect.StructField {
 	keys := map[string]reflect.StructField{}
 	for i := 0; i < typ.NumField(); i++ {
 		f := typ.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			// An embedded struct's keys are the table's own (as the TOML
+			// decoder takes them), at the index path through it.
+			for k, inner := range tomlKeys(f.Type) {
+				inner.Index = append([]int{i}, inner.Index...)
+				keys[k] = inner
+			}
+			continue
+		}
 		if tag, ok := f.Tag.Lookup("toml"); ok && tag != "-" {
 			keys[strings.Split(tag, ",")[0]] = f
 		}

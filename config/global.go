@@ -44,36 +44,18 @@ type Global struct {
 	Interval Duration `toml:"interval"`
 	// Lease is how long a renewed share holds.
 	Lease Duration `toml:"lease"`
-	// Username is the global store's Redis ACL user; "" means the
-	// default user.
-	Username string `toml:"username"`
-	// Password authenticates to the global store. At most one of
-	// Password and PasswordFile may be set.
-	Password string `toml:"password"`
-	// PasswordFile names a file holding the password; a trailing newline
-	// is ignored.
-	PasswordFile string `toml:"password_file"`
-	// TLS connects to the global store with TLS.
-	TLS bool `toml:"tls"`
-	// TLSCAFile names a PEM file of the certificates that may sign the
-	// global store's; "" means the system's roots.
-	TLSCAFile string `toml:"tls_ca_file"`
-	// TLSServerName is the name the global store's certificate must
-	// carry; "" means the host of the address dialled.
-	TLSServerName string `toml:"tls_server_name"`
+	// RedisAccess holds the global store's credentials and TLS
+	// settings.
+	RedisAccess
 }
 
 // RedisPassword returns Password, or the content of PasswordFile without
 // its trailing newline.
-func (g *Global) RedisPassword() (string, error) {
-	return readPassword("global", g.Password, g.PasswordFile)
-}
+func (g *Global) RedisPassword() (string, error) { return g.password("global") }
 
 // TLSConfig returns the TLS configuration of connections to the global
 // store, or nil without tls = true.
-func (g *Global) TLSConfig() (*tls.Config, error) {
-	return tlsConfig("global", g.TLS, g.TLSCAFile, g.TLSServerName)
-}
+func (g *Global) TLSConfig() (*tls.Config, error) { return g.tlsConfig("global") }
 
 // Enabled reports whether the [global] table names a global store.
 func (g *Global) Enabled() bool { return len(g.Redis) > 0 }
@@ -104,8 +86,7 @@ func (g *Global) validate(p *problems) {
 	if g.Lease <= g.Interval {
 		p.add("global.lease = %q: must be longer than global.interval (%s)", g.Lease, g.Interval)
 	}
-	validatePassword(p, "global", g.Password, g.PasswordFile)
-	validateTLS(p, "global", g.TLS, g.TLSCAFile, g.TLSServerName)
+	g.RedisAccess.validate(p, "global")
 	if !g.Enabled() {
 		if g.Region != "" || len(g.Regions) > 0 {
 			p.add("global.redis = []: name the global store, or leave global.region and global.regions out")

@@ -148,8 +148,7 @@ func (s *Store) validate(p *problems, set func(key string) bool) {
 	if s.MasterSet != "" && s.Mode != RedisSentinel {
 		p.add("store.master_set = %q: only for mode = \"sentinel\", not %q", s.MasterSet, s.Mode)
 	}
-	validatePassword(p, "store", s.Password, s.PasswordFile)
-	validateTLS(p, "store", s.TLS, s.TLSCAFile, s.TLSServerName)
+	s.RedisAccess.validate(p, "store")
 	if _, err := s.LeaseKey(); err != nil {
 		p.add("%v", err)
 	}
