@@ -317,9 +317,11 @@ func (r *Region) wants(demand map[string]int64, shares map[string]string, now ti
 // project returns the demand per period measured now for field f,
 // projected along its trend since the last pass. A key's share is in
 // force from about half an interval after its demand's window to one and
-// a half after: a rising demand is projected to the end of that span,
-// now + 2 × (now − last) (at most 3 × now), a falling one to its start,
-// now + (now − last), but to no less than now/2. A change of at most
+// a half after: a demand is projected to the end of that span, now + 2 ×
+// (now − last) (rising: at most 3 × now; falling: at least now/2, so
+// that the units a falling region will not use are free for a rising
+// one a renewal sooner, its headroom and its bucket's level covering a
+// fall that stops). A change of at most
 // noise (the demand of two checks in the interval: a small key's count
 // moves by that much at a steady rate) is no trend, and a larger one is
 // projected less noise. It records now in last.
@@ -333,7 +335,7 @@ func project(now, noise int64, last map[string]int64, f string) int64 {
 	case d > noise:
 		return now + 2*(d-noise)
 	case d < -noise:
-		return max(now+d+noise, now/2)
+		return max(now+2*(d+noise), now/2)
 	}
 	return now
 }

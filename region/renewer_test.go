@@ -61,7 +61,7 @@ func TestProjectFollowsTheTrend(t *testing.T) {
 	}{
 		{100, 0, 100, "first sight: no trend"},
 		{150, 0, 250, "rising by 50: two more intervals of it"},
-		{100, 0, 50, "falling by 50: one more interval of it"},
+		{100, 0, 50, "falling by 50: two more intervals of it, at least half the measure"},
 		{60, 0, 30, "falling fast: at least half the measure"},
 		{600, 0, 1680, "jumping: two more intervals of the rise"},
 		{0, 0, 0, "idle"},
@@ -69,7 +69,9 @@ func TestProjectFollowsTheTrend(t *testing.T) {
 		{20, 10, 20, "up by the noise: no trend"},
 		{10, 10, 10, "down by the noise: no trend"},
 		{40, 10, 80, "rising by 30: two more intervals of it less the noise"},
-		{10, 10, 5, "falling by 30: the measure less the fall beyond the noise, at least half of it"},
+		{10, 10, 5, "falling by 30: two more intervals of the fall beyond the noise, at least half the measure"},
+		{100, 10, 260, "rising by 90: two more intervals of it less the noise"},
+		{80, 10, 60, "falling by 20: two more intervals of it less the noise"},
 	} {
 		if got := project(c.now, c.noise, last, "f"); got != c.want {
 			t.Fatalf("project(%d, %d) = %d, want %d (%s)", c.now, c.noise, got, c.want, c.why)
