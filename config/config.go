@@ -278,13 +278,10 @@ func (s *Store) LeaseKey() ([]byte, error) {
 // store.
 func (s *Store) UsesRedis() bool { return len(s.Redis) > 0 }
 
-// RedisPassword returns Password, or the content of PasswordFile without
-// its trailing newline.
-func (s *Store) RedisPassword() (string, error) { return s.password("store") }
-
-// TLSConfig returns the TLS configuration of connections to Redis, or
-// nil without tls = true.
-func (s *Store) TLSConfig() (*tls.Config, error) { return s.tlsConfig("store") }
+// Credentials returns the password (Password, or the content of
+// PasswordFile without its trailing newline) and the TLS configuration
+// (nil without tls = true) of connections to Redis.
+func (s *Store) Credentials() (string, *tls.Config, error) { return s.credentials("store") }
 
 // Request is the [request] table: how the daemon derives descriptors
 // (ip, method, host, endpoint and Descriptors) from a request's
@@ -702,6 +699,17 @@ type RedisAccess struct {
 	// TLSServerName is the name the servers' certificates must carry; ""
 	// means the host of each address dialled.
 	TLSServerName string `toml:"tls_server_name"`
+}
+
+// credentials returns a's password and TLS configuration (see password
+// and tlsConfig); section names the table in errors.
+func (a *RedisAccess) credentials(section string) (string, *tls.Config, error) {
+	pw, err := a.password(section)
+	if err != nil {
+		return "", nil, err
+	}
+	tc, err := a.tlsConfig(section)
+	return pw, tc, err
 }
 
 // password returns Password, or the content of PasswordFile without its

@@ -94,7 +94,7 @@ breaker_cooldown = "100ms"
 	assert.Equal(t, "mymaster", c.Store.MasterSet)
 	assert.Equal(t, "limits:", c.Store.KeyPrefix)
 	assert.Equal(t, 20*time.Millisecond, time.Duration(c.Store.Timeout))
-	pw, err := c.Store.RedisPassword()
+	pw, _, err := c.Store.Credentials()
 	require.NoError(t, err)
 	assert.Equal(t, "secret", pw)
 
@@ -118,7 +118,7 @@ breaker_cooldown = "100ms"
 	require.NoError(t, os.WriteFile(pwFile, []byte("from-file\n"), 0o600))
 	c, err = Parse([]byte("[store]\nredis = [\"127.0.0.1:6379\"]\nmode = \"cluster\"\npassword_file = \""+pwFile+"\"\n"), "x.toml")
 	require.NoError(t, err)
-	pw, err = c.Store.RedisPassword()
+	pw, _, err = c.Store.Credentials()
 	require.NoError(t, err)
 	assert.Equal(t, "from-file", pw, "trailing newline dropped")
 }
@@ -434,14 +434,14 @@ func TestStoreTLS(t *testing.T) {
 	const base = "[store]\nredis = [\"127.0.0.1:6380\"]\n"
 	c, err := Parse([]byte(base+"tls = true\ntls_server_name = \"redis.internal\"\n"), "x.toml")
 	require.NoError(t, err)
-	tc, err := c.Store.TLSConfig()
+	_, tc, err := c.Store.Credentials()
 	require.NoError(t, err)
 	require.NotNil(t, tc)
 	assert.Equal(t, "redis.internal", tc.ServerName)
 	assert.Nil(t, tc.RootCAs, "the system's roots")
 	c, err = Parse([]byte(base), "x.toml")
 	require.NoError(t, err)
-	tc, err = c.Store.TLSConfig()
+	_, tc, err = c.Store.Credentials()
 	assert.NoError(t, err)
 	assert.Nil(t, tc, "no TLS without tls = true")
 	for _, tt := range []struct{ lines, want string }{

@@ -49,13 +49,9 @@ type Global struct {
 	RedisAccess
 }
 
-// RedisPassword returns Password, or the content of PasswordFile without
-// its trailing newline.
-func (g *Global) RedisPassword() (string, error) { return g.password("global") }
-
-// TLSConfig returns the TLS configuration of connections to the global
-// store, or nil without tls = true.
-func (g *Global) TLSConfig() (*tls.Config, error) { return g.tlsConfig("global") }
+// Credentials returns the password and the TLS configuration (nil
+// without tls = true) of connections to the global store.
+func (g *Global) Credentials() (string, *tls.Config, error) { return g.credentials("global") }
 
 // Enabled reports whether the [global] table names a global store.
 func (g *Global) Enabled() bool { return len(g.Redis) > 0 }

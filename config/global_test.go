@@ -88,10 +88,10 @@ func TestGlobalAuthAndTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := c.Global.RedisPassword(); err != nil || got != "s3cret" || c.Global.Username != "rld" {
+	if got, _, err := c.Global.Credentials(); err != nil || got != "s3cret" || c.Global.Username != "rld" {
 		t.Fatalf("password %q (%v), username %q", got, err, c.Global.Username)
 	}
-	if tc, err := c.Global.TLSConfig(); err != nil || tc == nil || tc.ServerName != "global.example" || tc.RootCAs != nil {
+	if _, tc, err := c.Global.Credentials(); err != nil || tc == nil || tc.ServerName != "global.example" || tc.RootCAs != nil {
 		t.Fatalf("TLS config %+v (%v): want the system's roots and the server name", tc, err)
 	}
 	for _, tc := range []struct{ lines, want string }{

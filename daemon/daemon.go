@@ -183,11 +183,7 @@ func (d *Daemon) openStore(sc *config.Store) error {
 		d.stores = policy.Stores{Cached: d.mem}
 		return nil
 	}
-	password, err := sc.RedisPassword()
-	if err != nil {
-		return err
-	}
-	tc, err := sc.TLSConfig()
+	password, tc, err := sc.Credentials()
 	if err != nil {
 		return err
 	}
@@ -213,6 +209,7 @@ func (d *Daemon) openStore(sc *config.Store) error {
 	d.redis = c
 	d.tops = redisx.NewTops(c)
 	d.fleet = newFleet(c, sc)
+	d.fleet.password, d.fleet.tls = password, tc
 	d.stores = d.fleet.stores()
 	return nil
 }

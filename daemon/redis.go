@@ -43,6 +43,10 @@ type fleet struct {
 	recalls  *redisx.Recalls
 	fallback *policy.Fallback
 	id       string
+	// password and tls are the store's credentials, as read at start
+	// (the region's connections to the same Redis use them).
+	password string
+	tls      *tls.Config
 	peers    atomic.Int64 // live daemons at the last heartbeat (1 until known)
 	stop     context.CancelFunc
 	done     sync.WaitGroup

@@ -23,24 +23,13 @@ func (d *Daemon) openRegion(cfg *config.Config) error {
 	if !cfg.Store.UsesRedis() || d.fleet == nil {
 		return errors.New("config: [global] needs store.redis: each region decides on its own Redis")
 	}
-	password, err := cfg.Store.RedisPassword()
-	if err != nil {
-		return err
-	}
 	sc := cfg.Store
-	ltls, err := sc.TLSConfig()
-	if err != nil {
-		return err
-	}
-	local := region.DialOptions{Addrs: sc.Redis, Cluster: sc.Mode == config.RedisCluster, Username: sc.Username, Password: password, TLS: ltls}
+	local := region.DialOptions{Addrs: sc.Redis, Cluster: sc.Mode == config.RedisCluster, Username: sc.Username,
+		Password: d.fleet.password, TLS: d.fleet.tls}
 	if sc.Mode == config.RedisSentinel {
 		local.MasterSet = sc.MasterSet
 	}
-	gpassword, err := g.RedisPassword()
-	if err != nil {
-		return err
-	}
-	gtls, err := g.TLSConfig()
+	gpassword, gtls, err := g.Credentials()
 	if err != nil {
 		return err
 	}
