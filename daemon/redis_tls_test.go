@@ -60,3 +60,44 @@ func TestRedisOverTLS(t *testing.T) {
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, n, int64(len(fleetKinds)), "counters in the Redis reached over TLS")
 }
+
+// TestRedisClusterOverTLS: a daemon whose [store] names the TLS ports of
+// a Cluster (bus and replication over TLS too, whose CLUSTER SHARDS
+// names each node's plain port beside its TLS port) decides every
+// algorithm there, cached and strict, and admits each key's limit
+// exactly; its counters are spread over the three primaries.
+func TestRedisClusterOverTLS(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, redistest.ClusterTLS())
+	store := fmt.Sprintf("redis = [%s]\nmode = \"cluster\"\ntls = true\ntls_ca_file = %q", quotedList(cl.TLSAddrs()), cl.CAFile)
+	for _, mode := range []string{"cached", "strict"} {
+		d, err := daemontest.Start(fleetConfig(store, 5, mode))
+		require.NoError(t, err, mode)
+		c := client.New(d.Socket)
+		for i, k := range fleetKinds {
+			for key := range 3 {
+				allowed := 0
+				for range 8 {
+					r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: fmt.Sprintf("tls-%s-%d-%d", mode, i, key)}, {Name: "alg", Value: k.String()}}, 1)
+					require.NoError(t, err)
+					if r.Status == wire.StatusAllowed {
+						allowed++
+					}
+				}
+				assert.Equal(t, 5, allowed, "%s, %s: 8 checks of a limit of 5", mode, k)
+			}
+		}
+		c.Close()
+		d.Close()
+	}
+	// The counters are on the primaries (read on their plain ports).
+	spread := 0
+	for _, p := range cl.Primaries() {
+		n, err := redistest.Do(p.Addr, "DBSIZE")
+		require.NoError(t, err)
+		if n != "0" {
+			spread++
+		}
+	}
+	assert.Equal(t, 3, spread, "primaries holding counters")
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -54,6 +55,8 @@ type ClusterOption func(*clusterConfig)
 
 type clusterConfig struct {
 	partialCoverage bool
+	tls             bool
+	tlsFiles        tlsFiles // set by StartCluster when tls
 	extra           []string
 }
 
@@ -62,6 +65,14 @@ type clusterConfig struct {
 // fail, instead of the whole cluster answering CLUSTERDOWN.
 func AllowPartialCoverage() ClusterOption {
 	return func(c *clusterConfig) { c.partialCoverage = true }
+}
+
+// ClusterTLS starts the nodes with TLS as well, as StandaloneTLS does
+// (each node's TLS port is in its TLSAddr, the CA in Cluster.CAFile),
+// with the cluster bus and replication over TLS. The plain ports stay
+// open, for the test's own reads; CLUSTER SHARDS names both ports.
+func ClusterTLS() ClusterOption {
+	return func(c *clusterConfig) { c.tls = true }
 }
 
 // NodeArgs adds redis-server arguments to every node.
@@ -77,6 +88,9 @@ func (c *clusterConfig) nodeArgs(port int, dir string) []string {
 	if c.partialCoverage {
 		args = append(args, "--cluster-require-full-coverage", "no")
 	}
+	if c.tls {
+		args = append(append(args, c.tlsFiles.args(port+1)...), "--tls-cluster", "yes", "--tls-replication", "yes")
+	}
 	return append(args, c.extra...)
 }
 
@@ -88,6 +102,10 @@ type Cluster struct {
 	nodes  []*Server
 	byPort map[int]*Server
 	dir    string // holds the log of redis-cli --cluster create
+
+	// CAFile is the PEM file of the CA that signed the nodes'
+	// certificates, with ClusterTLS; else "".
+	CAFile string
 
 	mu   sync.Mutex
 	topo *topology // guarded by mu
@@ -105,6 +123,10 @@ func StartCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 		o(&cfg)
 	}
 	c := &Cluster{dir: t.TempDir(), byPort: make(map[int]*Server)}
+	if cfg.tls {
+		cfg.tlsFiles = writeTLSFiles(t)
+		c.CAFile = cfg.tlsFiles.ca
+	}
 	for range clusterPrimaries * (1 + clusterReplicas) {
 		s := &Server{Dir: t.TempDir()}
 		t.Cleanup(s.Kill)
@@ -125,6 +147,9 @@ func StartCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 	}
 	for _, s := range c.nodes {
 		c.byPort[s.Port] = s
+		if cfg.tls {
+			s.TLSAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port+1))
+		}
 	}
 	c.create(t)
 	poll(t, "the cluster to be ready", c.checkReady, c.nodes...)
@@ -273,6 +298,16 @@ func (c *Cluster) Addrs() []string {
 	addrs := make([]string, len(c.nodes))
 	for i, s := range c.nodes {
 		addrs[i] = s.Addr
+	}
+	return addrs
+}
+
+// TLSAddrs returns the TLS addresses of all six nodes (see ClusterTLS),
+// in the order of Addrs.
+func (c *Cluster) TLSAddrs() []string {
+	addrs := make([]string, len(c.nodes))
+	for i, s := range c.nodes {
+		addrs[i] = s.TLSAddr
 	}
 	return addrs
 }

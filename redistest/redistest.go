@@ -52,6 +52,9 @@ type Server struct {
 	// Dir is the server's working directory; its output goes to redis.log
 	// there.
 	Dir string
+	// TLSAddr is host:port of the server's TLS port, "" when it serves
+	// no TLS (see StandaloneTLS and ClusterTLS).
+	TLSAddr string
 
 	args []string
 	cmd  *exec.Cmd

@@ -31,33 +31,53 @@ type TLSPort struct {
 // open, for the test's own reads.
 func StandaloneTLS(t testing.TB, extra ...string) (*Server, TLSPort) {
 	t.Helper()
-	dir := t.TempDir()
-	ca, caKey := certificate(t, nil, nil, "rld test CA")
-	srv, srvKey := certificate(t, ca, caKey, "127.0.0.1")
-	files := map[string][]byte{
-		"ca.pem":   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}),
-		"cert.pem": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Raw}),
-		"key.pem":  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: marshalKey(t, srvKey)}),
-	}
-	for name, b := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	files := writeTLSFiles(t)
 	s := &Server{Dir: t.TempDir()}
 	t.Cleanup(s.Kill)
 	// The TLS port is the next one (spawn finds both free).
 	err := s.spawn(1, func(port int) ([]string, error) {
-		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", s.Dir,
-			"--tls-port", strconv.Itoa(port + 1),
-			"--tls-cert-file", filepath.Join(dir, "cert.pem"), "--tls-key-file", filepath.Join(dir, "key.pem"),
-			"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "no"}, extra...), nil
+		return append(append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", s.Dir}, files.args(port+1)...), extra...), nil
 	})
 	if err != nil {
 		t.Fatalf("redistest: standalone with TLS: %v", err)
 	}
-	return s, TLSPort{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port+1)), CAFile: filepath.Join(dir, "ca.pem")}
+	s.TLSAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port+1))
+	return s, TLSPort{Addr: s.TLSAddr, CAFile: files.ca}
+}
+
+// tlsFiles names the PEM files of a server's TLS: the CA that signed the
+// certificate, the certificate (for 127.0.0.1 and localhost, good for a
+// server and for a client, as a Cluster's nodes dial each other's bus
+// with it) and its key.
+type tlsFiles struct{ ca, cert, key string }
+
+// writeTLSFiles makes a CA and a certificate it signed, and writes them
+// to a directory of the test.
+func writeTLSFiles(t testing.TB) tlsFiles {
+	t.Helper()
+	dir := t.TempDir()
+	ca, caKey := certificate(t, nil, nil, "rld test CA")
+	srv, srvKey := certificate(t, ca, caKey, "127.0.0.1")
+	f := tlsFiles{ca: filepath.Join(dir, "ca.pem"), cert: filepath.Join(dir, "cert.pem"), key: filepath.Join(dir, "key.pem")}
+	for path, b := range map[string][]byte{
+		f.ca:   pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw}),
+		f.cert: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Raw}),
+		f.key:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: marshalKey(t, srvKey)}),
+	} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return f
+}
+
+// args are the redis-server arguments that serve TLS on port with f;
+// clients need no certificate.
+func (f tlsFiles) args(port int) []string {
+	return []string{"--tls-port", strconv.Itoa(port),
+		"--tls-cert-file", f.cert, "--tls-key-file", f.key,
+		"--tls-ca-cert-file", f.ca, "--tls-auth-clients", "no"}
 }
 
 // CAFile writes a PEM file of a CA made for the test, which signed no
@@ -96,7 +116,7 @@ func certificate(t testing.TB, parent *x509.Certificate, parentKey *ecdsa.Privat
 		parent, parentKey = tmpl, key
 	} else {
 		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
 		tmpl.DNSNames = []string{"localhost"}
 	}

@@ -75,6 +75,7 @@ func newGuard(o Options) *guard {
 		empty := map[string]*breaker.Breaker{}
 		g.nodes.Store(&empty)
 		g.slots.attach = g.attach
+		g.slots.tls = o.TLS != nil
 	}
 	return g
 }

@@ -27,6 +27,9 @@ type slotMap struct {
 	// before the table is used: the Client gives each primary its
 	// breaker there.
 	attach func(*slotTable)
+	// tls names each primary by its TLS port, as rueidis does when it
+	// connects with TLS.
+	tls bool
 }
 
 // slotTable is one refresh's view: owner[slot] is 1 + the index in addrs
@@ -99,7 +102,7 @@ func (m *slotMap) refresh(ctx context.Context, c rueidis.Client) error {
 	var errs []error
 	nodes := c.Nodes()
 	for addr, node := range nodes { // in random order
-		t, err := fetchSlots(ctx, node, addr)
+		t, err := fetchSlots(ctx, node, addr, m.tls)
 		if err == nil {
 			t.node, t.at = make([]rueidis.Client, len(t.addrs)), time.Now().UnixNano()
 			for i, a := range t.addrs {
@@ -123,11 +126,12 @@ func (m *slotMap) refresh(ctx context.Context, c rueidis.Client) error {
 }
 
 // fetchSlots asks node, whose address is addr, for CLUSTER SHARDS and,
-// when it does not know the command, CLUSTER SLOTS.
-func fetchSlots(ctx context.Context, node rueidis.Client, addr string) (*slotTable, error) {
+// when it does not know the command, CLUSTER SLOTS; with tls, the
+// primaries are named by their TLS ports (see parseShards).
+func fetchSlots(ctx context.Context, node rueidis.Client, addr string, tls bool) (*slotTable, error) {
 	shards, err := node.Do(ctx, node.B().ClusterShards().Build()).ToArray()
 	if err == nil {
-		return parseShards(shards, addr)
+		return parseShards(shards, addr, tls)
 	}
 	if re, ok := rueidis.IsRedisErr(err); !ok || !strings.HasPrefix(re.Error(), "ERR unknown") {
 		return nil, fmt.Errorf("CLUSTER SHARDS: %w", err)
@@ -168,8 +172,9 @@ func (b *tableBuilder) add(first, last int64, primary string) error {
 // parseShards reads a CLUSTER SHARDS reply from the node at addr. A
 // shard's primary is its node with role "master" and health "online"; a
 // shard without one (its primary failed, no replica promoted yet) leaves
-// its slots unknown.
-func parseShards(shards []rueidis.RedisMessage, addr string) (*slotTable, error) {
+// its slots unknown. A node serving both plain and TLS clients is named
+// by its TLS port when tls is set, else by its plain port.
+func parseShards(shards []rueidis.RedisMessage, addr string, tls bool) (*slotTable, error) {
 	var b tableBuilder
 	for _, sv := range shards {
 		shard, err := sv.AsMap()
@@ -197,9 +202,13 @@ func parseShards(shards []rueidis.RedisMessage, addr string) (*slotTable, error)
 				continue
 			}
 			portMsg, tlsPortMsg := n["port"], n["tls-port"]
-			port, err := portMsg.AsInt64()
-			if err != nil { // a TLS-only node
-				port, err = tlsPortMsg.AsInt64()
+			first, second := portMsg, tlsPortMsg
+			if tls {
+				first, second = tlsPortMsg, portMsg
+			}
+			port, err := first.AsInt64()
+			if err != nil { // a node with one port
+				port, err = second.AsInt64()
 			}
 			if err != nil {
 				return nil, fmt.Errorf("node %s: no port: %w", str("id"), err)

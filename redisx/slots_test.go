@@ -2,7 +2,10 @@ package redisx
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -97,6 +100,39 @@ func checkSlotMap(t *testing.T, m *slotMap, c *redistest.Cluster, rc rueidis.Cli
 	known := rc.Nodes()
 	for _, n := range nodes {
 		assert.Contains(t, known, n, "rueidis names the node %s the same", n)
+	}
+}
+
+// TestSlotMapTLS: over TLS, the slot map names each primary by its TLS
+// port, as rueidis does, though CLUSTER SHARDS names its plain port too;
+// without TLS, by its plain port.
+func TestSlotMapTLS(t *testing.T) {
+	c := redistest.StartCluster(t, redistest.ClusterTLS())
+	pem, err := os.ReadFile(c.CAFile)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(pem))
+	o, err := Options{Addrs: c.TLSAddrs()[:1], Mode: Cluster, DialTimeout: time.Second,
+		TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}.withDefaults()
+	require.NoError(t, err)
+	rc, err := rueidis.NewClient(o.rueidisOption())
+	require.NoError(t, err)
+	t.Cleanup(rc.Close)
+
+	m := slotMap{tls: true}
+	require.NoError(t, m.refresh(context.Background(), rc))
+	known := rc.Nodes()
+	for s := range uint16(keyslot.Count) {
+		require.Equal(t, c.PrimaryForSlot(int(s)).TLSAddr, m.node(s), "slot %d", s)
+	}
+	for _, n := range m.nodes() {
+		assert.Contains(t, known, n, "rueidis names the node %s the same", n)
+	}
+
+	plain := slotMap{}
+	require.NoError(t, plain.refresh(context.Background(), rc))
+	for s := range uint16(keyslot.Count) {
+		require.Equal(t, c.PrimaryForSlot(int(s)).Addr, plain.node(s), "slot %d without TLS", s)
 	}
 }
 
