@@ -101,3 +101,36 @@ func TestRedisClusterOverTLS(t *testing.T) {
 	}
 	assert.Equal(t, 3, spread, "primaries holding counters")
 }
+
+// TestRedisSentinelOverTLS: a daemon whose [store] names sentinels that
+// serve TLS, monitoring a primary and a replica that replicate over TLS,
+// decides every algorithm on the primary, cached and strict, and admits
+// each key's limit exactly.
+func TestRedisSentinelOverTLS(t *testing.T) {
+	t.Parallel()
+	g := redistest.StartSentinel(t, redistest.SentinelTLS())
+	store := fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q\ntls = true\ntls_ca_file = %q",
+		quotedList(g.SentinelAddrs()), g.MasterSet, g.CAFile)
+	for _, mode := range []string{"cached", "strict"} {
+		d, err := daemontest.Start(fleetConfig(store, 5, mode))
+		require.NoError(t, err, mode)
+		c := client.New(d.Socket)
+		for _, k := range fleetKinds {
+			allowed := 0
+			for range 8 {
+				r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "tls-" + mode}, {Name: "alg", Value: k.String()}}, 1)
+				require.NoError(t, err)
+				if r.Status == wire.StatusAllowed {
+					allowed++
+				}
+			}
+			assert.Equal(t, 5, allowed, "%s, %s: 8 checks of a limit of 5", mode, k)
+		}
+		c.Close()
+		d.Close()
+	}
+	// The counters are on the primary (read on its plain port).
+	n, err := redistest.Do(g.Primary().Addr, "DBSIZE")
+	require.NoError(t, err)
+	assert.NotEqual(t, "0", n, "counters on the primary")
+}

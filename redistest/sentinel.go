@@ -28,33 +28,60 @@ type Sentinel struct {
 	MasterSet string
 
 	sentinels []*Server
+	tls       *tlsFiles // with SentinelTLS
+
+	// CAFile is the PEM file of the CA that signed the servers' and the
+	// sentinels' certificates, with SentinelTLS; else "".
+	CAFile string
 
 	mu      sync.Mutex
 	primary *Server // guarded by mu
 	replica *Server // guarded by mu
 }
 
+// SentinelOption changes how StartSentinel starts a group.
+type SentinelOption func(*Sentinel)
+
+// SentinelTLS starts the servers and the sentinels with TLS as well, as
+// StandaloneTLS does (each one's TLS port in its TLSAddr, the CA in
+// Sentinel.CAFile): the replica replicates over TLS, and the sentinels
+// monitor the servers, announce themselves and report the primary on
+// their TLS ports. The plain ports stay open, for the test's own reads.
+func SentinelTLS() SentinelOption {
+	return func(g *Sentinel) { g.tls = &tlsFiles{} }
+}
+
 // StartSentinel starts a primary, a replica of it and three sentinels, and
 // waits until the replica is in sync and every sentinel reports the
 // primary as master and knows the replica and the other two sentinels.
 // The processes are killed when t ends.
-func StartSentinel(t testing.TB) *Sentinel {
+func StartSentinel(t testing.TB, opts ...SentinelOption) *Sentinel {
 	t.Helper()
 	g := &Sentinel{MasterSet: masterSet}
+	for _, o := range opts {
+		o(g)
+	}
+	offset := 0
+	if g.tls != nil {
+		*g.tls, offset = writeTLSFiles(t), 1 // the TLS port is the next one
+		g.CAFile = g.tls.ca
+	}
 	g.primary, g.replica = &Server{Dir: t.TempDir()}, &Server{Dir: t.TempDir()}
 	t.Cleanup(g.primary.Kill)
 	t.Cleanup(g.replica.Kill)
 	dataArgs := func(s *Server, extra ...string) func(int) ([]string, error) {
 		return func(port int) ([]string, error) {
-			return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+			return append(append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 				"--save", "", "--appendonly", "no", "--dir", s.Dir,
-				"--repl-diskless-sync-delay", "0"}, extra...), nil
+				"--repl-diskless-sync-delay", "0"}, g.tlsArgs(port)...), extra...), nil
 		}
 	}
-	if err := g.primary.spawn(0, dataArgs(g.primary)); err != nil {
+	if err := g.primary.spawn(offset, dataArgs(g.primary)); err != nil {
 		t.Fatalf("redistest: sentinel primary: %v", err)
 	}
-	err := g.replica.spawn(0, dataArgs(g.replica, "--replicaof", "127.0.0.1", strconv.Itoa(g.primary.Port)))
+	g.setTLSAddr(g.primary)
+	err := g.replica.spawn(offset, dataArgs(g.replica, "--replicaof", "127.0.0.1", strconv.Itoa(g.port(g.primary))))
+	g.setTLSAddr(g.replica)
 	if err != nil {
 		t.Fatalf("redistest: sentinel replica: %v", err)
 	}
@@ -70,9 +97,12 @@ func StartSentinel(t testing.TB) *Sentinel {
 	errs := make([]error, sentinelCount)
 	var wg sync.WaitGroup
 	for i, s := range g.sentinels {
-		wg.Go(func() { errs[i] = s.spawn(0, g.sentinelArgs(s)) })
+		wg.Go(func() { errs[i] = s.spawn(offset, g.sentinelArgs(s)) })
 	}
 	wg.Wait()
+	for _, s := range g.sentinels {
+		g.setTLSAddr(s)
+	}
 	if err := errors.Join(errs...); err != nil {
 		t.Fatalf("redistest: sentinel: %v", err)
 	}
@@ -93,7 +123,13 @@ sentinel monitor %s 127.0.0.1 %d %d
 sentinel down-after-milliseconds %[3]s 1000
 sentinel failover-timeout %[3]s 3000
 sentinel parallel-syncs %[3]s 1
-`, port, s.Dir, g.MasterSet, g.primary.Port, sentinelQuorum)
+`, port, s.Dir, g.MasterSet, g.port(g.primary), sentinelQuorum)
+		if g.tls != nil {
+			a := g.tlsArgs(port)
+			for i := 0; i < len(a); i += 2 {
+				text += a[i][2:] + " " + a[i+1] + "\n"
+			}
+		}
 		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 			return nil, err
 		}
@@ -160,10 +196,43 @@ func (g *Sentinel) checkMaster(s, want *Server) error {
 	if !ok || len(a) != 2 {
 		return fmt.Errorf("sentinel %s: master address reply %v", s.Addr, reply)
 	}
-	if got := net.JoinHostPort(text(a[0]), text(a[1])); got != want.Addr {
-		return fmt.Errorf("sentinel %s reports master %s, want %s", s.Addr, got, want.Addr)
+	if got := net.JoinHostPort(text(a[0]), text(a[1])); got != g.addr(want) {
+		return fmt.Errorf("sentinel %s reports master %s, want %s", s.Addr, got, g.addr(want))
 	}
 	return nil
+}
+
+// tlsArgs are the arguments that serve TLS on the port after port, and
+// replicate and monitor over TLS, with SentinelTLS; else none.
+func (g *Sentinel) tlsArgs(port int) []string {
+	if g.tls == nil {
+		return nil
+	}
+	return append(g.tls.args(port+1), "--tls-replication", "yes")
+}
+
+// setTLSAddr sets s's TLSAddr, with SentinelTLS.
+func (g *Sentinel) setTLSAddr(s *Server) {
+	if g.tls != nil && s.Port != 0 {
+		s.TLSAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port+1))
+	}
+}
+
+// addr is the address s is known by to the sentinels and their clients:
+// its TLS address with SentinelTLS.
+func (g *Sentinel) addr(s *Server) string {
+	if g.tls != nil {
+		return s.TLSAddr
+	}
+	return s.Addr
+}
+
+// port is the port of addr(s).
+func (g *Sentinel) port(s *Server) int {
+	if g.tls != nil {
+		return s.Port + 1
+	}
+	return s.Port
 }
 
 // WaitFailover waits until every running sentinel reports the replica as
@@ -200,11 +269,11 @@ func (g *Sentinel) WaitFailover(t testing.TB) *Server {
 }
 
 // SentinelAddrs returns the sentinels' addresses, the InitAddress of a
-// Sentinel client.
+// Sentinel client (their TLS addresses with SentinelTLS).
 func (g *Sentinel) SentinelAddrs() []string {
 	addrs := make([]string, len(g.sentinels))
 	for i, s := range g.sentinels {
-		addrs[i] = s.Addr
+		addrs[i] = g.addr(s)
 	}
 	return addrs
 }
