@@ -3,6 +3,7 @@ package region
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/rld/rld/memstore"
 	"github.com/rld/rld/policy"
+	"github.com/rld/rld/redistest"
 )
 
 // BenchmarkTake compares a take on the embedded store with the same take
@@ -40,6 +42,37 @@ func BenchmarkTake(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				bc.s.Take(context.Background(), key, tb, 1, now, false)
+			}
+		})
+	}
+}
+
+// BenchmarkLoad is one daemon's load of the region's shares hash from a
+// real redis-server (HGETALL and Install), by the number of busy global
+// keys: the per-interval cost that grows with them.
+func BenchmarkLoad(b *testing.B) {
+	c := client(b, redistest.Standalone(b).Addr)
+	r := newRegion(b, "eu", "a", c, c, time.Minute)
+	ctx := context.Background()
+	m := meta{limit: 1000, periodMs: 1000, fallback: 333}
+	exp := time.Now().Add(time.Hour)
+	for _, n := range []int{100, 10000} {
+		cmds := make(rueidis.Commands, 0, n)
+		for i := range n {
+			f := m.field("api_key=" + strconv.Itoa(i))
+			cmds = append(cmds, c.B().Hset().Key(SharesKey).FieldValue().FieldValue(f, formatShare(300, exp, 250, 1)).Build())
+		}
+		for _, res := range c.DoMulti(ctx, cmds...) {
+			if err := res.Error(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run("keys="+strconv.Itoa(n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := r.load(ctx); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

@@ -53,12 +53,18 @@ type Stats struct {
 	// StrictUnanswered is the checks of strict keys with no live share
 	// that got none in time: the rule's fail mode decided them.
 	StrictUnanswered int64
+	// Loads is the loads of the region's shares hash: on a message, and
+	// at the ticks not skipped.
+	Loads int64
+	// SkippedLoads is the ticks whose load was skipped: a message's load
+	// had read the hash within the interval.
+	SkippedLoads int64
 }
 
 // stats are a Region's counters.
 type stats struct {
 	renewals, returns, reclaims, fallbacks, renewErrs, passes, retries, early atomic.Int64
-	strict, strictUnanswered                                                  atomic.Int64
+	strict, strictUnanswered, loads, skippedLoads                             atomic.Int64
 }
 
 func (r *Region) fellBack() {
@@ -73,5 +79,6 @@ func (r *Region) Stats() Stats {
 		Fallbacks: r.st.fallbacks.Load(), RenewErrors: r.st.renewErrs.Load(), Passes: r.st.passes.Load(),
 		Retries: r.st.retries.Load(), EarlyRenewals: r.st.early.Load(),
 		StrictRenewals: r.st.strict.Load(), StrictUnanswered: r.st.strictUnanswered.Load(),
+		Loads: r.st.loads.Load(), SkippedLoads: r.st.skippedLoads.Load(),
 	}
 }

@@ -106,13 +106,19 @@ type Region struct {
 	stop        chan struct{}
 	done        chan struct{}
 	notify      chan struct{} // a message on SharesChannel: load now
-	nudge       chan struct{} // a key refused under its share: publish the asks
-	wake        chan struct{} // an ask came to the renewer: renew early
-	asked       asked         // the asks the renewer received, for its next pass
-	subDone     chan struct{} // closed when the subscriber returns
-	subCancel   context.CancelFunc
-	once        sync.Once
-	started     atomic.Bool
+	// subscribed is set by every message the subscriber receives, and
+	// cleared when its subscription fails (messages may have been lost).
+	subscribed atomic.Bool
+	// msgLoad is when the loop last loaded the shares on a message (unix
+	// ns; the loop's goroutine's only).
+	msgLoad   int64
+	nudge     chan struct{} // a key refused under its share: publish the asks
+	wake      chan struct{} // an ask came to the renewer: renew early
+	asked     asked         // the asks the renewer received, for its next pass
+	subDone   chan struct{} // closed when the subscriber returns
+	subCancel context.CancelFunc
+	once      sync.Once
+	started   atomic.Bool
 }
 
 // New returns a Region for o; Start runs its loop.
@@ -248,6 +254,8 @@ func (r *Region) loop() {
 		case <-r.notify:
 			if err := r.step(r.load); err != nil {
 				r.o.Logger.Warn("region: load shares", "err", err)
+			} else {
+				r.msgLoad = time.Now().UnixNano()
 			}
 			continue
 		case <-r.nudge:
@@ -302,9 +310,23 @@ func (r *Region) tickAt(boundary time.Time) {
 		// A second renewal may delay the next pass by a quarter interval.
 		r.pass(r.passAt(boundary.Add(r.o.Interval)).Add(r.o.Interval / 4))
 	}
+	if r.loadedOnMessage() {
+		r.st.skippedLoads.Add(1)
+		return
+	}
 	if err := r.step(r.load); err != nil {
 		r.o.Logger.Warn("region: load shares", "err", err)
 	}
+}
+
+// loadedOnMessage reports whether the loop loaded the shares on a
+// message within the last interval, while subscribed: every write of
+// the shares hash publishes, so the tick's load would read what that one
+// did. A subscription that failed (its messages may be lost) and a
+// renewer that has not published for an interval leave the tick's load
+// as the backstop.
+func (r *Region) loadedOnMessage() bool {
+	return r.subscribed.Load() && time.Now().UnixNano()-r.msgLoad < int64(r.o.Interval)
 }
 
 // passAt is when the renewer takes the demand flushed at boundary: one
@@ -351,6 +373,7 @@ func (r *Region) subscribe() {
 func (r *Region) listen(ctx context.Context, c rueidis.Client) {
 	defer close(r.subDone)
 	on := func(m rueidis.PubSubMessage) {
+		r.subscribed.Store(true)
 		if m.Channel == AskChannel {
 			if r.renewerHeld.Load() {
 				r.asked.add(m.Message)
@@ -368,6 +391,7 @@ func (r *Region) listen(ctx context.Context, c rueidis.Client) {
 	}
 	for ctx.Err() == nil {
 		err := c.Receive(ctx, c.B().Subscribe().Channel(SharesChannel, AskChannel).Build(), on)
+		r.subscribed.Store(false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -477,6 +501,7 @@ func (a *asked) take() map[string]struct{} {
 // load installs the regional shares hash into the table. A failed load
 // keeps the table as it was: its shares hold until their expiry.
 func (r *Region) load(ctx context.Context) error {
+	r.st.loads.Add(1)
 	m, err := r.local.Do(ctx, r.local.B().Hgetall().Key(SharesKey).Build()).AsStrMap()
 	if err != nil {
 		return fmt.Errorf("region: hgetall %s: %w", SharesKey, err)

@@ -140,3 +140,63 @@ func TestPassRenewsACappedKeyAgain(t *testing.T) {
 		t.Fatalf("ledger shares %v sum to %d > 900", s, sum)
 	}
 }
+
+// TestTickSkipsTheLoadAMessageMade: while the renewer publishes every
+// interval, a daemon loads the shares hash once an interval, on the
+// message, and skips its tick's load, which would read the same hash;
+// when the messages stop (no more demand), its ticks load again.
+func TestTickSkipsTheLoadAMessageMade(t *testing.T) {
+	local := client(t, redistest.Standalone(t).Addr)
+	global := client(t, redistest.Standalone(t).Addr)
+	const interval = 100 * time.Millisecond
+	a := newRegion(t, "eu", "a", local, global, interval)
+	a.Start()
+	redistest.WaitFor(t, "a to hold the renewer role", a.Renewer)
+	b := newRegion(t, "eu", "b", local, global, interval)
+	b.Start()
+	m := meta{limit: 900, periodMs: 1000, fallback: 300}
+	ctx := context.Background()
+	stop := make(chan struct{})
+	demandDone := make(chan struct{})
+	go func() { // the daemons' flushes: demand in every interval
+		defer close(demandDone)
+		t := time.NewTicker(interval / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				local.Do(ctx, local.B().Hincrby().Key(DemandKey).Field(m.field("k")).Increment(10).Build())
+			}
+		}
+	}()
+	redistest.WaitFor(t, "b to load k's share on a message", func() bool {
+		_, ok := b.Table().Get([]byte("k"), 900, time.Now())
+		return ok && b.Stats().SkippedLoads > 0
+	})
+	a0, b0 := a.Stats(), b.Stats()
+	redistest.WaitFor(t, "20 passes", func() bool { return a.Stats().Passes-a0.Passes >= 20 })
+	a1, b1 := a.Stats(), b.Stats()
+	passes, loads, skipped := a1.Passes-a0.Passes, b1.Loads-b0.Loads, b1.SkippedLoads-b0.SkippedLoads
+	t.Logf("%d passes: b loaded %d times and skipped %d ticks' loads", passes, loads, skipped)
+	// Without the skip: two loads a pass (the message's, the tick's).
+	if 2*loads > 3*passes || 2*skipped < passes {
+		t.Fatalf("%d passes: b loaded %d times, skipped %d; want about one load and one skip a pass", passes, loads, skipped)
+	}
+
+	close(stop)
+	<-demandDone
+	// No demand: the share is renewed idle once, then expires, and the
+	// renewer publishes nothing more: b's ticks load again (five in a
+	// row with no skip).
+	l0, s0 := b.Stats().Loads, b.Stats().SkippedLoads
+	redistest.WaitFor(t, "b's ticks to load with no message", func() bool {
+		st := b.Stats()
+		if st.SkippedLoads != s0 {
+			l0, s0 = st.Loads, st.SkippedLoads
+			return false
+		}
+		return st.Loads-l0 >= 5
+	})
+}
