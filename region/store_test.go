@@ -263,3 +263,21 @@ scope = "global"
 	}
 	return p
 }
+
+func TestParseShareValue(t *testing.T) {
+	for v, want := range map[string]shareValue{
+		"5:99":          {units: 5, expMs: 99},
+		"5:99:7":        {units: 5, expMs: 99, demand: 7},
+		"5:99:7:123456": {units: 5, expMs: 99, demand: 7, stamp: 123456},
+		"0:0:0:0":       {},
+	} {
+		if got, err := parseShareValue(v); err != nil || got != want {
+			t.Errorf("parseShareValue(%q) = %+v, %v; want %+v", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"", "5", "5:", ":99", "5:99:7:1:2", "-5:99", "5:-99", "five:99", "5:99:x", "5::7", "5:99:7:"} {
+		if got, err := parseShareValue(v); err == nil {
+			t.Errorf("parseShareValue(%q) = %+v, want an error", v, got)
+		}
+	}
+}

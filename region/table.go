@@ -271,7 +271,10 @@ func (t *Table) Install(hash map[string]string) error {
 	now := time.Now().UnixNano()
 	for {
 		for k, e := range *cur {
-			if o, ok := m[k]; e.local && now < e.expiry && (!ok || o.stamp < e.stamp) {
+			if !e.local || now >= e.expiry {
+				continue // only a live strict grant of this daemon's own is kept
+			}
+			if o, ok := m[k]; !ok || o.stamp < e.stamp {
 				m[k] = e
 			}
 		}
@@ -351,16 +354,21 @@ func parseShare(v string) (units, expMs int64, err error) {
 // parseShareValue parses a shares hash value; the demand and the stamp
 // may be left out (0).
 func parseShareValue(v string) (shareValue, error) {
-	parts := strings.Split(v, ":")
-	if len(parts) < 2 || len(parts) > 4 {
-		return shareValue{}, fmt.Errorf("region: share %q: want units:expiry_ms:demand:stamp", v)
-	}
 	var nums [4]int64
-	for i, p := range parts {
+	rest, n := v, 0
+	for more := true; more; n++ {
+		var p string
+		p, rest, more = strings.Cut(rest, ":")
 		var err error
-		if nums[i], err = strconv.ParseInt(p, 10, 64); err != nil || nums[i] < 0 {
+		if n < len(nums) {
+			nums[n], err = strconv.ParseInt(p, 10, 64)
+		}
+		if n == len(nums) || err != nil || nums[n] < 0 {
 			return shareValue{}, fmt.Errorf("region: share %q: want units:expiry_ms:demand:stamp", v)
 		}
+	}
+	if n < 2 {
+		return shareValue{}, fmt.Errorf("region: share %q: want units:expiry_ms:demand:stamp", v)
 	}
 	return shareValue{units: nums[0], expMs: nums[1], demand: nums[2], stamp: nums[3]}, nil
 }
