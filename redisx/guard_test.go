@@ -3,8 +3,11 @@ package redisx_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
 	"strconv"
 	"sync"
@@ -197,6 +200,56 @@ func TestBreakerPerClusterNode(t *testing.T) {
 	for _, b := range c.Breakers() {
 		assert.Equal(t, breaker.Closed, b.State, b.Node)
 	}
+}
+
+// TestClusterTLSBreakerCloses: over TLS, on a Cluster whose nodes serve
+// plain clients too, each primary's breaker is named by its TLS address
+// (the one rueidis dials), so that a breaker opened by a paused primary
+// is closed by its probes once the primary answers again.
+func TestClusterTLSBreakerCloses(t *testing.T) {
+	cl := redistest.StartCluster(t, redistest.ClusterTLS())
+	pem, err := os.ReadFile(cl.CAFile)
+	require.NoError(t, err)
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(pem))
+	c := newClient(t, redisx.Options{Addrs: cl.TLSAddrs()[:1], Mode: redisx.Cluster, Timeout: 50 * time.Millisecond,
+		TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
+	rs := redisx.NewStore(c)
+	ctx := context.Background()
+	p := algo.Params{Limit: 1_000_000, Period: time.Hour}
+	primaries := cl.Primaries()
+	redistest.WaitFor(t, "a breaker per primary", func() bool { return len(c.Breakers()) == 1+len(primaries) })
+	names := map[string]bool{}
+	for _, b := range c.Breakers() {
+		names[b.Node] = true
+	}
+	for _, pr := range primaries {
+		assert.True(t, names[pr.TLSAddr], "a breaker named %s, the TLS address of %s (breakers %v)", pr.TLSAddr, pr.Addr, names)
+	}
+
+	paused := primaries[0]
+	var key []byte
+	for i := 0; key == nil; i++ {
+		k := []byte(fmt.Sprintf("tls-node-%d", i))
+		if cl.PrimaryFor(string(redisx.AppendKey(nil, "t:", k, p.Kind))) == paused {
+			key = k
+		}
+	}
+	_, err = rs.Take(ctx, key, p, 1, time.Now(), false)
+	require.NoError(t, err)
+	paused.Pause()
+	pausedAt := time.Now()
+	for {
+		_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
+		if errors.Is(err, breaker.ErrOpen) {
+			break
+		}
+		require.Less(t, time.Since(pausedAt), 10*time.Second, "the breaker never opened")
+	}
+	paused.Resume()
+	redistest.WaitFor(t, "the paused primary's breaker to close", func() bool { return !c.Degraded() })
+	_, err = rs.Take(ctx, key, p, 1, time.Now(), false)
+	assert.NoError(t, err, "a key of the paused primary, once it answers again")
 }
 
 // TestClusterDownKeepsBreakersOpen: a shard lost whole (its primary and
