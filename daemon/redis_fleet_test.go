@@ -45,6 +45,11 @@ const (
 // descriptor alg, counting by api_key; and two strict hierarchical rules
 // for alg=hier, per api_key and per tenant.
 func fleetConfig(store string, limit int64, mode string) string {
+	return fleetConfigPeriod(store, limit, mode, fleetPeriod)
+}
+
+// fleetConfigPeriod is fleetConfig with the rules' period.
+func fleetConfigPeriod(store string, limit int64, mode string, period time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "[server]\nmax_connections = 1000\n\n[store]\n%s\ntimeout = %q\n", store, fleetTimeout)
 	for _, k := range fleetKinds {
@@ -53,7 +58,7 @@ func fleetConfig(store string, limit int64, mode string) string {
 			m = "strict"
 		}
 		fmt.Fprintf(&b, "\n[[rule]]\nname = %q\nmatch = { alg = %q }\nby = [\"api_key\"]\nalgorithm = %q\nlimit = %d\nperiod = %q\nmode = %q\n",
-			k.String(), k.String(), k.String(), limit, fleetPeriod.String(), m)
+			k.String(), k.String(), k.String(), limit, period.String(), m)
 	}
 	b.WriteString(hierRules)
 	return b.String()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,6 +15,12 @@ import (
 	"github.com/rld/rld/region"
 	"github.com/rld/rld/wire"
 )
+
+// exactPeriod is the period of the rules whose checks must admit
+// exactly the limit: no refill and no window's end falls within a test
+// (with the fleet's 500 ms, 8 checks on a loaded host sometimes spanned
+// a fixed window's end, and a sixth was rightly admitted).
+const exactPeriod = time.Hour
 
 // TestRedisOverTLS: a daemon whose [store] names a Redis that takes
 // only TLS clients with a password, with tls = true and the CA that
@@ -35,7 +42,7 @@ func TestRedisOverTLS(t *testing.T) {
 	assert.Contains(t, err.Error(), "certificate signed by unknown authority")
 
 	for _, mode := range []string{"cached", "strict"} {
-		d, err := daemontest.Start(fleetConfig(store(tlsPort.CAFile), 5, mode))
+		d, err := daemontest.Start(fleetConfigPeriod(store(tlsPort.CAFile), 5, mode, exactPeriod))
 		require.NoError(t, err, mode)
 		c := client.New(d.Socket)
 		for _, k := range fleetKinds {
@@ -71,7 +78,7 @@ func TestRedisClusterOverTLS(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.ClusterTLS())
 	store := fmt.Sprintf("redis = [%s]\nmode = \"cluster\"\ntls = true\ntls_ca_file = %q", quotedList(cl.TLSAddrs()), cl.CAFile)
 	for _, mode := range []string{"cached", "strict"} {
-		d, err := daemontest.Start(fleetConfig(store, 5, mode))
+		d, err := daemontest.Start(fleetConfigPeriod(store, 5, mode, exactPeriod))
 		require.NoError(t, err, mode)
 		c := client.New(d.Socket)
 		for i, k := range fleetKinds {
@@ -112,7 +119,7 @@ func TestRedisSentinelOverTLS(t *testing.T) {
 	store := fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q\ntls = true\ntls_ca_file = %q",
 		quotedList(g.SentinelAddrs()), g.MasterSet, g.CAFile)
 	for _, mode := range []string{"cached", "strict"} {
-		d, err := daemontest.Start(fleetConfig(store, 5, mode))
+		d, err := daemontest.Start(fleetConfigPeriod(store, 5, mode, exactPeriod))
 		require.NoError(t, err, mode)
 		c := client.New(d.Socket)
 		for _, k := range fleetKinds {
