@@ -80,6 +80,15 @@ func NodeArgs(args ...string) ClusterOption {
 	return func(c *clusterConfig) { c.extra = append(c.extra, args...) }
 }
 
+// offsets are the ports a node needs beside its own, from its port: the
+// bus port, and with TLS the TLS port.
+func (c *clusterConfig) offsets() []int {
+	if c.tls {
+		return []int{clusterBusOffset, 1}
+	}
+	return []int{clusterBusOffset}
+}
+
 func (c *clusterConfig) nodeArgs(port int, dir string) []string {
 	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
 		"--cluster-enabled", "yes", "--cluster-node-timeout", clusterNodeTimeout,
@@ -89,7 +98,10 @@ func (c *clusterConfig) nodeArgs(port int, dir string) []string {
 		args = append(args, "--cluster-require-full-coverage", "no")
 	}
 	if c.tls {
-		args = append(append(args, c.tlsFiles.args(port+1)...), "--tls-cluster", "yes", "--tls-replication", "yes")
+		// The bus port is set: by default it would be the TLS port's
+		// +10000.
+		args = append(append(args, c.tlsFiles.args(port+1)...), "--tls-cluster", "yes", "--tls-replication", "yes",
+			"--cluster-port", strconv.Itoa(port+clusterBusOffset))
 	}
 	return append(args, c.extra...)
 }
@@ -136,9 +148,9 @@ func StartCluster(t testing.TB, opts ...ClusterOption) *Cluster {
 	var wg sync.WaitGroup
 	for i, s := range c.nodes {
 		wg.Go(func() {
-			errs[i] = s.spawn(clusterBusOffset, func(port int) ([]string, error) {
+			errs[i] = s.spawn(func(port int) ([]string, error) {
 				return cfg.nodeArgs(port, s.Dir), nil
-			})
+			}, cfg.offsets()...)
 		})
 	}
 	wg.Wait()

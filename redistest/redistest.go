@@ -66,7 +66,7 @@ func Standalone(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	s := &Server{Dir: t.TempDir()}
 	t.Cleanup(s.Kill)
-	err := s.spawn(0, func(port int) ([]string, error) {
+	err := s.spawn(func(port int) ([]string, error) {
 		return append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", s.Dir}, extra...), nil
 	})
@@ -121,14 +121,15 @@ func (s *Server) running() bool {
 	}
 }
 
-// spawn picks a free port (with port+offset free too), sets Port, Addr and
-// the arguments args returns for it, and starts the server. When another
-// process takes the port before redis-server binds it, it tries another.
-// It does not use a testing.TB, so that servers can start concurrently.
-func (s *Server) spawn(offset int, args func(port int) ([]string, error)) error {
+// spawn picks a free port (with port+offset free too, for each offset),
+// sets Port, Addr and the arguments args returns for it, and starts the
+// server. When another process takes the port before redis-server binds
+// it, it tries another. It does not use a testing.TB, so that servers can
+// start concurrently.
+func (s *Server) spawn(args func(port int) ([]string, error), offsets ...int) error {
 	var err error
 	for range portTries {
-		if s.Port, err = freePort(offset); err != nil {
+		if s.Port, err = freePort(offsets...); err != nil {
 			return err
 		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
@@ -226,7 +227,10 @@ func FreePort(t testing.TB, offset int) int {
 	return port
 }
 
-func freePort(offset int) (int, error) {
+// freePort returns a loopback TCP port that is free now, with port+o
+// free too for each of offsets.
+func freePort(offsets ...int) (int, error) {
+next:
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -234,19 +238,22 @@ func freePort(offset int) (int, error) {
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		if offset == 0 {
-			return port, nil
+		for _, o := range offsets {
+			if o == 0 {
+				continue
+			}
+			if port+o > 65535 {
+				continue next
+			}
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+o))
+			if err != nil {
+				continue next
+			}
+			l.Close()
 		}
-		if port+offset > 65535 {
-			continue
-		}
-		l2, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+offset))
-		if err == nil {
-			l2.Close()
-			return port, nil
-		}
+		return port, nil
 	}
-	return 0, fmt.Errorf("no free port with a free port+%d found", offset)
+	return 0, fmt.Errorf("no free port with free ports at the offsets %v found", offsets)
 }
 
 // WaitFor polls cond until it holds, failing t with what after

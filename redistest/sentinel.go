@@ -76,11 +76,11 @@ func StartSentinel(t testing.TB, opts ...SentinelOption) *Sentinel {
 				"--repl-diskless-sync-delay", "0"}, g.tlsArgs(port)...), extra...), nil
 		}
 	}
-	if err := g.primary.spawn(offset, dataArgs(g.primary)); err != nil {
+	if err := g.primary.spawn(dataArgs(g.primary), offset); err != nil {
 		t.Fatalf("redistest: sentinel primary: %v", err)
 	}
 	g.setTLSAddr(g.primary)
-	err := g.replica.spawn(offset, dataArgs(g.replica, "--replicaof", "127.0.0.1", strconv.Itoa(g.port(g.primary))))
+	err := g.replica.spawn(dataArgs(g.replica, "--replicaof", "127.0.0.1", strconv.Itoa(g.port(g.primary))), offset)
 	g.setTLSAddr(g.replica)
 	if err != nil {
 		t.Fatalf("redistest: sentinel replica: %v", err)
@@ -97,7 +97,7 @@ func StartSentinel(t testing.TB, opts ...SentinelOption) *Sentinel {
 	errs := make([]error, sentinelCount)
 	var wg sync.WaitGroup
 	for i, s := range g.sentinels {
-		wg.Go(func() { errs[i] = s.spawn(offset, g.sentinelArgs(s)) })
+		wg.Go(func() { errs[i] = s.spawn(g.sentinelArgs(s), offset) })
 	}
 	wg.Wait()
 	for _, s := range g.sentinels {

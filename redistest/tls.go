@@ -35,10 +35,10 @@ func StandaloneTLS(t testing.TB, extra ...string) (*Server, TLSPort) {
 	s := &Server{Dir: t.TempDir()}
 	t.Cleanup(s.Kill)
 	// The TLS port is the next one (spawn finds both free).
-	err := s.spawn(1, func(port int) ([]string, error) {
+	err := s.spawn(func(port int) ([]string, error) {
 		return append(append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 			"--save", "", "--appendonly", "no", "--dir", s.Dir}, files.args(port+1)...), extra...), nil
-	})
+	}, 1)
 	if err != nil {
 		t.Fatalf("redistest: standalone with TLS: %v", err)
 	}
