@@ -112,7 +112,7 @@ func TestRedisClusterOverTLS(t *testing.T) {
 // TestRedisSentinelOverTLS: a daemon whose [store] names sentinels that
 // serve TLS, monitoring a primary and a replica that replicate over TLS,
 // decides every algorithm on the primary, cached and strict, and admits
-// each key's limit exactly.
+// each key's limit exactly; after a failover, on the promoted replica.
 func TestRedisSentinelOverTLS(t *testing.T) {
 	t.Parallel()
 	g := redistest.StartSentinel(t, redistest.SentinelTLS())
@@ -140,4 +140,28 @@ func TestRedisSentinelOverTLS(t *testing.T) {
 	n, err := redistest.Do(g.Primary().Addr, "DBSIZE")
 	require.NoError(t, err)
 	assert.NotEqual(t, "0", n, "counters on the primary")
+
+	// The primary killed, the sentinels report the promoted replica's
+	// TLS port (it announced it, replicating over TLS), and the daemon
+	// decides there: a fresh key admits exactly its limit again (its
+	// rule's fail mode, while no primary answered, would not).
+	d, err := daemontest.Start(fleetConfigPeriod(store, 5, "strict", exactPeriod))
+	require.NoError(t, err)
+	defer d.Close()
+	c := client.New(d.Socket)
+	defer c.Close()
+	g.Primary().Kill()
+	promoted := g.WaitFailover(t)
+	attempt := 0
+	redistest.WaitFor(t, "a fresh key decided on the promoted primary "+promoted.TLSAddr, func() bool {
+		attempt++
+		allowed := 0
+		for range 8 {
+			r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: fmt.Sprintf("after-%d", attempt)}, {Name: "alg", Value: "token_bucket"}}, 1)
+			if err == nil && r.Status == wire.StatusAllowed {
+				allowed++
+			}
+		}
+		return allowed == 5
+	})
 }
