@@ -46,15 +46,9 @@ func TestRedisOverTLS(t *testing.T) {
 		require.NoError(t, err, mode)
 		c := client.New(d.Socket)
 		for _, k := range fleetKinds {
-			allowed := 0
-			for range 8 {
-				r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "tls-" + mode}, {Name: "alg", Value: k.String()}}, 1)
-				require.NoError(t, err)
-				if r.Status == wire.StatusAllowed {
-					allowed++
-				}
-			}
-			assert.Equal(t, 5, allowed, "%s, %s: 8 checks of a limit of 5", mode, k)
+			n, err := admitted(c, "tls-"+mode, k.String())
+			require.NoError(t, err)
+			assert.Equal(t, 5, n, "%s, %s: 8 checks of a limit of 5", mode, k)
 		}
 		c.Close()
 		d.Close()
@@ -83,15 +77,9 @@ func TestRedisClusterOverTLS(t *testing.T) {
 		c := client.New(d.Socket)
 		for i, k := range fleetKinds {
 			for key := range 3 {
-				allowed := 0
-				for range 8 {
-					r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: fmt.Sprintf("tls-%s-%d-%d", mode, i, key)}, {Name: "alg", Value: k.String()}}, 1)
-					require.NoError(t, err)
-					if r.Status == wire.StatusAllowed {
-						allowed++
-					}
-				}
-				assert.Equal(t, 5, allowed, "%s, %s: 8 checks of a limit of 5", mode, k)
+				n, err := admitted(c, fmt.Sprintf("tls-%s-%d-%d", mode, i, key), k.String())
+				require.NoError(t, err)
+				assert.Equal(t, 5, n, "%s, %s: 8 checks of a limit of 5", mode, k)
 			}
 		}
 		c.Close()
@@ -123,15 +111,9 @@ func TestRedisSentinelOverTLS(t *testing.T) {
 		require.NoError(t, err, mode)
 		c := client.New(d.Socket)
 		for _, k := range fleetKinds {
-			allowed := 0
-			for range 8 {
-				r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: "tls-" + mode}, {Name: "alg", Value: k.String()}}, 1)
-				require.NoError(t, err)
-				if r.Status == wire.StatusAllowed {
-					allowed++
-				}
-			}
-			assert.Equal(t, 5, allowed, "%s, %s: 8 checks of a limit of 5", mode, k)
+			n, err := admitted(c, "tls-"+mode, k.String())
+			require.NoError(t, err)
+			assert.Equal(t, 5, n, "%s, %s: 8 checks of a limit of 5", mode, k)
 		}
 		c.Close()
 		d.Close()
@@ -155,13 +137,24 @@ func TestRedisSentinelOverTLS(t *testing.T) {
 	attempt := 0
 	redistest.WaitFor(t, "a fresh key decided on the promoted primary "+promoted.TLSAddr, func() bool {
 		attempt++
-		allowed := 0
-		for range 8 {
-			r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: fmt.Sprintf("after-%d", attempt)}, {Name: "alg", Value: "token_bucket"}}, 1)
-			if err == nil && r.Status == wire.StatusAllowed {
-				allowed++
-			}
-		}
-		return allowed == 5
+		n, err := admitted(c, fmt.Sprintf("after-%d", attempt), "token_bucket")
+		return err == nil && n == 5
 	})
+}
+
+// admitted returns how many of 8 checks of api_key key with alg = alg c
+// got allowed, and the first error of a check.
+func admitted(c *client.Client, key, alg string) (int, error) {
+	n := 0
+	var first error
+	for range 8 {
+		r, err := c.Check(context.Background(), []client.Descriptor{{Name: "api_key", Value: key}, {Name: "alg", Value: alg}}, 1)
+		if err == nil && r.Status == wire.StatusAllowed {
+			n++
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return n, first
 }
