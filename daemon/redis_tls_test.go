@@ -41,18 +41,7 @@ func TestRedisOverTLS(t *testing.T) {
 	assert.Contains(t, err.Error(), "cannot use store.redis")
 	assert.Contains(t, err.Error(), "certificate signed by unknown authority")
 
-	for _, mode := range []string{"cached", "strict"} {
-		d, err := daemontest.Start(fleetConfigPeriod(store(tlsPort.CAFile), 5, mode, exactPeriod))
-		require.NoError(t, err, mode)
-		c := client.New(d.Socket)
-		for _, k := range fleetKinds {
-			n, err := admitted(c, "tls-"+mode, k.String())
-			require.NoError(t, err)
-			assert.Equal(t, 5, n, "%s, %s: 8 checks of a limit of 5", mode, k)
-		}
-		c.Close()
-		d.Close()
-	}
+	admitsExactly(t, store(tlsPort.CAFile), 1)
 	// The counters are in that Redis (read on its plain port).
 	rc, err := region.Dial(region.DialOptions{Addrs: []string{srv.Addr}, Password: "s3cret"})
 	require.NoError(t, err)
@@ -71,20 +60,7 @@ func TestRedisClusterOverTLS(t *testing.T) {
 	t.Parallel()
 	cl := redistest.StartCluster(t, redistest.ClusterTLS())
 	store := fmt.Sprintf("redis = [%s]\nmode = \"cluster\"\ntls = true\ntls_ca_file = %q", quotedList(cl.TLSAddrs()), cl.CAFile)
-	for _, mode := range []string{"cached", "strict"} {
-		d, err := daemontest.Start(fleetConfigPeriod(store, 5, mode, exactPeriod))
-		require.NoError(t, err, mode)
-		c := client.New(d.Socket)
-		for i, k := range fleetKinds {
-			for key := range 3 {
-				n, err := admitted(c, fmt.Sprintf("tls-%s-%d-%d", mode, i, key), k.String())
-				require.NoError(t, err)
-				assert.Equal(t, 5, n, "%s, %s: 8 checks of a limit of 5", mode, k)
-			}
-		}
-		c.Close()
-		d.Close()
-	}
+	admitsExactly(t, store, 3)
 	// The counters are on the primaries (read on their plain ports).
 	spread := 0
 	for _, p := range cl.Primaries() {
@@ -106,18 +82,7 @@ func TestRedisSentinelOverTLS(t *testing.T) {
 	g := redistest.StartSentinel(t, redistest.SentinelTLS())
 	store := fmt.Sprintf("redis = [%s]\nmode = \"sentinel\"\nmaster_set = %q\ntls = true\ntls_ca_file = %q",
 		quotedList(g.SentinelAddrs()), g.MasterSet, g.CAFile)
-	for _, mode := range []string{"cached", "strict"} {
-		d, err := daemontest.Start(fleetConfigPeriod(store, 5, mode, exactPeriod))
-		require.NoError(t, err, mode)
-		c := client.New(d.Socket)
-		for _, k := range fleetKinds {
-			n, err := admitted(c, "tls-"+mode, k.String())
-			require.NoError(t, err)
-			assert.Equal(t, 5, n, "%s, %s: 8 checks of a limit of 5", mode, k)
-		}
-		c.Close()
-		d.Close()
-	}
+	admitsExactly(t, store, 1)
 	// The counters are on the primary (read on its plain port).
 	n, err := redistest.Do(g.Primary().Addr, "DBSIZE")
 	require.NoError(t, err)
@@ -140,6 +105,27 @@ func TestRedisSentinelOverTLS(t *testing.T) {
 		n, err := admitted(c, fmt.Sprintf("after-%d", attempt), "token_bucket")
 		return err == nil && n == 5
 	})
+}
+
+// admitsExactly starts a daemon on store with the fleet's rules of a
+// limit of 5 an hour, cached then strict, and asserts that 8 checks of
+// each of keys keys of every algorithm admit exactly 5.
+func admitsExactly(t *testing.T, store string, keys int) {
+	t.Helper()
+	for _, mode := range []string{"cached", "strict"} {
+		d, err := daemontest.Start(fleetConfigPeriod(store, 5, mode, exactPeriod))
+		require.NoError(t, err, mode)
+		c := client.New(d.Socket)
+		for _, k := range fleetKinds {
+			for key := range keys {
+				n, err := admitted(c, fmt.Sprintf("tls-%s-%s-%d", mode, k, key), k.String())
+				require.NoError(t, err)
+				assert.Equal(t, 5, n, "%s, %s: 8 checks of a limit of 5", mode, k)
+			}
+		}
+		c.Close()
+		d.Close()
+	}
 }
 
 // admitted returns how many of 8 checks of api_key key with alg = alg c
