@@ -4,6 +4,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -90,6 +91,21 @@ func CAFile(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// ClientTLS returns a client's TLS configuration that trusts the CA in
+// the PEM file caFile (a TLSPort's, Cluster's or Sentinel's CAFile).
+func ClientTLS(t testing.TB, caFile string) *tls.Config {
+	t.Helper()
+	b, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		t.Fatalf("redistest: no certificate in %s", caFile)
+	}
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 }
 
 // certificate makes a certificate for name, signed by parent with

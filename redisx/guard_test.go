@@ -3,11 +3,8 @@ package redisx_test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"strconv"
 	"sync"
@@ -208,12 +205,8 @@ func TestBreakerPerClusterNode(t *testing.T) {
 // is closed by its probes once the primary answers again.
 func TestClusterTLSBreakerCloses(t *testing.T) {
 	cl := redistest.StartCluster(t, redistest.ClusterTLS())
-	pem, err := os.ReadFile(cl.CAFile)
-	require.NoError(t, err)
-	pool := x509.NewCertPool()
-	require.True(t, pool.AppendCertsFromPEM(pem))
 	c := newClient(t, redisx.Options{Addrs: cl.TLSAddrs()[:1], Mode: redisx.Cluster, Timeout: 50 * time.Millisecond,
-		TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}})
+		TLS: redistest.ClientTLS(t, cl.CAFile)})
 	rs := redisx.NewStore(c)
 	ctx := context.Background()
 	p := algo.Params{Limit: 1_000_000, Period: time.Hour}
@@ -235,7 +228,7 @@ func TestClusterTLSBreakerCloses(t *testing.T) {
 			key = k
 		}
 	}
-	_, err = rs.Take(ctx, key, p, 1, time.Now(), false)
+	_, err := rs.Take(ctx, key, p, 1, time.Now(), false)
 	require.NoError(t, err)
 	paused.Pause()
 	pausedAt := time.Now()

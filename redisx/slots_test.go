@@ -2,10 +2,7 @@ package redisx
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -108,12 +105,8 @@ func checkSlotMap(t *testing.T, m *slotMap, c *redistest.Cluster, rc rueidis.Cli
 // without TLS, by its plain port.
 func TestSlotMapTLS(t *testing.T) {
 	c := redistest.StartCluster(t, redistest.ClusterTLS())
-	pem, err := os.ReadFile(c.CAFile)
-	require.NoError(t, err)
-	pool := x509.NewCertPool()
-	require.True(t, pool.AppendCertsFromPEM(pem))
 	o, err := Options{Addrs: c.TLSAddrs()[:1], Mode: Cluster, DialTimeout: time.Second,
-		TLS: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}.withDefaults()
+		TLS: redistest.ClientTLS(t, c.CAFile)}.withDefaults()
 	require.NoError(t, err)
 	rc, err := rueidis.NewClient(o.rueidisOption())
 	require.NoError(t, err)
