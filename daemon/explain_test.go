@@ -28,7 +28,7 @@ period = "1m"
 name = "long"
 match = { endpoint = "/v1/*" }
 by = ["api_key"]
-algorithm = "fixed_window"
+algorithm = "token_bucket"
 limit = 1
 period = "1h"
 [[rule]]
@@ -76,8 +76,10 @@ func TestExplainAgreesWithCheck(t *testing.T) {
 	}
 
 	// Setup: "long" used up for api_key=both (and "short" too, with the
-	// shorter retry-after), a key block and a descriptor block, a key
-	// in a penalty cooldown.
+	// shorter retry-after: "long" is a token bucket, whose one token
+	// comes back an hour after, not a fixed window, which in an hour's
+	// last minute would end with "short"'s), a key block and a
+	// descriptor block, a key in a penalty cooldown.
 	check(1, "api_key", "both", "endpoint", "/v1/x")
 	check(1, "api_key", "both")
 	require.Nil(t, changeCall(t, sock, "block", admin.BlockArgs{Rule: "per-ip", Key: admin.Pairs{"ip": "192.0.2.66"}, TTL: "1h", Reason: "test"}, nil))
